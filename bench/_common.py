@@ -1,0 +1,82 @@
+"""Shared header for benchmark results: machine, versions and git commit.
+
+Every benchmark writes `bench/results/<name>.json` as
+`{"meta": machine_info(), "results": {...}}` via `write_results`.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def git_commit() -> str:
+    """The current commit (with `-dirty` when the tree has uncommitted changes), or 'unknown'."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("TRISTREAM_GIT_COMMIT", "unknown")
+
+
+def _version(mod: str) -> str | None:
+    try:
+        m = importlib.import_module(mod)
+    except Exception:
+        return None
+    return str(getattr(m, "__version__", "present"))
+
+
+def machine_info(extra_modules: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Machine, interpreter, library versions and accelerator of this run."""
+    info: dict[str, Any] = {
+        "time_utc": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+    }
+    versions = {}
+    for mod in ("numpy", "torch", "transformers", "triton", *extra_modules):
+        v = _version(mod)
+        if v is not None:
+            versions[mod] = v
+    info["versions"] = versions
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            p = torch.cuda.get_device_properties(0)
+            info["gpu"] = {"name": p.name, "memory_gib": round(p.total_memory / 2**30, 1),
+                           "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
+    except Exception:
+        pass
+    return info
+
+
+def write_results(name: str, results: dict[str, Any], extra_modules: tuple[str, ...] = ()) -> Path:
+    """Write `bench/results/<name>.json` with the machine header; return its path."""
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{name}.json"
+    payload = {"meta": machine_info(extra_modules), "results": results}
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path
