@@ -1,0 +1,38 @@
+"""The time core: packets, source clocks, time-indexed rings, watermarks, alignment, metrics.
+
+Plain, fast, numpy-only logic (no torch, no event loop): where correctness of time lives.
+"""
+
+from __future__ import annotations
+
+from tristream.core.errors import InvalidPacket, OutOfOrder, TimeCoreError, UnknownUnit
+from tristream.core.metrics import DropCounter, LatencyHistogram
+from tristream.core.packets import (
+    AudioChunk,
+    ControlEvent,
+    Modality,
+    Packet,
+    SensorSample,
+    TextDelta,
+    VideoFrame,
+)
+from tristream.core.units import TimeUnit, parse_unit, samples_at
+
+__all__ = [
+    "AudioChunk",
+    "ControlEvent",
+    "DropCounter",
+    "InvalidPacket",
+    "LatencyHistogram",
+    "Modality",
+    "OutOfOrder",
+    "Packet",
+    "SensorSample",
+    "TextDelta",
+    "TimeCoreError",
+    "TimeUnit",
+    "UnknownUnit",
+    "VideoFrame",
+    "parse_unit",
+    "samples_at",
+]

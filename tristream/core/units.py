@@ -1,0 +1,112 @@
+"""Time units of source timestamps and their conversion to nanoseconds.
+
+Sources stamp packets in their own unit (video PTS in ns, audio as a sample index, RTP in
+90 kHz ticks, text in ms). A `TimeUnit` converts such a value into nanoseconds *of the
+source's own clock*; mapping that onto the reference clock is `SourceClock`'s job.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from tristream.core.errors import InvalidPacket, UnknownUnit
+
+NS_PER_S = 1_000_000_000
+
+_FIXED: dict[str, tuple[str, int]] = {
+    "ns": ("ns", NS_PER_S),
+    "us": ("us", 1_000_000),
+    "µs": ("us", 1_000_000),
+    "μs": ("us", 1_000_000),
+    "ms": ("ms", 1_000),
+    "s": ("s", 1),
+    "rtp90k": ("rtp90k", 90_000),
+}
+
+UNIT_HELP = "expected one of ns, us (µs), ms, s, samples@RATE (e.g. samples@16000), rtp90k"
+
+
+@dataclass(frozen=True, slots=True)
+class TimeUnit:
+    """A source time unit: `ticks_per_s` ticks make one second of the source clock.
+
+    `name` is the canonical spelling (`"samples@16000"`, `"ms"`, ...).
+    """
+
+    name: str
+    ticks_per_s: int
+
+    @property
+    def is_sample_index(self) -> bool:
+        """True for `samples@RATE`, whose value is a sample index at RATE Hz."""
+        return self.name.startswith("samples@")
+
+    def to_ns(self, value: int | float) -> int:
+        """Convert a source timestamp in this unit into (source-clock) nanoseconds.
+
+        Integers are converted exactly (rounded to the nearest ns); floats must be finite.
+        """
+        if isinstance(value, bool):
+            raise InvalidPacket(f"timestamp {value!r} is a bool; expected a number in {self.name}")
+        if isinstance(value, int):
+            if self.ticks_per_s == NS_PER_S:
+                return value
+            num = value * NS_PER_S
+            return (num + self.ticks_per_s // 2) // self.ticks_per_s
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise InvalidPacket(f"timestamp {value!r} is not finite; expected a number in {self.name}")
+            return round(value * (NS_PER_S / self.ticks_per_s))
+        raise InvalidPacket(f"timestamp {value!r} has type {type(value).__name__}; expected int or float")
+
+    def from_ns(self, ns: int) -> float:
+        """Convert source-clock nanoseconds back into this unit (float ticks)."""
+        return ns * self.ticks_per_s / NS_PER_S
+
+    def duration_ns(self, ticks: int) -> int:
+        """Duration of `ticks` ticks in nanoseconds (e.g. a chunk's sample count)."""
+        if ticks < 0:
+            raise InvalidPacket(f"duration of {ticks} ticks is negative; expected >= 0 {self.name}")
+        return self.to_ns(ticks)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@lru_cache(maxsize=256)
+def parse_unit(text: str) -> TimeUnit:
+    """Parse a unit string (`"ns"`, `"us"`, `"ms"`, `"s"`, `"samples@16000"`, `"rtp90k"`).
+
+    Raises `UnknownUnit` naming the accepted spellings.
+    """
+    if not isinstance(text, str):
+        raise UnknownUnit(f"time unit {text!r} is not a string; {UNIT_HELP}")
+    key = text.strip()
+    fixed = _FIXED.get(key.lower() if key not in ("µs", "μs") else key)
+    if fixed is not None:
+        return TimeUnit(fixed[0], fixed[1])
+    if key.lower().startswith("samples@"):
+        rate_txt = key.split("@", 1)[1]
+        try:
+            rate = int(rate_txt)
+        except ValueError:
+            raise UnknownUnit(
+                f"time unit {text!r} has sample rate {rate_txt!r}; expected a positive integer, e.g. samples@16000"
+            ) from None
+        if rate <= 0:
+            raise UnknownUnit(f"time unit {text!r} has sample rate {rate}; expected a positive integer")
+        return TimeUnit(f"samples@{rate}", rate)
+    raise UnknownUnit(f"unknown time unit {text!r}; {UNIT_HELP}")
+
+
+NS = parse_unit("ns")
+US = parse_unit("us")
+MS = parse_unit("ms")
+RTP90K = parse_unit("rtp90k")
+
+
+def samples_at(rate: int) -> TimeUnit:
+    """The `samples@RATE` unit for a fixed-rate stream."""
+    return parse_unit(f"samples@{rate}")
