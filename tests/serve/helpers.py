@@ -1,0 +1,49 @@
+"""Shared helpers for the serving tests: a server on loopback and synthetic speech-like audio."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+
+from tristream.serve.echo import EchoBackend
+from tristream.serve.limits import ServerLimits
+from tristream.serve.server import RealtimeServer
+
+TOKEN = "test-token-123"
+
+
+def tone_turns(durations_ms: list[int], rate: int = 24_000, gap_ms: int = 800, freq: float = 300.0) -> np.ndarray:
+    """Voiced bursts (a tone at ~-16 dBFS) of the given lengths separated by silence."""
+    parts = [np.zeros(rate * 200 // 1000, dtype=np.int16)]
+    for i, d in enumerate(durations_ms):
+        t = np.arange(rate * d // 1000) / rate
+        parts.append((np.sin(2 * np.pi * (freq + 20 * i) * t) * 5000).astype(np.int16))
+        parts.append(np.zeros(rate * gap_ms // 1000, dtype=np.int16))
+    return np.concatenate(parts)
+
+
+@contextlib.asynccontextmanager
+async def running_server(tmp: Path | None = None, **kw: object) -> AsyncIterator[RealtimeServer]:
+    """An EchoBackend server on 127.0.0.1 with a free port."""
+    limits = kw.pop("limits", None) or ServerLimits()
+    srv = RealtimeServer(lambda: EchoBackend(), host="127.0.0.1", port=0, tokens=[TOKEN], limits=limits,
+                         record_dir=tmp, **kw)  # type: ignore[arg-type]
+    await srv.start()
+    try:
+        yield srv
+    finally:
+        await srv.stop(grace_s=0.0)
+
+
+def url(srv: RealtimeServer) -> str:
+    """The WebSocket URL of a running server."""
+    return f"ws://127.0.0.1:{srv.port}/v1/realtime"
+
+
+def run(coro: object, timeout: float = 30.0) -> object:
+    """Run a coroutine with a hard timeout (tests never hang)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]

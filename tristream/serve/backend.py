@@ -1,0 +1,182 @@
+"""What the server needs from a session's brain: the `SessionBackend` protocol and its events.
+
+The WebSocket layer knows nothing about models. Each connection owns one backend object
+(made by a `BackendFactory`), pushes decoded inputs into it and forwards the backend's
+events to the client as Realtime API events. The assistant pipeline (VAD -> ASR -> LLM ->
+TTS with barge-in) implements this protocol through an adapter; `EchoBackend` implements it
+without models for protocol tests and load tests of the serving layer itself.
+
+Time: every input carries the server's reference time (``ref_ns``, monotonic) at which it
+arrived, plus the client's capture timestamp where the client sent one; backends stamp
+their events with reference time, so the server can compute latencies and the recorder
+can replay a session on a virtual clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+
+@dataclass(slots=True)
+class BackendConfig:
+    """Session settings a backend acts on (a view of `SessionSettings`)."""
+
+    instructions: str
+    modalities: list[str]
+    sample_rate: int = 16_000
+    output_sample_rate: int = 24_000
+    vad: bool = True
+    vad_threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+@dataclass(slots=True)
+class VideoFrame:
+    """One decoded-or-not camera frame with its capture time on the client's clock (µs)."""
+
+    data: bytes
+    format: str
+    capture_ts_us: int
+    width: int | None
+    height: int | None
+    stream_id: str
+    ref_ns: int
+
+
+# ---- events a backend emits (ref_ns: server reference time when the event became true)
+
+
+@dataclass(slots=True)
+class SpeechStarted:
+    """Server VAD found the start of a user turn at ``audio_ms`` into the session's audio."""
+
+    audio_ms: int
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class SpeechStopped:
+    """Server VAD found the end of the user turn (``audio_ms`` into the session's audio)."""
+
+    audio_ms: int
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class TranscriptDelta:
+    """Partial transcript text of the current user turn."""
+
+    text: str
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class TranscriptDone:
+    """Final transcript of the user turn."""
+
+    text: str
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class ResponseStarted:
+    """The assistant began an answer (after a turn end, ``response.create`` or text input)."""
+
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class TextDelta:
+    """Streaming answer text."""
+
+    text: str
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class AudioDelta:
+    """Streaming answer audio: int16 mono PCM at ``BackendConfig.output_sample_rate``."""
+
+    pcm: np.ndarray
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class ResponseDone:
+    """The answer ended: ``completed``, ``cancelled`` (barge-in / response.cancel) or ``failed``."""
+
+    status: str
+    ref_ns: int
+    reason: str = ""
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+BackendEvent = (
+    SpeechStarted | SpeechStopped | TranscriptDelta | TranscriptDone | ResponseStarted | TextDelta
+    | AudioDelta | ResponseDone
+)
+
+EventSink = Callable[[BackendEvent], None]
+
+
+class SessionBackend(Protocol):
+    """One session's assistant. Push methods never block the event loop for long.
+
+    Events go to the ``sink`` given at ``start``; the sink may be called from the loop
+    thread only (backends that compute in worker threads hop back with
+    ``loop.call_soon_threadsafe``).
+    """
+
+    async def start(self, config: BackendConfig, sink: EventSink) -> None:
+        """Prepare per-session state; events flow to ``sink`` from now on."""
+        ...
+
+    def update(self, config: BackendConfig) -> None:
+        """Apply a ``session.update``."""
+        ...
+
+    def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
+        """int16 mono samples at ``config.sample_rate``."""
+        ...
+
+    def push_frame(self, frame: VideoFrame) -> None:
+        """One camera frame for the aligner."""
+        ...
+
+    def push_text(self, role: str, text: str, images: list[bytes], ref_ns: int) -> None:
+        """A conversation item (text, optional images) from the client."""
+        ...
+
+    def commit_audio(self, ref_ns: int) -> None:
+        """End the user's audio turn by hand."""
+        ...
+
+    def clear_audio(self, ref_ns: int) -> None:
+        """Drop buffered, uncommitted audio."""
+        ...
+
+    def create_response(self, instructions: str | None, ref_ns: int) -> None:
+        """Answer now."""
+        ...
+
+    def cancel_response(self, ref_ns: int) -> None:
+        """Stop the answer in progress (a ``ResponseDone(status='cancelled')`` follows)."""
+        ...
+
+    def counters(self) -> dict[str, int]:
+        """Named counters (drops with reasons included) for metrics."""
+        ...
+
+    async def close(self) -> None:
+        """Finish: free resources; no event after this returns."""
+        ...
+
+
+BackendFactory = Callable[[], SessionBackend]

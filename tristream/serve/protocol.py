@@ -1,0 +1,475 @@
+"""The wire protocol: a documented subset of the OpenAI Realtime API (beta, ``realtime=v1``).
+
+Client events are parsed into small typed dataclasses with strict validation; every
+violation raises :class:`ProtocolError` carrying an OpenAI-style error ``code`` and the
+offending ``param``, which the session turns into an ``error`` event (the session goes
+on). Server events are built by plain functions returning JSON-ready dicts, so that
+the official ``openai`` client parses them. The video extension event
+``tristream.input_video_frame.append`` carries one timestamped camera frame.
+See ``docs/protocol.md`` for the human-readable description.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Error codes (the `error.code` field). Stable: clients may switch on them.
+E_INVALID_JSON = "invalid_json"
+E_INVALID_EVENT = "invalid_event"
+E_UNKNOWN_EVENT = "unknown_event_type"
+E_UNKNOWN_PARAM = "unknown_parameter"
+E_MISSING_PARAM = "missing_required_parameter"
+E_INVALID_VALUE = "invalid_value"
+E_TOO_LARGE = "message_too_large"
+E_RATE_LIMITED = "rate_limit_exceeded"
+E_EMPTY_BUFFER = "input_audio_buffer_commit_empty"
+E_NO_ACTIVE_RESPONSE = "response_cancel_not_active"
+E_RESPONSE_ACTIVE = "conversation_already_has_active_response"
+E_SESSION_EXPIRED = "session_expired"
+E_SLOW_CLIENT = "slow_client"
+E_SERVER_ERROR = "server_error"
+E_SHUTTING_DOWN = "server_shutting_down"
+
+# OpenAI Realtime's pcm16 is 24 kHz mono little-endian; the extension field
+# `input_audio_sample_rate` lets a client send 16 kHz without resampling.
+DEFAULT_SAMPLE_RATE = 24_000
+SUPPORTED_SAMPLE_RATES = (8_000, 16_000, 24_000, 48_000)
+VIDEO_FORMATS = ("jpeg", "rgb24", "gray8")
+VIDEO_FRAME_EVENT = "tristream.input_video_frame.append"
+
+
+class ProtocolError(Exception):
+    """A client event that breaks the protocol; becomes an ``error`` event, never a disconnect."""
+
+    def __init__(self, code: str, message: str, param: str | None = None, event_id: str | None = None):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.param = param
+        self.event_id = event_id
+        self.error_type = "invalid_request_error"
+
+
+# ---------------------------------------------------------------- client events
+
+
+@dataclass(slots=True)
+class TurnDetection:
+    """Server VAD settings (``session.turn_detection``); ``None`` on the session means manual commit."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+@dataclass(slots=True)
+class SessionSettings:
+    """The session state a client can read (``session.created``) and change (``session.update``)."""
+
+    id: str = ""
+    model: str = "tristream-embedded"
+    modalities: list[str] = field(default_factory=lambda: ["text", "audio"])
+    instructions: str = "You are a helpful, concise voice assistant."
+    voice: str = "default"
+    input_audio_format: str = "pcm16"
+    output_audio_format: str = "pcm16"
+    input_audio_sample_rate: int = DEFAULT_SAMPLE_RATE
+    output_audio_sample_rate: int = DEFAULT_SAMPLE_RATE
+    input_audio_transcription: dict[str, Any] | None = field(default_factory=lambda: {"model": "default"})
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    temperature: float = 0.8
+    max_response_output_tokens: int | str = "inf"
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``session`` object as OpenAI clients expect it (plus the ``input_audio_sample_rate`` extension)."""
+        td = None
+        if self.turn_detection is not None:
+            t = self.turn_detection
+            td = {
+                "type": "server_vad",
+                "threshold": t.threshold,
+                "prefix_padding_ms": t.prefix_padding_ms,
+                "silence_duration_ms": t.silence_duration_ms,
+                "create_response": t.create_response,
+                "interrupt_response": t.interrupt_response,
+            }
+        return {
+            "id": self.id,
+            "object": "realtime.session",
+            "model": self.model,
+            "modalities": list(self.modalities),
+            "instructions": self.instructions,
+            "voice": self.voice,
+            "input_audio_format": self.input_audio_format,
+            "output_audio_format": self.output_audio_format,
+            "input_audio_sample_rate": self.input_audio_sample_rate,
+            "output_audio_sample_rate": self.output_audio_sample_rate,
+            "input_audio_transcription": self.input_audio_transcription,
+            "turn_detection": td,
+            "tools": [],
+            "tool_choice": "none",
+            "temperature": self.temperature,
+            "max_response_output_tokens": self.max_response_output_tokens,
+        }
+
+
+@dataclass(slots=True)
+class SessionUpdate:
+    """``session.update``: only the given keys change."""
+
+    event_id: str | None
+    changes: dict[str, Any]
+
+
+@dataclass(slots=True)
+class AudioAppend:
+    """``input_audio_buffer.append``: little-endian int16 mono PCM bytes."""
+
+    event_id: str | None
+    pcm: bytes
+    capture_ts_us: int | None = None
+
+
+@dataclass(slots=True)
+class AudioCommit:
+    """``input_audio_buffer.commit``: end the user's turn by hand (needed when turn_detection is null)."""
+
+    event_id: str | None
+
+
+@dataclass(slots=True)
+class AudioClear:
+    """``input_audio_buffer.clear``: drop uncommitted audio."""
+
+    event_id: str | None
+
+
+@dataclass(slots=True)
+class ImageInput:
+    """One ``input_image`` content part, decoded."""
+
+    data: bytes
+    mime: str
+
+
+@dataclass(slots=True)
+class ItemCreate:
+    """``conversation.item.create`` with a user/system message of text and/or images."""
+
+    event_id: str | None
+    item_id: str | None
+    role: str
+    texts: list[str]
+    images: list[ImageInput]
+
+
+@dataclass(slots=True)
+class ResponseCreate:
+    """``response.create``: ask for an answer now."""
+
+    event_id: str | None
+    instructions: str | None
+    modalities: list[str] | None
+
+
+@dataclass(slots=True)
+class ResponseCancel:
+    """``response.cancel``: stop the answer in progress (barge-in from the client side)."""
+
+    event_id: str | None
+    response_id: str | None
+
+
+@dataclass(slots=True)
+class VideoFrameAppend:
+    """Extension ``tristream.input_video_frame.append``: one camera frame with its capture time."""
+
+    event_id: str | None
+    data: bytes
+    format: str
+    capture_ts_us: int
+    width: int | None
+    height: int | None
+    stream_id: str
+
+
+ClientEvent = (
+    SessionUpdate
+    | AudioAppend
+    | AudioCommit
+    | AudioClear
+    | ItemCreate
+    | ResponseCreate
+    | ResponseCancel
+    | VideoFrameAppend
+)
+
+_SESSION_KEYS = {
+    "modalities", "instructions", "voice", "input_audio_format", "output_audio_format",
+    "input_audio_sample_rate", "output_audio_sample_rate", "input_audio_transcription",
+    "turn_detection", "temperature", "max_response_output_tokens",
+    # Accepted for compatibility with official clients, ignored (documented):
+    "model", "tools", "tool_choice", "input_audio_noise_reduction", "tracing", "speed",
+    "client_secret", "include",
+}
+_TURN_KEYS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
+              "interrupt_response", "eagerness"}
+_IMAGE_MIMES = {"image/jpeg": "jpeg", "image/png": "png"}
+
+
+def _require(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], eid: str | None) -> Any:
+    if key not in obj:
+        raise ProtocolError(E_MISSING_PARAM, f"missing required parameter '{key}'", key, eid)
+    val = obj[key]
+    if not isinstance(val, typ) or (isinstance(val, bool) and typ is int):
+        raise ProtocolError(E_INVALID_VALUE, f"'{key}' must be {_tname(typ)}, got {type(val).__name__}", key, eid)
+    return val
+
+
+def _optional(obj: dict[str, Any], key: str, typ: type | tuple[type, ...], eid: str | None) -> Any:
+    if obj.get(key) is None:
+        return None
+    return _require(obj, key, typ, eid)
+
+
+def _tname(typ: type | tuple[type, ...]) -> str:
+    if isinstance(typ, tuple):
+        return " or ".join(t.__name__ for t in typ)
+    return typ.__name__
+
+
+def _no_extra(obj: dict[str, Any], allowed: set[str], where: str, eid: str | None) -> None:
+    extra = sorted(set(obj) - allowed)
+    if extra:
+        raise ProtocolError(E_UNKNOWN_PARAM, f"unknown parameter '{where}{extra[0]}'", f"{where}{extra[0]}", eid)
+
+
+def _b64(value: str, param: str, eid: str | None) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ProtocolError(E_INVALID_VALUE, f"'{param}' is not valid base64: {exc}", param, eid) from exc
+
+
+def validate_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str, Any]:
+    """Check a ``session.update`` body; return the normalised changes."""
+    _no_extra(sess, _SESSION_KEYS, "session.", eid)
+    out: dict[str, Any] = {}
+    if "modalities" in sess:
+        mods = _require(sess, "modalities", list, eid)
+        if not mods or any(m not in ("text", "audio") for m in mods):
+            raise ProtocolError(E_INVALID_VALUE, "session.modalities must be a non-empty subset of ['text', 'audio']",
+                                "session.modalities", eid)
+        out["modalities"] = list(dict.fromkeys(mods))
+    for key in ("instructions", "voice"):
+        if key in sess:
+            out[key] = _require(sess, key, str, eid)
+    for key in ("input_audio_format", "output_audio_format"):
+        if key in sess:
+            fmt = _require(sess, key, str, eid)
+            if fmt != "pcm16":
+                raise ProtocolError(E_INVALID_VALUE, f"session.{key} '{fmt}' is not supported; use 'pcm16'",
+                                    f"session.{key}", eid)
+            out[key] = fmt
+    for key in ("input_audio_sample_rate", "output_audio_sample_rate"):
+        if key in sess:
+            rate = _require(sess, key, int, eid)
+            if rate not in SUPPORTED_SAMPLE_RATES:
+                raise ProtocolError(E_INVALID_VALUE, f"session.{key} must be one of {SUPPORTED_SAMPLE_RATES}",
+                                    f"session.{key}", eid)
+            out[key] = rate
+    if "input_audio_transcription" in sess:
+        out["input_audio_transcription"] = _optional(sess, "input_audio_transcription", dict, eid)
+    if "temperature" in sess:
+        out["temperature"] = float(_require(sess, "temperature", (int, float), eid))
+    if "max_response_output_tokens" in sess:
+        mrt = sess["max_response_output_tokens"]
+        if not (mrt == "inf" or (isinstance(mrt, int) and not isinstance(mrt, bool) and 1 <= mrt <= 4096)):
+            raise ProtocolError(E_INVALID_VALUE, "max_response_output_tokens must be 1..4096 or 'inf'",
+                                "session.max_response_output_tokens", eid)
+        out["max_response_output_tokens"] = mrt
+    if "turn_detection" in sess:
+        td = sess["turn_detection"]
+        if td is None:
+            out["turn_detection"] = None
+        else:
+            if not isinstance(td, dict):
+                raise ProtocolError(E_INVALID_VALUE, "session.turn_detection must be an object or null",
+                                    "session.turn_detection", eid)
+            _no_extra(td, _TURN_KEYS, "session.turn_detection.", eid)
+            if td.get("type", "server_vad") != "server_vad":
+                raise ProtocolError(E_INVALID_VALUE, "only turn_detection.type 'server_vad' is supported",
+                                    "session.turn_detection.type", eid)
+            t = TurnDetection()
+            if "threshold" in td:
+                t.threshold = float(_require(td, "threshold", (int, float), eid))
+                if not 0.0 <= t.threshold <= 1.0:
+                    raise ProtocolError(E_INVALID_VALUE, "turn_detection.threshold must be in [0, 1]",
+                                        "session.turn_detection.threshold", eid)
+            for key in ("prefix_padding_ms", "silence_duration_ms"):
+                if key in td:
+                    v = _require(td, key, int, eid)
+                    if not 0 <= v <= 10_000:
+                        raise ProtocolError(E_INVALID_VALUE, f"turn_detection.{key} must be 0..10000",
+                                            f"session.turn_detection.{key}", eid)
+                    setattr(t, key, v)
+            for key in ("create_response", "interrupt_response"):
+                if key in td:
+                    setattr(t, key, _require(td, key, bool, eid))
+            out["turn_detection"] = t
+    return out
+
+
+def _parse_item(ev: dict[str, Any], eid: str | None) -> ItemCreate:
+    _no_extra(ev, {"type", "event_id", "previous_item_id", "item"}, "", eid)
+    item = _require(ev, "item", dict, eid)
+    _no_extra(item, {"id", "type", "object", "role", "content", "status"}, "item.", eid)
+    if item.get("type", "message") != "message":
+        raise ProtocolError(E_INVALID_VALUE, "only item.type 'message' is supported (no function calls)",
+                            "item.type", eid)
+    role = _require(item, "role", str, eid)
+    if role not in ("user", "system"):
+        raise ProtocolError(E_INVALID_VALUE, "item.role must be 'user' or 'system'", "item.role", eid)
+    content = _require(item, "content", list, eid)
+    if not content:
+        raise ProtocolError(E_INVALID_VALUE, "item.content must not be empty", "item.content", eid)
+    texts: list[str] = []
+    images: list[ImageInput] = []
+    for i, part in enumerate(content):
+        p = f"item.content[{i}]"
+        if not isinstance(part, dict):
+            raise ProtocolError(E_INVALID_VALUE, f"{p} must be an object", p, eid)
+        ptype = part.get("type")
+        if ptype == "input_text":
+            _no_extra(part, {"type", "text"}, p + ".", eid)
+            texts.append(_require(part, "text", str, eid))
+        elif ptype == "input_image" and role == "user":
+            _no_extra(part, {"type", "image_url", "detail"}, p + ".", eid)
+            url = _require(part, "image_url", str, eid)
+            head, sep, payload = url.partition(",")
+            mime = head[5:].split(";")[0] if head.startswith("data:") else ""
+            if not sep or not head.endswith(";base64") or mime not in _IMAGE_MIMES:
+                raise ProtocolError(E_INVALID_VALUE, f"{p}.image_url must be a data URL "
+                                    "'data:image/jpeg;base64,...' or 'data:image/png;base64,...'",
+                                    p + ".image_url", eid)
+            images.append(ImageInput(_b64(payload, p + ".image_url", eid), _IMAGE_MIMES[mime]))
+        else:
+            raise ProtocolError(E_INVALID_VALUE, f"{p}.type '{ptype}' is not supported for role '{role}' "
+                                "(use 'input_text', or 'input_image' for user)", p + ".type", eid)
+    return ItemCreate(eid, _optional(item, "id", str, eid), role, texts, images)
+
+
+def parse_client_event(raw: str | bytes) -> ClientEvent:
+    """Parse and validate one client message; raises :class:`ProtocolError` on any violation."""
+    if isinstance(raw, bytes):
+        raise ProtocolError(E_INVALID_EVENT, "binary frames are not part of the protocol; send JSON text frames")
+    try:
+        ev = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ProtocolError(E_INVALID_JSON, f"message is not valid JSON: {exc.msg} at char {exc.pos}") from exc
+    if not isinstance(ev, dict):
+        raise ProtocolError(E_INVALID_EVENT, "message must be a JSON object with a 'type' field")
+    eid = ev.get("event_id") if isinstance(ev.get("event_id"), str) else None
+    etype = _require(ev, "type", str, eid)
+    if etype == "session.update":
+        _no_extra(ev, {"type", "event_id", "session"}, "", eid)
+        return SessionUpdate(eid, validate_session_changes(_require(ev, "session", dict, eid), eid))
+    if etype == "input_audio_buffer.append":
+        _no_extra(ev, {"type", "event_id", "audio", "capture_ts_us"}, "", eid)
+        pcm = _b64(_require(ev, "audio", str, eid), "audio", eid)
+        if len(pcm) % 2:
+            raise ProtocolError(E_INVALID_VALUE, f"audio has {len(pcm)} bytes; pcm16 needs an even count",
+                                "audio", eid)
+        return AudioAppend(eid, pcm, _optional(ev, "capture_ts_us", int, eid))
+    if etype == "input_audio_buffer.commit":
+        _no_extra(ev, {"type", "event_id"}, "", eid)
+        return AudioCommit(eid)
+    if etype == "input_audio_buffer.clear":
+        _no_extra(ev, {"type", "event_id"}, "", eid)
+        return AudioClear(eid)
+    if etype == "conversation.item.create":
+        return _parse_item(ev, eid)
+    if etype == "response.create":
+        _no_extra(ev, {"type", "event_id", "response"}, "", eid)
+        resp = _optional(ev, "response", dict, eid) or {}
+        allowed = {"instructions", "modalities", "voice", "output_audio_format", "temperature",
+                   "max_response_output_tokens", "conversation", "metadata"}
+        _no_extra(resp, allowed, "response.", eid)
+        mods = _optional(resp, "modalities", list, eid)
+        if mods is not None and (not mods or any(m not in ("text", "audio") for m in mods)):
+            raise ProtocolError(E_INVALID_VALUE, "response.modalities must be a non-empty subset of "
+                                "['text', 'audio']", "response.modalities", eid)
+        return ResponseCreate(eid, _optional(resp, "instructions", str, eid), mods)
+    if etype == "response.cancel":
+        _no_extra(ev, {"type", "event_id", "response_id"}, "", eid)
+        return ResponseCancel(eid, _optional(ev, "response_id", str, eid))
+    if etype == VIDEO_FRAME_EVENT:
+        _no_extra(ev, {"type", "event_id", "frame", "format", "capture_ts_us", "width", "height", "stream_id"},
+                  "", eid)
+        fmt = _require(ev, "format", str, eid)
+        if fmt not in VIDEO_FORMATS:
+            raise ProtocolError(E_INVALID_VALUE, f"format must be one of {VIDEO_FORMATS}", "format", eid)
+        data = _b64(_require(ev, "frame", str, eid), "frame", eid)
+        ts = _require(ev, "capture_ts_us", int, eid)
+        if ts < 0:
+            raise ProtocolError(E_INVALID_VALUE, "capture_ts_us must be >= 0", "capture_ts_us", eid)
+        w = _optional(ev, "width", int, eid)
+        h = _optional(ev, "height", int, eid)
+        if fmt != "jpeg":
+            if w is None or h is None or w <= 0 or h <= 0:
+                raise ProtocolError(E_MISSING_PARAM, f"raw format '{fmt}' needs positive width and height",
+                                    "width", eid)
+            need = w * h * (3 if fmt == "rgb24" else 1)
+            if len(data) != need:
+                raise ProtocolError(E_INVALID_VALUE, f"frame has {len(data)} bytes; {fmt} {w}x{h} needs {need}",
+                                    "frame", eid)
+        elif data[:2] != b"\xff\xd8":
+            raise ProtocolError(E_INVALID_VALUE, "frame is not a JPEG (missing FFD8 start marker)", "frame", eid)
+        return VideoFrameAppend(eid, data, fmt, ts, w, h, _optional(ev, "stream_id", str, eid) or "camera")
+    raise ProtocolError(E_UNKNOWN_EVENT, f"unknown or unsupported event type '{etype}'", "type", eid)
+
+
+# ---------------------------------------------------------------- server events
+
+_counter = itertools.count(1)
+
+
+def new_id(prefix: str) -> str:
+    """Process-unique ids in OpenAI's style (``event_…``, ``item_…``, ``resp_…``)."""
+    return f"{prefix}_{next(_counter):08d}"
+
+
+def server_event(etype: str, **fields: Any) -> dict[str, Any]:
+    """One server event as a dict with a fresh ``event_id``."""
+    return {"type": etype, "event_id": new_id("event"), **fields}
+
+
+def error_event(err: ProtocolError) -> dict[str, Any]:
+    """An ``error`` event for a rejected client message."""
+    return server_event("error", error={"type": err.error_type, "code": err.code, "message": err.message,
+                                        "param": err.param, "event_id": err.event_id})
+
+
+def response_object(resp_id: str, status: str, output: list[dict[str, Any]],
+                    modalities: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``response`` object of ``response.created`` / ``response.done``."""
+    obj: dict[str, Any] = {"id": resp_id, "object": "realtime.response", "status": status,
+                           "status_details": None, "output": output, "modalities": modalities,
+                           "output_audio_format": "pcm16", "usage": None}
+    if status == "cancelled":
+        obj["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
+    if extra:
+        obj["metadata"] = extra
+    return obj
+
+
+def dumps(event: dict[str, Any]) -> str:
+    """Serialise a server event compactly."""
+    return json.dumps(event, separators=(",", ":"))

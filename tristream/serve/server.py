@@ -1,0 +1,315 @@
+"""`RealtimeServer`: the WebSocket server (``websockets``, asyncio) with HTTP side routes.
+
+One port serves everything:
+
+- ``GET /v1/realtime`` (any path ending in ``/realtime``): the Realtime API over WebSocket.
+  Auth by ``Authorization: Bearer <token>`` or, for browsers that cannot set headers, the
+  subprotocol ``openai-insecure-api-key.<token>`` (OpenAI's own browser convention).
+- ``GET /`` and ``/app.js``, ``/style.css``: the browser page (``serve/web/``).
+- ``GET /metrics``: Prometheus text; ``GET /healthz``: liveness; ``GET /readyz``: 503 while
+  draining or full.
+
+Isolation: each connection has its own reader, its own bounded outbox and writer task, so a
+client that stops reading only fills its own outbox (then it is closed as a slow client);
+limits are per session (`ServerLimits`). ``stop()`` drains: new connections get 503,
+open sessions are told ``server_shutting_down``, answers in flight may finish within the
+grace period, then sockets close with 1001.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import logging
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from pathlib import Path
+from typing import Any
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request, Response
+
+from tristream.observe.record import McapRecorder
+from tristream.observe.tracing import TurnTracer
+from tristream.serve import protocol as P
+from tristream.serve.backend import BackendFactory
+from tristream.serve.limits import ServerLimits
+from tristream.serve.metrics import ServeMetrics
+from tristream.serve.session import RealtimeSession, TurnTiming
+
+log = logging.getLogger("tristream.serve")
+WEB_DIR = Path(__file__).resolve().parent / "web"
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+_STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+           "/index.html": ("index.html", "text/html; charset=utf-8"),
+           "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+           "/style.css": ("style.css", "text/css; charset=utf-8")}
+
+
+class AuthError(Exception):
+    """A connection without a valid token."""
+
+
+@dataclasses.dataclass(slots=True)
+class _Conn:
+    session: RealtimeSession
+    ws: ServerConnection
+    outbox: asyncio.Queue[str | None]
+    slow: bool = False
+
+
+class RealtimeServer:
+    """The serving process: see the module docstring. Use ``async with`` or start()/stop()."""
+
+    def __init__(
+        self,
+        backend_factory: BackendFactory,
+        host: str = "127.0.0.1",
+        port: int = 8765,
+        tokens: list[str] | None = None,
+        require_auth: bool = True,
+        limits: ServerLimits | None = None,
+        record_dir: Path | None = None,
+        tracer: TurnTracer | None = None,
+        clock_ns: Callable[[], int] = time.monotonic_ns,
+    ) -> None:
+        if require_auth and not tokens:
+            raise AuthError("auth is required but no token was given: pass --token (or TRISTREAM_TOKEN), "
+                            "or --no-auth for a trusted local demo")
+        self.factory = backend_factory
+        self.host = host
+        self.port = port
+        self.tokens = [t.encode() for t in (tokens or [])]
+        self.require_auth = require_auth
+        self.limits = limits or ServerLimits()
+        self.record_dir = record_dir
+        self.tracer = tracer or TurnTracer()
+        self.clock_ns = clock_ns
+        self.metrics = ServeMetrics()
+        self.metrics.add_collector(self._collect)
+        self.conns: dict[str, _Conn] = {}
+        self.draining = False
+        self._server: Server | None = None
+        self.turns: list[TurnTiming] = []
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        """Bind and listen (``port=0`` picks a free port; read ``self.port`` after)."""
+        self._server = await serve(
+            self._handle, self.host, self.port,
+            process_request=self._process_request,
+            select_subprotocol=self._select_subprotocol,
+            max_size=self.limits.hard_message_bytes,
+            max_queue=64,
+            write_limit=1 << 20,
+            compression=None,
+            ping_interval=20, ping_timeout=20,
+        )
+        sock = next(iter(self._server.sockets))
+        self.port = sock.getsockname()[1]
+        if self.record_dir is not None:
+            self.record_dir.mkdir(parents=True, exist_ok=True)
+        log.info("tristream realtime server on ws://%s:%d/v1/realtime", self.host, self.port)
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Graceful shutdown: refuse new sessions, let answers finish, then close everyone."""
+        if self._server is None:
+            return
+        self.draining = True
+        grace = self.limits.shutdown_grace_s if grace_s is None else grace_s
+        for c in list(self.conns.values()):
+            c.session.send(P.server_event("error", error={
+                "type": "server_error", "code": P.E_SHUTTING_DOWN, "param": None, "event_id": None,
+                "message": f"server is shutting down; the session closes within {grace:g} s"}))
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(c.session._response is not None for c in self.conns.values()):
+            await asyncio.sleep(0.02)
+        self._server.close(close_connections=True, code=1001, reason="server shutting down")
+        await self._server.wait_closed()
+        self._server = None
+
+    async def __aenter__(self) -> RealtimeServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop(grace_s=0.0)
+
+    async def serve_forever(self) -> None:
+        """Run until cancelled (the CLI cancels on SIGINT/SIGTERM and then calls stop())."""
+        assert self._server is not None
+        await self._server.serve_forever()
+
+    # ------------------------------------------------------------ HTTP side
+    def _authorized(self, request: Request) -> bool:
+        if not self.require_auth:
+            return True
+        offered: list[str] = []
+        auth = request.headers.get("Authorization", "")
+        if auth.lower().startswith("bearer "):
+            offered.append(auth[7:].strip())
+        for proto in request.headers.get_all("Sec-WebSocket-Protocol"):
+            offered += [p.strip()[len(KEY_SUBPROTOCOL):] for p in proto.split(",")
+                        if p.strip().startswith(KEY_SUBPROTOCOL)]
+        return any(hmac.compare_digest(o.encode(), t) for o in offered for t in self.tokens)
+
+    def _respond(self, conn: ServerConnection, status: int, body: bytes | str, ctype: str) -> Response:
+        resp = conn.respond(HTTPStatus(status), "")
+        data = body.encode() if isinstance(body, str) else body
+        headers = Headers([(k, v) for k, v in resp.headers.raw_items() if k.lower() not in
+                           ("content-length", "content-type")])
+        headers["Content-Type"] = ctype
+        headers["Content-Length"] = str(len(data))
+        headers["Cache-Control"] = "no-store"
+        return dataclasses.replace(resp, headers=headers, body=data)
+
+    def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path.rstrip("/").endswith("/realtime"):
+            if self.draining:
+                self.metrics.inc("tristream_connections_refused_total", reason="draining")
+                return self._respond(conn, 503, "server is shutting down\n", "text/plain")
+            if not self._authorized(request):
+                self.metrics.inc("tristream_connections_refused_total", reason="auth")
+                resp = self._respond(conn, 401, "missing or invalid bearer token: send 'Authorization: Bearer "
+                                     "<token>' or subprotocol 'openai-insecure-api-key.<token>'\n", "text/plain")
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="tristream"'
+                return resp
+            if len(self.conns) >= self.limits.max_sessions:
+                self.metrics.inc("tristream_connections_refused_total", reason="max_sessions")
+                resp = self._respond(conn, 503, f"server full: {self.limits.max_sessions} sessions\n", "text/plain")
+                resp.headers["Retry-After"] = "5"
+                return resp
+            return None
+        if path == "/metrics":
+            return self._respond(conn, 200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
+        if path == "/healthz":
+            return self._respond(conn, 200, "ok\n", "text/plain")
+        if path == "/readyz":
+            ready = not self.draining and len(self.conns) < self.limits.max_sessions
+            return self._respond(conn, 200 if ready else 503, "ready\n" if ready else "not ready\n", "text/plain")
+        if path in _STATIC:
+            name, ctype = _STATIC[path]
+            f = WEB_DIR / name
+            if f.is_file():
+                return self._respond(conn, 200, f.read_bytes(), ctype)
+        return self._respond(conn, 404, f"no route {path}; the API is at /v1/realtime\n", "text/plain")
+
+    def _select_subprotocol(self, conn: ServerConnection, subprotocols: Any) -> Any:
+        for sp in subprotocols:
+            if not sp.startswith(KEY_SUBPROTOCOL):
+                return sp
+        return subprotocols[0] if subprotocols else None
+
+    def _collect(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        depth = [("tristream_session_outbox_depth", {"session": sid}, float(c.outbox.qsize()))
+                 for sid, c in self.conns.items()]
+        totals: dict[str, float] = {}
+        for c in self.conns.values():
+            counters = getattr(c.session.backend, "counters", None)
+            for k, v in (counters() if counters else {}).items():
+                totals[k] = totals.get(k, 0.0) + v
+        fams: list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]] = [
+            ("tristream_sessions_active", "gauge", "open realtime sessions",
+             [("tristream_sessions_active", {}, float(len(self.conns)))]),
+            ("tristream_draining", "gauge", "1 while shutting down",
+             [("tristream_draining", {}, 1.0 if self.draining else 0.0)]),
+            ("tristream_session_outbox_depth", "gauge", "server events queued for a client", depth),
+            ("tristream_backend_counter", "gauge", "backend counters summed over open sessions (drops by reason)",
+             [("tristream_backend_counter", {"name": k}, v) for k, v in sorted(totals.items())]),
+        ]
+        for c in self.conns.values():
+            gauges = getattr(c.session.backend, "gauges", None)
+            if gauges is not None:
+                fams.extend(gauges())
+        return fams
+
+    # ------------------------------------------------------------ sessions
+    def _sender(self, holder: list[_Conn]) -> Callable[[dict[str, Any]], None]:
+        def send(event: dict[str, Any]) -> None:
+            if not holder:
+                return
+            c = holder[0]
+            if c.slow:
+                self.metrics.inc("tristream_events_dropped_total", reason="slow_client")
+                return
+            if c.outbox.qsize() >= self.limits.max_outbox_events:
+                c.slow = True
+                self.metrics.inc("tristream_events_dropped_total", reason="slow_client")
+                self.metrics.inc("tristream_sessions_closed_total", reason="slow_client")
+                asyncio.get_running_loop().create_task(
+                    c.ws.close(1008, f"{P.E_SLOW_CLIENT}: {self.limits.max_outbox_events} events unread"))
+                return
+            c.outbox.put_nowait(P.dumps(event))
+        return send
+
+    async def _writer(self, c: _Conn) -> None:
+        while True:
+            msg = await c.outbox.get()
+            if msg is None:
+                return
+            try:
+                await asyncio.wait_for(c.ws.send(msg), self.limits.send_timeout_s)
+            except TimeoutError:
+                c.slow = True
+                self.metrics.inc("tristream_sessions_closed_total", reason="send_timeout")
+                await c.ws.close(1008, f"{P.E_SLOW_CLIENT}: a send blocked for {self.limits.send_timeout_s:g} s")
+                return
+            except ConnectionClosed:
+                return
+
+    async def _handle(self, ws: ServerConnection) -> None:
+        if len(self.conns) >= self.limits.max_sessions or self.draining:
+            await ws.close(1013, "server full or draining; try again later")
+            return
+        sid = P.new_id("sess")
+        recorder = McapRecorder(self.record_dir / f"{sid}.mcap", sid) if self.record_dir is not None else None
+        holder: list[_Conn] = []
+        session = RealtimeSession(sid, self.factory(), self._sender(holder), self.clock_ns, self.limits,
+                                  self.metrics, tap=recorder.tap if recorder else None,
+                                  on_turn=lambda t: self._on_turn(sid, t))
+        c = _Conn(session, ws, asyncio.Queue())
+        holder.append(c)
+        self.conns[sid] = c
+        self.metrics.inc("tristream_sessions_total")
+        writer = asyncio.get_running_loop().create_task(self._writer(c))
+        reason = "client_closed"
+        try:
+            if recorder is not None:
+                recorder.write_meta({"session_id": sid, "settings": session.settings.to_json(),
+                                     "limits": dataclasses.asdict(self.limits)}, self.clock_ns())
+            await session.open()
+            deadline = asyncio.get_running_loop().time() + self.limits.max_session_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    async for raw in ws:
+                        session.handle_message(raw)
+            except TimeoutError:
+                reason = "session_expired"
+                session.send_error(P.ProtocolError(P.E_SESSION_EXPIRED, f"session reached its "
+                                                   f"{self.limits.max_session_s:g} s limit; reconnect"))
+            except ConnectionClosed:
+                pass
+        except Exception:
+            reason = "server_error"
+            log.exception("session %s failed", sid)
+        finally:
+            self.metrics.inc("tristream_sessions_closed_total", reason=reason)
+            await session.close()
+            c.outbox.put_nowait(None)
+            with contextlib.suppress(TimeoutError, ConnectionClosed):
+                await asyncio.wait_for(writer, 2.0)
+            writer.cancel()
+            await ws.close(1000 if reason == "client_closed" else 1008, reason)
+            del self.conns[sid]
+            if recorder is not None:
+                recorder.close()
+
+    def _on_turn(self, sid: str, t: TurnTiming) -> None:
+        self.turns.append(t)
+        self.tracer.record_turn(sid, t)

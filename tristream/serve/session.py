@@ -1,0 +1,337 @@
+"""`RealtimeSession`: one client's protocol state machine, independent of the socket.
+
+It validates each client message (size, rate, schema, order), drives the session's
+`SessionBackend`, and turns backend events into Realtime API server events with OpenAI's
+item/response ids. Output goes through a ``send`` callable (the server's bounded outbox, a
+replay collector, a test list). Every message in and every event out is also handed to an
+optional ``tap`` (the MCAP recorder) with its reference time. Nothing here blocks or
+sleeps; time comes from an injected clock, so replay runs the same code on a virtual clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tristream.serve import protocol as P
+from tristream.serve.audio import decode_pcm16, encode_pcm16_b64, resample_int16
+from tristream.serve.backend import (
+    AudioDelta,
+    BackendConfig,
+    BackendEvent,
+    ResponseDone,
+    ResponseStarted,
+    SessionBackend,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+    TranscriptDelta,
+    TranscriptDone,
+    VideoFrame,
+)
+from tristream.serve.limits import ServerLimits, TokenBucket
+from tristream.serve.metrics import ServeMetrics
+
+BACKEND_RATE = 16_000
+Tap = Callable[[str, str, int], None]  # direction ("in"/"out"), JSON text, ref_ns
+
+
+@dataclass(slots=True)
+class TurnTiming:
+    """Reference times (ns) of one turn's milestones; 0 = not reached."""
+
+    speech_started: int = 0
+    speech_stopped: int = 0
+    requested: int = 0
+    transcript_done: int = 0
+    response_started: int = 0
+    first_text: int = 0
+    first_audio: int = 0
+    done: int = 0
+    status: str = ""
+
+    def latencies_ms(self) -> dict[str, float]:
+        """End-of-speech-relative latencies in ms (only those reached)."""
+        out: dict[str, float] = {}
+        base = self.speech_stopped or self.requested or self.response_started
+        for name in ("transcript_done", "first_text", "first_audio", "done"):
+            t = getattr(self, name)
+            if base and t:
+                out[f"eos_to_{name}_ms"] = (t - base) / 1e6
+        return out
+
+
+@dataclass(slots=True)
+class _Response:
+    id: str
+    item_id: str
+    modalities: list[str]
+    text: list[str] = field(default_factory=list)
+    audio_samples: int = 0
+
+
+class RealtimeSession:
+    """One Realtime API session over any transport; see the module docstring."""
+
+    def __init__(
+        self,
+        session_id: str,
+        backend: SessionBackend,
+        send: Callable[[dict[str, Any]], None],
+        clock_ns: Callable[[], int],
+        limits: ServerLimits | None = None,
+        metrics: ServeMetrics | None = None,
+        tap: Tap | None = None,
+        on_turn: Callable[[TurnTiming], None] | None = None,
+    ) -> None:
+        self.id = session_id
+        self.backend = backend
+        self._send_raw = send
+        self.clock_ns = clock_ns
+        self.limits = limits or ServerLimits()
+        self.metrics = metrics or ServeMetrics()
+        self.tap = tap
+        self.on_turn = on_turn
+        self.settings = P.SessionSettings(id=session_id)
+        now_s = clock_ns() / 1e9
+        self._msg_bucket = TokenBucket(self.limits.max_messages_per_s, self.limits.burst_messages, now_s)
+        self._byte_bucket = TokenBucket(self.limits.max_bytes_per_s, self.limits.burst_bytes, now_s)
+        self._item_id: str | None = None
+        self._last_item_id: str | None = None
+        self._response: _Response | None = None
+        self._uncommitted_ms = 0.0
+        self.turn = TurnTiming()
+        self.turns: list[TurnTiming] = []
+        self.started_ns = clock_ns()
+        self.closed = False
+
+    # ------------------------------------------------------------------ output
+    def send(self, event: dict[str, Any]) -> None:
+        """Emit one server event (to the transport and the tap)."""
+        if self.closed:
+            self.metrics.inc("tristream_events_dropped_total", reason="session_closed")
+            return
+        if self.tap is not None:
+            self.tap("out", P.dumps(event), self.clock_ns())
+        self.metrics.inc("tristream_events_out_total", type=event["type"])
+        self._send_raw(event)
+
+    def send_error(self, err: P.ProtocolError) -> None:
+        """Emit an ``error`` event and count it by code."""
+        self.metrics.inc("tristream_client_errors_total", code=err.code)
+        self.send(P.error_event(err))
+
+    def _backend_config(self) -> BackendConfig:
+        s = self.settings
+        td = s.turn_detection
+        return BackendConfig(
+            instructions=s.instructions, modalities=list(s.modalities), sample_rate=BACKEND_RATE,
+            output_sample_rate=s.output_audio_sample_rate, vad=td is not None,
+            vad_threshold=td.threshold if td else 0.5,
+            prefix_padding_ms=td.prefix_padding_ms if td else 300,
+            silence_duration_ms=td.silence_duration_ms if td else 500,
+            create_response=td.create_response if td else False,
+            interrupt_response=td.interrupt_response if td else False,
+        )
+
+    async def open(self) -> None:
+        """Start the backend and greet the client with ``session.created``."""
+        await self.backend.start(self._backend_config(), self.on_backend_event)
+        self.send(P.server_event("session.created", session=self.settings.to_json()))
+
+    # ------------------------------------------------------------------- input
+    def handle_message(self, raw: str | bytes) -> None:
+        """Process one client message; protocol errors become ``error`` events."""
+        now = self.clock_ns()
+        size = len(raw)
+        if self.tap is not None:
+            self.tap("in", raw if isinstance(raw, str) else raw.decode("utf-8", "replace"), now)
+        self.metrics.inc("tristream_messages_in_total")
+        self.metrics.inc("tristream_bytes_in_total", size)
+        try:
+            if size > self.limits.max_message_bytes:
+                raise P.ProtocolError(P.E_TOO_LARGE, f"message has {size} bytes; the limit is "
+                                      f"{self.limits.max_message_bytes} (split audio into smaller appends)")
+            now_s = now / 1e9
+            if not self._msg_bucket.take(1, now_s) or not self._byte_bucket.take(size, now_s):
+                self.metrics.inc("tristream_messages_dropped_total", reason="rate_limited")
+                raise P.ProtocolError(P.E_RATE_LIMITED, f"rate limit: at most {self.limits.max_messages_per_s:g} "
+                                      f"messages/s and {self.limits.max_bytes_per_s:g} bytes/s; message dropped")
+            ev = P.parse_client_event(raw)
+            self._dispatch(ev, now)
+        except P.ProtocolError as err:
+            if err.code != P.E_RATE_LIMITED:
+                self.metrics.inc("tristream_messages_dropped_total", reason=err.code)
+            self.send_error(err)
+
+    def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
+        if isinstance(ev, P.AudioAppend):
+            pcm = decode_pcm16(ev.pcm)
+            rate = self.settings.input_audio_sample_rate
+            self._uncommitted_ms += pcm.size * 1000 / rate
+            self.backend.push_audio(resample_int16(pcm, rate, BACKEND_RATE), now, ev.capture_ts_us)
+        elif isinstance(ev, P.VideoFrameAppend):
+            self.backend.push_frame(VideoFrame(ev.data, ev.format, ev.capture_ts_us, ev.width, ev.height,
+                                               ev.stream_id, now))
+        elif isinstance(ev, P.SessionUpdate):
+            for key, val in ev.changes.items():
+                setattr(self.settings, key, val)
+            self.backend.update(self._backend_config())
+            self.send(P.server_event("session.updated", session=self.settings.to_json()))
+        elif isinstance(ev, P.AudioCommit):
+            if self._uncommitted_ms < 100:
+                raise P.ProtocolError(P.E_EMPTY_BUFFER, f"buffer too small: {self._uncommitted_ms:.0f} ms of "
+                                      "audio; commit needs at least 100 ms", None, ev.event_id)
+            item = self._item_id or P.new_id("item")
+            self._commit(item)
+            self.turn.speech_stopped = self.turn.speech_stopped or now
+            self.backend.commit_audio(now)
+        elif isinstance(ev, P.AudioClear):
+            self._uncommitted_ms = 0.0
+            self.backend.clear_audio(now)
+            self.send(P.server_event("input_audio_buffer.cleared"))
+        elif isinstance(ev, P.ItemCreate):
+            item_id = ev.item_id or P.new_id("item")
+            content = [{"type": "input_text", "text": t} for t in ev.texts]
+            content += [{"type": "input_image", "image_url": f"<{len(im.data)} bytes {im.mime}>"} for im in ev.images]
+            self.send(P.server_event("conversation.item.created", previous_item_id=self._last_item_id,
+                                     item={"id": item_id, "object": "realtime.item", "type": "message",
+                                           "status": "completed", "role": ev.role, "content": content}))
+            self._last_item_id = item_id
+            self.backend.push_text(ev.role, "\n".join(ev.texts), [im.data for im in ev.images], now)
+        elif isinstance(ev, P.ResponseCreate):
+            if self._response is not None:
+                raise P.ProtocolError(P.E_RESPONSE_ACTIVE, f"response {self._response.id} is still in progress; "
+                                      "send response.cancel first or wait for response.done", None, ev.event_id)
+            if not self.turn.speech_stopped:
+                self.turn = TurnTiming(requested=now)
+            self.backend.create_response(ev.instructions, now)
+        elif isinstance(ev, P.ResponseCancel):
+            if self._response is None or (ev.response_id and ev.response_id != self._response.id):
+                raise P.ProtocolError(P.E_NO_ACTIVE_RESPONSE, "no response in progress to cancel"
+                                      + (f" with id {ev.response_id}" if ev.response_id else ""),
+                                      "response_id" if ev.response_id else None, ev.event_id)
+            self.backend.cancel_response(now)
+
+    def _commit(self, item_id: str) -> None:
+        self._uncommitted_ms = 0.0
+        self.send(P.server_event("input_audio_buffer.committed", previous_item_id=self._last_item_id,
+                                 item_id=item_id))
+        self.send(P.server_event("conversation.item.created", previous_item_id=self._last_item_id,
+                                 item={"id": item_id, "object": "realtime.item", "type": "message",
+                                       "status": "completed", "role": "user",
+                                       "content": [{"type": "input_audio", "transcript": None}]}))
+        self._last_item_id = item_id
+        self._item_id = item_id
+
+    # ----------------------------------------------------------------- backend
+    def on_backend_event(self, ev: BackendEvent) -> None:
+        """Translate one backend event into server events (called on the loop thread)."""
+        now = self.clock_ns()
+        if isinstance(ev, SpeechStarted):
+            self._item_id = P.new_id("item")
+            self.turn = TurnTiming(speech_started=now)
+            self.send(P.server_event("input_audio_buffer.speech_started", audio_start_ms=ev.audio_ms,
+                                     item_id=self._item_id))
+        elif isinstance(ev, SpeechStopped):
+            item = self._item_id or P.new_id("item")
+            self.turn.speech_stopped = now
+            self.send(P.server_event("input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_ms, item_id=item))
+            self._commit(item)
+        elif isinstance(ev, TranscriptDelta):
+            self.send(P.server_event("conversation.item.input_audio_transcription.delta",
+                                     item_id=self._item_id or "", content_index=0, delta=ev.text))
+        elif isinstance(ev, TranscriptDone):
+            self.turn.transcript_done = now
+            self.send(P.server_event("conversation.item.input_audio_transcription.completed",
+                                     item_id=self._item_id or "", content_index=0, transcript=ev.text))
+        elif isinstance(ev, ResponseStarted):
+            resp = _Response(P.new_id("resp"), P.new_id("item"), list(self.settings.modalities))
+            self._response = resp
+            self.turn.response_started = now
+            self.send(P.server_event("response.created", response=P.response_object(resp.id, "in_progress", [],
+                                                                                    resp.modalities)))
+            self.send(P.server_event("response.output_item.added", response_id=resp.id, output_index=0,
+                                     item=self._out_item(resp, "in_progress")))
+        elif isinstance(ev, TextDelta):
+            tresp = self._active("text")
+            if tresp is None:
+                return
+            self._on_text(tresp, ev, now)
+        elif isinstance(ev, AudioDelta):
+            aresp = self._active("audio")
+            if aresp is None:
+                return
+            self._on_audio(aresp, ev, now)
+        elif isinstance(ev, ResponseDone):
+            self._finish_response(ev, now)
+
+    def _on_text(self, resp: _Response, ev: TextDelta, now: int) -> None:
+        resp.text.append(ev.text)
+        if not self.turn.first_text:
+            self.turn.first_text = now
+        kind = "response.audio_transcript.delta" if "audio" in resp.modalities else "response.text.delta"
+        self.send(P.server_event(kind, response_id=resp.id, item_id=resp.item_id, output_index=0,
+                                 content_index=0, delta=ev.text))
+
+    def _on_audio(self, resp: _Response, ev: AudioDelta, now: int) -> None:
+        if not self.turn.first_audio:
+            self.turn.first_audio = now
+        resp.audio_samples += int(ev.pcm.size)
+        self.send(P.server_event("response.audio.delta", response_id=resp.id, item_id=resp.item_id,
+                                 output_index=0, content_index=0, delta=encode_pcm16_b64(ev.pcm)))
+
+    def _active(self, what: str) -> _Response | None:
+        if self._response is None:
+            self.metrics.inc("tristream_events_dropped_total", reason=f"{what}_without_response")
+        return self._response
+
+    def _out_item(self, resp: _Response, status: str) -> dict[str, Any]:
+        text = "".join(resp.text)
+        part: dict[str, Any] = ({"type": "audio", "transcript": text} if "audio" in resp.modalities
+                                else {"type": "text", "text": text})
+        return {"id": resp.item_id, "object": "realtime.item", "type": "message", "role": "assistant",
+                "status": status, "content": [part] if resp.text or status != "in_progress" else []}
+
+    def _finish_response(self, ev: ResponseDone, now: int) -> None:
+        resp = self._response
+        if resp is None:
+            self.metrics.inc("tristream_events_dropped_total", reason="done_without_response")
+            return
+        self._response = None
+        text = "".join(resp.text)
+        common = {"response_id": resp.id, "item_id": resp.item_id, "output_index": 0, "content_index": 0}
+        if "audio" in resp.modalities:
+            self.send(P.server_event("response.audio.done", **common))
+            self.send(P.server_event("response.audio_transcript.done", transcript=text, **common))
+        else:
+            self.send(P.server_event("response.text.done", text=text, **common))
+        status = ev.status
+        item = self._out_item(resp, "completed" if status == "completed" else "incomplete")
+        self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=0, item=item))
+        t = self.turn
+        t.done = now
+        t.status = status
+        lat = t.latencies_ms()
+        self.send(P.server_event("response.done",
+                                 response=P.response_object(resp.id, status, [item], resp.modalities),
+                                 x_tristream={"latency_ms": lat, "audio_samples": resp.audio_samples}))
+        for name, key in (("tristream_eos_to_first_text_seconds", "first_text"),
+                          ("tristream_eos_to_first_audio_seconds", "first_audio"),
+                          ("tristream_eos_to_transcript_seconds", "transcript_done")):
+            base = t.speech_stopped or t.requested or t.response_started
+            if base and getattr(t, key):
+                self.metrics.observe_ns(name, getattr(t, key) - base)
+        self.metrics.inc("tristream_responses_total", status=status)
+        self.turns.append(t)
+        if self.on_turn is not None:
+            self.on_turn(t)
+        self.turn = TurnTiming()
+
+    async def close(self) -> None:
+        """Stop the backend; further events are dropped (and counted)."""
+        if self._response is not None:
+            self.backend.cancel_response(self.clock_ns())
+        await self.backend.close()
+        self.closed = True
