@@ -1,0 +1,191 @@
+"""Utterance-level streaming ASR: VAD events cut the audio, a recogniser turns it into text.
+
+`UtteranceStream` is the ASR stage's stream for any engine (`asr_whisper`, `asr_pocketsphinx`).
+It takes two kinds of input on `push`: audio chunks (the *same* 16 kHz chunks, in the same
+order, that the session's `VADStream` gets, so that sample indices agree) and that VAD's
+`SpeechEvent`s. On START it opens an utterance from the event's sample index minus
+`preroll_s` (audio kept in a short ring); while speaking it feeds audio and, every
+`partial_every_s` of new speech, emits a partial `Transcript`; on END it feeds audio up to the
+end edge plus `postroll_s` and emits the final `Transcript`.
+
+A recogniser is a factory of per-utterance decoders (`Recognizer.utterance()`), so engines that
+decode incrementally (pocketsphinx) and engines that decode a whole clip (Whisper) share this
+stream.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Protocol
+
+import numpy as np
+
+from tristream.stages.base import (
+    SampleClock,
+    SpeechEvent,
+    SpeechEventKind,
+    Stream,
+    Transcript,
+    as_float_mono,
+)
+
+__all__ = ["Recognizer", "UtteranceDecoder", "UtteranceStream"]
+
+SAMPLE_RATE = 16_000
+
+
+class UtteranceDecoder(Protocol):
+    """Decodes one utterance: feed audio, ask for a partial, finish with the final text."""
+
+    def feed(self, pcm: np.ndarray) -> None:
+        """Add 16 kHz float32 mono audio of this utterance."""
+        ...
+
+    def partial(self) -> str:
+        """Best text so far (may cost a decode of the audio fed so far)."""
+        ...
+
+    def final(self) -> str:
+        """Finish the utterance and return its text."""
+        ...
+
+
+class Recognizer(Protocol):
+    """A loaded ASR model shared by sessions."""
+
+    name: str
+
+    def utterance(self) -> UtteranceDecoder:
+        """A fresh decoder for one utterance."""
+        ...
+
+
+class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
+    """Per-session ASR: audio + VAD events in, partial and final transcripts out."""
+
+    def __init__(self, recognizer: Recognizer, session_id: str, partial_every_s: float | None = 1.0,
+                 preroll_s: float = 0.2, postroll_s: float = 0.15, ring_s: float = 3.0) -> None:
+        super().__init__(session_id)
+        self.recognizer = recognizer
+        self.clock = SampleClock(SAMPLE_RATE)
+        self.partial_every = int(partial_every_s * SAMPLE_RATE) if partial_every_s else None
+        self.preroll = int(preroll_s * SAMPLE_RATE)
+        self.postroll = int(postroll_s * SAMPLE_RATE)
+        self._ring_len = int(ring_s * SAMPLE_RATE)
+        self._ring = np.zeros(0, dtype=np.float32)
+        self._ring_start = 0  # sample index of _ring[0]
+        self._decoder: UtteranceDecoder | None = None
+        self._fed_to = 0  # next sample index to feed the decoder
+        self._utt_start = 0
+        self._since_partial = 0
+        self._pending_end: SpeechEvent | None = None
+
+    @property
+    def in_utterance(self) -> bool:
+        """Whether an utterance is open (between VAD START and the final transcript)."""
+        return self._decoder is not None
+
+    def push(self, item: np.ndarray | SpeechEvent, ref_ns: int = 0) -> None:
+        """Give audio (with its `ref_ns`) or a `SpeechEvent` from this session's VAD."""
+        self._check_open()
+        if isinstance(item, SpeechEvent):
+            self._on_event(item)
+            return
+        pcm = as_float_mono(item)
+        self.clock.add(pcm.shape[0], ref_ns)
+        self._ring = np.concatenate([self._ring, pcm])
+        if self._decoder is not None:
+            self._feed_available()
+            if self._pending_end is not None and self.clock.total >= self._end_target(self._pending_end):
+                self._finish(self._pending_end)
+        excess = self._ring.shape[0] - self._ring_len
+        if excess > 0 and self._decoder is None:
+            self._ring = self._ring[excess:]
+            self._ring_start += excess
+
+    def flush(self) -> None:
+        """End of input: finish an open utterance with the audio there is."""
+        if self._decoder is None or self._closed:
+            return
+        end = self._pending_end
+        if end is None:
+            self._count("utterance_closed_by_flush")
+            end = SpeechEvent(self.session_id, SpeechEventKind.END, self.clock.ns_at(self.clock.total),
+                              self.clock.ns_at(self.clock.total), self.clock.total, 0.0)
+        self._finish(end, force=True)
+
+    def cancel(self) -> None:
+        """Drop an open utterance without a final (e.g. the pipeline discards the turn)."""
+        if self._decoder is not None:
+            self._count("utterances_cancelled")
+        self._decoder = None
+        self._pending_end = None
+
+    def _on_event(self, ev: SpeechEvent) -> None:
+        if ev.kind == SpeechEventKind.START:
+            if self._decoder is not None:
+                self._count("start_while_in_utterance")
+                return
+            start = max(ev.sample_index - self.preroll, self._ring_start)
+            if ev.sample_index - self.preroll < self._ring_start:
+                self._count("preroll_samples_missing", self._ring_start - (ev.sample_index - self.preroll))
+            self._decoder = self.recognizer.utterance()
+            self._utt_start = start
+            self._fed_to = start
+            self._since_partial = 0
+            self._feed_available()
+        elif self._decoder is None:
+            self._count("end_without_start")
+        elif self.clock.total >= self._end_target(ev):
+            self._finish(ev)
+        else:
+            self._pending_end = ev
+
+    def _end_target(self, ev: SpeechEvent) -> int:
+        return ev.sample_index + self.postroll
+
+    def _feed_available(self, upto: int | None = None) -> None:
+        assert self._decoder is not None
+        stop = self.clock.total if upto is None else min(upto, self.clock.total)
+        if stop <= self._fed_to:
+            return
+        a = self._fed_to - self._ring_start
+        b = stop - self._ring_start
+        self._decoder.feed(self._ring[a:b])
+        self._since_partial += stop - self._fed_to
+        self._fed_to = stop
+        if upto is None and self.partial_every and self._since_partial >= self.partial_every:
+            self._since_partial = 0
+            t0 = time.perf_counter()
+            text = self._decoder.partial()
+            dt = time.perf_counter() - t0
+            self._events.append(Transcript(self.session_id, text, False, self.clock.ns_at(self._utt_start),
+                                           self.clock.ns_at(stop), self.clock.ns_at(stop), dt))
+
+    def _finish(self, ev: SpeechEvent, force: bool = False) -> None:
+        assert self._decoder is not None
+        target = self._end_target(ev)
+        if not force and self.clock.total < target:
+            self._pending_end = ev
+            return
+        if self._fed_to < target:
+            self._decoder_feed_to(target)
+        t0 = time.perf_counter()
+        text = self._decoder.final()
+        dt = time.perf_counter() - t0
+        decided = max(ev.decided_ns, self.clock.ns_at(min(target, self.clock.total)))
+        self._events.append(Transcript(self.session_id, text, True, self.clock.ns_at(self._utt_start),
+                                       ev.t_ns, decided, dt))
+        self._decoder = None
+        self._pending_end = None
+        # keep only the ring tail: the next utterance needs at most its preroll
+        keep_from = max(self.clock.total - self._ring_len, self._ring_start)
+        self._ring = self._ring[keep_from - self._ring_start:]
+        self._ring_start = keep_from
+
+    def _decoder_feed_to(self, target: int) -> None:
+        assert self._decoder is not None
+        stop = min(target, self.clock.total)
+        if stop > self._fed_to:
+            self._decoder.feed(self._ring[self._fed_to - self._ring_start: stop - self._ring_start])
+            self._fed_to = stop

