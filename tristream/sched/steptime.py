@@ -1,0 +1,126 @@
+"""Engine step-time model: milliseconds per step as a function of batch composition.
+
+    t = [llm] (c0 + c_dec * decode_bucket + c_pf * prefill_tokens)
+      + [images > 0] (v0 + v1 * image_bucket)
+      + [asr > 0]    (a0 + a1 * asr_bucket)
+
+Decode pads to the captured CUDA-graph bucket, so it is charged per bucket slot. The
+coefficients are a least-squares fit (`fit_step_time`) to the rows in
+`bench/data/sched_steptime.csv` — H200 figures measured in this workplace (ANCHORS.md) and,
+where no measurement exists, roofline-derived rows that say so; `bench/sched.py --fit`
+redoes the fit and writes `bench/data/sched_steptime_fit.json`. The scheduler uses the same
+model to estimate the cost of a plan; the simulator adds seeded jitter on top.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+IMAGE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
+ASR_BUCKETS: tuple[int, ...] = (1, 2, 4, 8)
+
+
+def bucket_for(n: int, buckets: Sequence[int]) -> int:
+    """Smallest captured bucket holding n (0 for n == 0); raises past the largest."""
+    if n <= 0:
+        return 0
+    i = bisect.bisect_left(buckets, n)
+    if i == len(buckets):
+        raise ValueError(f"batch of {n} exceeds the largest captured bucket {buckets[-1]}")
+    return buckets[i]
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeModel:
+    """Fitted coefficients (ms)."""
+
+    c0: float = 1.81425
+    c_dec: float = 0.0079861
+    c_pf: float = 0.0064857
+    v0: float = 4.02571
+    v1: float = 0.0042857
+    a0: float = 5.83717
+    a1: float = 0.0628286
+    source: str = "fit to bench/data/sched_steptime.csv (ANCHORS.md H200 rows + roofline rows)"
+
+    def step_ms(self, decode: int, prefill_tokens: int, images: int, asr_units: int) -> float:
+        """Modelled duration of one step (decode/images/asr are raw counts, padded here)."""
+        t = 0.0
+        if decode > 0 or prefill_tokens > 0:
+            t += self.c0 + self.c_dec * bucket_for(decode, DECODE_BUCKETS) + self.c_pf * prefill_tokens
+        if images > 0:
+            t += self.v0 + self.v1 * bucket_for(images, IMAGE_BUCKETS)
+        if asr_units > 0:
+            t += self.a0 + self.a1 * bucket_for(asr_units, ASR_BUCKETS)
+        return t
+
+    def to_dict(self) -> dict[str, float | str]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One measured or derived step: composition and time in ms."""
+
+    component: str
+    decode: int
+    prefill_tokens: int
+    images: int
+    asr_units: int
+    ms: float
+    source: str
+
+
+def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    return np.asarray(coef, dtype=np.float64)
+
+
+def fit_step_time(samples: Sequence[StepSample], source: str) -> StepTimeModel:
+    """Least-squares fit of each component's (fixed, per-unit) pair to its samples."""
+    by: dict[str, list[StepSample]] = {"llm": [], "vision": [], "asr": []}
+    for s in samples:
+        if s.component not in by:
+            raise ValueError(f"unknown component {s.component!r}; expected llm, vision or asr")
+        by[s.component].append(s)
+    for name, rows in by.items():
+        if len(rows) < 2:
+            raise ValueError(f"need at least 2 {name} samples to fit, got {len(rows)}")
+    llm = by["llm"]
+    x = np.array([[1.0, bucket_for(s.decode, DECODE_BUCKETS), s.prefill_tokens] for s in llm])
+    c0, c_dec, c_pf = _lstsq(x, np.array([s.ms for s in llm]))
+    vis = by["vision"]
+    v0, v1 = _lstsq(
+        np.array([[1.0, bucket_for(s.images, IMAGE_BUCKETS)] for s in vis]), np.array([s.ms for s in vis])
+    )
+    asr = by["asr"]
+    a0, a1 = _lstsq(
+        np.array([[1.0, bucket_for(s.asr_units, ASR_BUCKETS)] for s in asr]), np.array([s.ms for s in asr])
+    )
+    coefs = [float(c) for c in (c0, c_dec, c_pf, v0, v1, a0, a1)]
+    if any(c < 0 or not math.isfinite(c) for c in coefs):
+        raise ValueError(f"step-time fit gave a negative or non-finite coefficient: {coefs}")
+    names = ("c0", "c_dec", "c_pf", "v0", "v1", "a0", "a1")
+    return StepTimeModel(**dict(zip(names, coefs, strict=True)), source=source)  # type: ignore[arg-type]
+
+
+def read_samples_csv(text: str) -> list[StepSample]:
+    """Parse `component,decode,prefill_tokens,images,asr_units,ms,source` rows (# comments ok)."""
+    out: list[StepSample] = []
+    for ln, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#") or line.startswith("component,"):
+            continue
+        parts = line.split(",", 6)
+        if len(parts) != 7:
+            raise ValueError(f"line {ln}: expected 7 comma-separated fields, got {len(parts)}: {line!r}")
+        c, d, p, i, a, ms, src = parts
+        out.append(StepSample(c.strip(), int(d), int(p), int(i), int(a), float(ms), src.strip()))
+    return out
