@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from tristream.core.errors import InvalidPacket, UnknownUnit
 
 NS_PER_S = 1_000_000_000
@@ -60,6 +62,15 @@ class TimeUnit:
                 raise InvalidPacket(f"timestamp {value!r} is not finite; expected a number in {self.name}")
             return round(value * (NS_PER_S / self.ticks_per_s))
         raise InvalidPacket(f"timestamp {value!r} has type {type(value).__name__}; expected int or float")
+
+    def to_ns_array(self, values: np.ndarray) -> np.ndarray:
+        """Vectorised `to_ns` for an integer array (exact, no int64 overflow before ~292 years)."""
+        v = np.asarray(values, dtype=np.int64)
+        rate = self.ticks_per_s
+        if NS_PER_S % rate == 0:
+            return v * (NS_PER_S // rate)
+        whole, rest = np.divmod(v, rate)
+        return whole * NS_PER_S + (rest * NS_PER_S + rate // 2) // rate
 
     def from_ns(self, ns: int) -> float:
         """Convert source-clock nanoseconds back into this unit (float ticks)."""
