@@ -1,0 +1,97 @@
+"""LocalAgreement-n commit policy for streaming ASR (whisper_streaming's HypothesisBuffer idea).
+
+Each update re-transcribes the audio buffer and hands the policy a hypothesis: words with times on
+the reference clock. A word becomes final once the last `n` hypotheses agree on it (same word at
+the same place after what is already committed); the rest of the newest hypothesis is the partial.
+Words that start before the committed end (re-heard after a buffer trim) are skipped, and an
+n-gram of the hypothesis head that repeats the committed tail is dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_NORM = re.compile(r"[^\w']+")
+
+
+@dataclass(frozen=True, slots=True)
+class Word:
+    """One recognised word with start and end on the reference clock (ns)."""
+
+    text: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def key(self) -> str:
+        """Comparison form: case and punctuation folded."""
+        return _NORM.sub("", self.text.lower())
+
+
+@dataclass(slots=True)
+class CommitResult:
+    """What one update added: newly committed words and the current partial tail."""
+
+    committed: list[Word]
+    partial: list[Word]
+
+
+@dataclass(slots=True)
+class LocalAgreement:
+    """Commit the longest prefix on which the last `n` hypotheses agree (n=2: LocalAgreement-2)."""
+
+    n: int = 2
+    tolerance_ns: int = 100_000_000
+    max_ngram: int = 5
+    committed: list[Word] = field(default_factory=list)
+    _history: list[list[Word]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.n < 2:
+            raise ValueError(f"LocalAgreement needs n >= 2 (got {self.n}); n=1 would commit every hypothesis")
+
+    @property
+    def committed_end_ns(self) -> int:
+        return self.committed[-1].end_ns if self.committed else -(2**62)
+
+    def _fresh(self, hyp: list[Word]) -> list[Word]:
+        """Drop the part of `hyp` that the committed text already covers."""
+        words = [w for w in hyp if w.start_ns > self.committed_end_ns - self.tolerance_ns]
+        if words and self.committed and abs(words[0].start_ns - self.committed_end_ns) < 10 * self.tolerance_ns:
+            tail = [w.key for w in self.committed[-self.max_ngram:]]
+            for k in range(min(len(tail), len(words), self.max_ngram), 0, -1):
+                if tail[-k:] == [w.key for w in words[:k]]:
+                    words = words[k:]
+                    break
+        return words
+
+    def insert(self, hypothesis: list[Word]) -> CommitResult:
+        """Take the newest full hypothesis; return newly committed words and the partial."""
+        fresh = self._fresh(hypothesis)
+        self._history.append(fresh)
+        del self._history[: -self.n]
+        new: list[Word] = []
+        if len(self._history) == self.n:
+            for i, w in enumerate(fresh):
+                if all(i < len(h) and h[i].key == w.key for h in self._history[:-1]):
+                    new.append(w)
+                else:
+                    break
+        if new:
+            self.committed.extend(new)
+            k = len(new)
+            self._history = [h[k:] for h in self._history]
+        return CommitResult(new, list(self._history[-1]) if self._history else [])
+
+    def flush(self) -> CommitResult:
+        """End of stream: commit the newest partial as final."""
+        tail = list(self._history[-1]) if self._history else []
+        self.committed.extend(tail)
+        self._history.clear()
+        return CommitResult(tail, [])
+
+    def forget_before(self, t_ns: int) -> None:
+        """Drop committed words ending before `t_ns` (after the audio buffer is trimmed there)."""
+        keep = [w for w in self.committed if w.end_ns >= t_ns]
+        self.committed = keep if keep else self.committed[-1:]
