@@ -85,5 +85,5 @@ def make_track(synthesize, clip_rate: int, texts: tuple[str, ...] = SENTENCES[:3
         pos += clip.shape[0]
     parts.append(np.zeros(int(gaps_s[len(texts) % len(gaps_s)] * sample_rate), dtype=np.float32))
     pcm = np.concatenate(parts)
-    pcm = pcm + rng.normal(0.0, noise_std, size=pcm.shape[0]).astype(np.float32)
+    pcm = pcm + np.asarray(rng.normal(0.0, noise_std, size=pcm.shape[0]), dtype=np.float32)
     return SpeechTrack(np.clip(pcm, -1, 1).astype(np.float32), sample_rate, tuple(segments))
