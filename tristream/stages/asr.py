@@ -29,7 +29,7 @@ from tristream.stages.base import (
     as_float_mono,
 )
 
-__all__ = ["Recognizer", "UtteranceDecoder", "UtteranceStream"]
+__all__ = ["Recognizer", "UtteranceDecoder", "UtteranceStream", "transcribe_offline"]
 
 SAMPLE_RATE = 16_000
 
@@ -189,3 +189,28 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         if stop > self._fed_to:
             self._decoder.feed(self._ring[self._fed_to - self._ring_start: stop - self._ring_start])
             self._fed_to = stop
+
+
+def transcribe_offline(pcm: np.ndarray, vad_stream: Stream, asr_stream: UtteranceStream,
+                       chunk_ms: float = 20.0, t0_ns: int = 0) -> list[Transcript]:
+    """Run a whole 16 kHz clip through a VAD stream and an ASR stream as if it were live.
+
+    Chunks of `chunk_ms` go to both streams in capture order (ref time from the sample index
+    plus `t0_ns`), VAD events follow their chunk; returns every transcript (partials too).
+    """
+    n = max(int(chunk_ms * SAMPLE_RATE / 1000), 1)
+    out: list[Transcript] = []
+    for i in range(0, pcm.shape[0], n):
+        chunk = pcm[i:i + n]
+        ref = t0_ns + i * 1_000_000_000 // SAMPLE_RATE
+        vad_stream.push(chunk, ref)
+        asr_stream.push(chunk, ref)
+        for ev in vad_stream.poll():
+            asr_stream.push(ev)
+        out.extend(asr_stream.poll())
+    vad_stream.flush()
+    for ev in vad_stream.poll():
+        asr_stream.push(ev)
+    asr_stream.flush()
+    out.extend(asr_stream.poll())
+    return out
