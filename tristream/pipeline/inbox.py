@@ -13,7 +13,7 @@ from collections import deque
 from enum import Enum
 from typing import Any
 
-from tristream.pipeline.counters import DropCounter
+from tristream.core.metrics import DropCounter
 
 
 class OverflowPolicy(Enum):
@@ -61,7 +61,7 @@ class Inbox:
         self.policy = policy
         self.data: deque[Any] = deque()
         self.control: deque[Any] = deque()
-        self.drops = DropCounter()
+        self.drops = DropCounter(f"{name}.drops")
         self.high_water = 0
         self.closed = False
         self._waiter: asyncio.Future[None] | None = None
@@ -95,6 +95,11 @@ class Inbox:
             if not w.done():
                 w.set_result(None)
         return True
+
+    def put_marker(self, item: Any) -> None:
+        """Queue an in-order marker (flush) that no overflow policy may drop."""
+        self.data.append(item)
+        self._wake()
 
     def put_control(self, item: Any) -> None:
         """Queue a control packet ahead of every data packet."""

@@ -86,7 +86,8 @@ class Pipeline:
         Returns early, without error, if an interruption dropped the marker.
         """
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        await self.push(Flush(fut))
+        head = self.stages[0].inbox
+        head.put_marker(Flush(fut))
         await fut
 
     async def stop(self) -> None:

@@ -21,9 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tristream.pipeline.counters import DropCounter
+from tristream.core.metrics import DropCounter, LatencyHistogram
 from tristream.pipeline.inbox import Inbox, OverflowPolicy
-from tristream.pipeline.timing import LatencyHistogram, new_histogram
 
 log = logging.getLogger(__name__)
 
@@ -69,8 +68,8 @@ class Stage:
         self.name = name or type(self).__name__
         self.inbox = Inbox(self.name, capacity, policy)
         self.downstream: list[Inbox] = []
-        self.timing: LatencyHistogram = new_histogram()
-        self.errors = DropCounter()
+        self.timing = LatencyHistogram()
+        self.errors = DropCounter(f"{self.name}.errors")
         self.handled = 0
         self.interrupts = 0
         self.task: asyncio.Task[None] | None = None
@@ -157,9 +156,9 @@ class Stage:
             "queued": len(self.inbox.data),
             "high_water": self.inbox.high_water,
             "capacity": self.inbox.capacity,
-            "drops": self.inbox.drops.as_dict(),
-            "errors": self.errors.as_dict(),
-            "process_us": self.timing.summary(),
+            "drops": self.inbox.drops.snapshot(),
+            "errors": self.errors.snapshot(),
+            "process_ms": self.timing.summary_ms(),
         }
 
     async def _run(self) -> None:
@@ -196,7 +195,8 @@ class Stage:
                             if not item.done.done():
                                 item.done.set_result(None)
                         else:
-                            self.emit(item)
+                            for d in self.downstream:
+                                d.put_marker(item)
                         continue
                     t0 = perf()
                     if is_async:
