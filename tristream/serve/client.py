@@ -179,6 +179,7 @@ async def stream_media(
     step = send_rate * CHUNK_MS // 1000
     pcm = np.concatenate([pcm, np.zeros(int(tail_silence_s * send_rate), dtype=np.int16)])
     results: list[TurnResult] = []
+    transcripts: list[str] = []
     cur = TurnResult()
     state = {"last_voiced": 0.0, "eos": 0.0, "responses_open": 0, "sent_all": False}
     done = asyncio.Event()
@@ -192,7 +193,7 @@ async def stream_media(
             if t == "input_audio_buffer.speech_stopped":
                 state["eos"] = state["last_voiced"]
             elif t == "conversation.item.input_audio_transcription.completed":
-                cur.transcript = ev["transcript"]
+                transcripts.append(ev["transcript"])
             elif t == "response.created":
                 state["responses_open"] += 1
             elif t in ("response.text.delta", "response.audio_transcript.delta"):
@@ -207,6 +208,7 @@ async def stream_media(
                 state["responses_open"] -= 1
                 cur.status = ev["response"]["status"]
                 cur.server_latency_ms = ev.get("x_tristream", {}).get("latency_ms", {})
+                cur.transcript = transcripts[len(results)] if len(results) < len(transcripts) else ""
                 results.append(cur)
                 cur = TurnResult()
                 state["eos"] = 0.0

@@ -173,10 +173,21 @@ class EchoBackend:
         if audio.size == 0 and "audio" in self._cfg.modalities:
             t = np.arange(self._cfg.sample_rate // 5) / self._cfg.sample_rate  # 200 ms tone
             audio = (np.sin(2 * np.pi * 440.0 * t) * 8000).astype(np.int16)
-        self._emit(ResponseStarted(ref_ns))
-        self._task = asyncio.get_running_loop().create_task(self._answer(text, audio, ref_ns))
+        prev = self._task if self._task is not None and not self._task.done() else None
+        if prev is None:
+            self._emit(ResponseStarted(ref_ns))
+        else:
+            self._count("responses_queued")
+        self._task = asyncio.get_running_loop().create_task(self._answer(text, audio, ref_ns, prev))
 
-    async def _answer(self, text: str, audio: np.ndarray, ref_ns: int) -> None:
+    async def _answer(self, text: str, audio: np.ndarray, ref_ns: int, prev: asyncio.Task[None] | None) -> None:
+        if prev is not None:  # a turn that ended while an answer ran (interrupt_response off) waits its turn
+            try:
+                await prev
+            except asyncio.CancelledError:
+                if not prev.cancelled():
+                    raise
+            self._emit(ResponseStarted(ref_ns))
         cfg = self._cfg
         assert cfg is not None
         out = resample_int16(audio, cfg.sample_rate, cfg.output_sample_rate) if audio.size else audio

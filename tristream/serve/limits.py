@@ -25,6 +25,7 @@ class ServerLimits:
     max_session_s: float = 3600.0
     max_outbox_events: int = 2048             # unsent server events before a client counts as slow
     send_timeout_s: float = 10.0              # one blocked send longer than this = slow client
+    write_buffer_bytes: int = 1 << 20         # user-space send buffer per connection before sends block
     shutdown_grace_s: float = 10.0
 
 

@@ -106,7 +106,7 @@ class RealtimeServer:
             select_subprotocol=self._select_subprotocol,
             max_size=self.limits.hard_message_bytes,
             max_queue=64,
-            write_limit=1 << 20,
+            write_limit=self.limits.write_buffer_bytes,
             compression=None,
             ping_interval=20, ping_timeout=20,
         )

@@ -1,0 +1,116 @@
+"""Deterministic replay of a recorded session on a virtual clock, and output comparison.
+
+The recorded client messages are fed, in order, to a fresh `RealtimeSession` whose clock is
+a `VirtualClock` set to each message's recorded reference time; after each message the
+loop runs until the backend has nothing left to do (answers stream with pace 0), so the
+result depends only on the recording. Outputs are compared with the recorded ones after
+normalising away what legitimately differs (event/item/response ids, latency fields,
+the session id), and turn latencies are reported side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tristream.observe.record import RecordedEvent, read_recording
+from tristream.serve.backend import BackendFactory
+from tristream.serve.limits import ServerLimits
+from tristream.serve.session import RealtimeSession, TurnTiming
+
+_VOLATILE = {"event_id", "item_id", "previous_item_id", "response_id", "id", "x_tristream"}
+
+
+class VirtualClock:
+    """A settable ns clock; never goes backwards."""
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self.now_ns = start_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def advance_to(self, t_ns: int) -> None:
+        """Move forward to ``t_ns`` (earlier times are ignored)."""
+        self.now_ns = max(self.now_ns, t_ns)
+
+
+def normalise(event: dict[str, Any]) -> dict[str, Any]:
+    """An event without ids and latency fields, for comparison."""
+    out: dict[str, Any] = {}
+    for k, v in event.items():
+        if k in _VOLATILE:
+            continue
+        if isinstance(v, dict):
+            out[k] = normalise(v)
+        elif isinstance(v, list):
+            out[k] = [normalise(x) if isinstance(x, dict) else x for x in v]
+        else:
+            out[k] = v
+    return out
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Recorded vs replayed outputs and turn latencies."""
+
+    recorded: list[dict[str, Any]]
+    replayed: list[dict[str, Any]]
+    recorded_turns: list[dict[str, float]]
+    replayed_turns: list[TurnTiming]
+    mismatches: list[str] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        """True when every normalised output event matches."""
+        return not self.mismatches
+
+
+async def _drain(max_iters: int = 100_000) -> None:
+    """Run the loop until no other task is runnable (bounded)."""
+    me = asyncio.current_task()
+    for _ in range(max_iters):
+        others = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        if not others:
+            return
+        await asyncio.sleep(0)
+
+
+async def replay_events(events: list[RecordedEvent], factory: BackendFactory,
+                        limits: ServerLimits | None = None) -> ReplayResult:
+    """Replay the 'in' events of a recording through a fresh session; compare with its 'out' events."""
+    ins = [e for e in events if e.direction == "in"]
+    outs = [e.payload for e in events if e.direction == "out"]
+    meta = next((e.payload for e in events if e.direction == "meta"), {})
+    start = events[0].ref_ns if events else 0
+    clock = VirtualClock(start)
+    replayed: list[dict[str, Any]] = []
+    lim = limits or ServerLimits(**{k: v for k, v in meta.get("limits", {}).items()
+                                    if k in ServerLimits.__dataclass_fields__})
+    session = RealtimeSession(meta.get("session_id", "replay"), factory(), replayed.append, clock, lim)
+    await session.open()
+    for ev in ins:
+        clock.advance_to(ev.ref_ns)
+        session.handle_message(ev.raw)
+        await _drain()
+    await session.close()
+    result = ReplayResult(outs, replayed, [e.get("x_tristream", {}).get("latency_ms", {}) for e in outs
+                                           if e.get("type") == "response.done"], session.turns)
+    a = [normalise(e) for e in outs if e.get("type") != "session.created"]
+    b = [normalise(e) for e in replayed if e.get("type") != "session.created"]
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            result.mismatches.append(f"event {i}: recorded {json.dumps(x)[:200]} != replayed {json.dumps(y)[:200]}")
+            if len(result.mismatches) >= 20:
+                break
+    if len(a) != len(b):
+        result.mismatches.append(f"recorded {len(a)} output events, replayed {len(b)}")
+    return result
+
+
+def replay_file(path: Path, factory: BackendFactory) -> ReplayResult:
+    """Replay one MCAP recording (blocking)."""
+    return asyncio.run(replay_events(read_recording(path), factory))
