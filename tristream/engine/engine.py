@@ -1,0 +1,435 @@
+"""The LLM engine: continuous batching over a paged KV cache, one `step()` at a time.
+
+Incremental prefill API (used by the vision stage and the scheduler)
+--------------------------------------------------------------------
+A sequence is a growing context. Open one with `add_request(..., generate=False)`; feed it
+while the user is still speaking with `append(seq_id, token_ids=...)` and/or
+`append(seq_id, embeddings=tensor[n, hidden], cache_key=...)` (precomputed embeddings, e.g.
+vision tokens, occupy n positions; equal `cache_key`s make them prefix-cacheable). Each
+`step()` prefills pending positions in chunks of at most `max_prefill_tokens` per step, so
+when the turn ends and `start_generation(seq_id, params)` is called only the last few tokens
+remain. Generated tokens stay in the context: a later `append` continues the conversation
+from where the answer stopped (or was cancelled).
+
+All mutating calls are thread-safe and non-blocking: they enqueue a command that the engine
+thread applies at the start of its next step, so `cancel` frees a sequence's blocks within
+one step. `step()` returns `StepOutput`s (token ids, text deltas, finish reasons).
+
+Scheduling within the engine: every step runs (1) one decode batch of all sequences that are
+generating, then (2) prefill chunks in order of priority (high first), deadline (early
+first) and arrival, within the token budget. When KV blocks run out, the lowest-priority
+sequence is preempted: its blocks are freed and its context recomputed later (prefix caching
+usually makes that cheap). Nothing is dropped silently: `stats` counts preemptions,
+cancellations and prefix-cache hits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from tristream.engine.block_manager import BlockManager, OutOfBlocks
+from tristream.engine.kv_cache import KVCache
+from tristream.engine.models.llama import LlamaModel
+from tristream.engine.runner import ModelRunner, PrefillChunk
+from tristream.engine.sampler import SamplingBatch, sample
+from tristream.engine.sequence import (
+    FinishReason,
+    SamplingParams,
+    SeqStatus,
+    Sequence,
+    embedding_keys,
+)
+from tristream.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+
+class UnknownSequence(KeyError):
+    """The sequence id is not (or no longer) known to the engine."""
+
+
+class ContextTooLong(ValueError):
+    """A request does not fit in max_model_len or in the whole KV cache."""
+
+
+@dataclasses.dataclass(slots=True)
+class EngineConfig:
+    """Engine sizing and policy."""
+
+    block_size: int = 16
+    num_blocks: int | None = None  # default: kv_cache_bytes / bytes per block
+    kv_cache_bytes: int = 256 << 20
+    max_model_len: int = 4096
+    max_prefill_tokens: int = 512  # prefill token budget per step (chunked prefill)
+    max_batch: int = 128  # decode sequences per step
+    enable_prefix_cache: bool = True
+    use_graphs: bool = True
+    graph_buckets: tuple[int, ...] | None = None
+    kv_dtype: torch.dtype | None = None  # default: the model's dtype
+
+
+@dataclasses.dataclass(slots=True)
+class StepOutput:
+    """What one sequence produced in one step."""
+
+    seq_id: int
+    token_id: int | None
+    text: str
+    finished: bool
+    finish_reason: FinishReason | None = None
+
+
+@dataclasses.dataclass(slots=True)
+class EngineStats:
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
+    cancelled: int = 0
+    finished: int = 0
+    prefix_cached_tokens: int = 0
+
+
+class LLMEngine:
+    """Continuous-batching engine over one model and one paged KV cache."""
+
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer | None = None,
+                 config: EngineConfig | None = None) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.config = cfg = config or EngineConfig()
+        mcfg = model.cfg
+        kv_dtype = cfg.kv_dtype or model.dtype
+        num_blocks = cfg.num_blocks or max(
+            2, cfg.kv_cache_bytes // KVCache.bytes_per_block(mcfg, cfg.block_size, kv_dtype)
+        )
+        self.cache = KVCache(mcfg, num_blocks, cfg.block_size, kv_dtype, model.device)
+        self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_cache)
+        self.runner = ModelRunner(model, self.cache, use_graphs=cfg.use_graphs,
+                                  graph_buckets=cfg.graph_buckets, max_model_len=cfg.max_model_len)
+        self.seqs: dict[int, Sequence] = {}
+        self.detok: dict[int, IncrementalDetokenizer] = {}
+        self.seeds: dict[int, int] = {}
+        self.stats = EngineStats()
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._arrivals = 0
+        self._rng = random.Random()
+        self._cancel_outputs: list[StepOutput] = []
+        eos = set(mcfg.eos_token_ids)
+        if tokenizer is not None and tokenizer.eos_token_id is not None:
+            eos.add(int(tokenizer.eos_token_id))
+        self.eos_ids = eos
+
+    @classmethod
+    def from_path(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
+                  config: EngineConfig | None = None, int8: bool = False) -> LLMEngine:
+        """Load a Hugging Face folder or GGUF file with its tokenizer."""
+        from tristream.engine.loader import load_model
+
+        cfg = config or EngineConfig()
+        dt = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+        model = load_model(path, dtype=dt, device=device, max_positions=cfg.max_model_len)
+        if int8:
+            from tristream.engine.quantize import quantize_model_int8
+
+            quantize_model_int8(model)
+        try:
+            tok: Tokenizer | None = Tokenizer.from_path(path)
+        except FileNotFoundError:
+            tok = None
+        eng = cls(model, tok, cfg)
+        eng.runner.capture()
+        return eng
+
+    # ---- commands (thread-safe; applied at the start of the next step) ----
+
+    def add_request(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None,
+                    priority: int = 0, deadline: float | None = None, generate: bool = True,
+                    chat: list[dict[str, str]] | None = None) -> int:
+        """Create a sequence; returns its id. generate=False opens a context for incremental prefill."""
+        keys = self._encode(prompt, chat)
+        if len(keys) >= self.config.max_model_len:
+            raise ContextTooLong(f"prompt has {len(keys)} tokens; max_model_len is {self.config.max_model_len}")
+        if generate and not keys:
+            raise ValueError("a generating request needs a non-empty prompt")
+        seq = Sequence(keys=keys, params=params or SamplingParams(), priority=priority, deadline=deadline,
+                       generating=generate)
+        self._commands.put(lambda: self._insert(seq))
+        return seq.seq_id
+
+    def append(self, seq_id: int, token_ids: list[int] | None = None, text: str | None = None,
+               embeddings: torch.Tensor | None = None, cache_key: str | None = None) -> None:
+        """Append tokens, text and/or precomputed embeddings [n, hidden] to a sequence's context."""
+        keys = list(token_ids or [])
+        if text:
+            keys += self._encode(text, None)
+        if embeddings is not None and embeddings.shape[-1] != self.model.cfg.hidden_size:
+            raise ValueError(
+                f"embeddings have width {embeddings.shape[-1]}; the model's hidden size is "
+                f"{self.model.cfg.hidden_size}"
+            )
+        self._commands.put(lambda: self._append(seq_id, keys, embeddings, cache_key))
+
+    def start_generation(self, seq_id: int, params: SamplingParams | None = None) -> None:
+        """End of the user's turn: start decoding from the sequence's current context."""
+        self._commands.put(lambda: self._start(seq_id, params))
+
+    def cancel(self, seq_id: int) -> None:
+        """Stop a sequence and free its KV blocks at the next step (barge-in)."""
+        self._commands.put(lambda: self._cancel(seq_id))
+
+    def close(self, seq_id: int) -> None:
+        """Forget an open (non-generating) context and free its blocks."""
+        self.cancel(seq_id)
+
+    # ---- command bodies (engine thread) ----
+
+    def _encode(self, prompt: str | list[int] | None, chat: list[dict[str, str]] | None) -> list[int]:
+        if chat is not None:
+            if self.tokenizer is None:
+                raise ValueError("chat messages need a tokenizer; this model has none")
+            return self.tokenizer.apply_chat_template(chat)
+        if prompt is None:
+            return []
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; pass token ids")
+            return self.tokenizer.encode(prompt)
+        return [int(t) for t in prompt]
+
+    def _insert(self, seq: Sequence) -> None:
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        self.seqs[seq.seq_id] = seq
+        self.seeds[seq.seq_id] = seq.params.seed if seq.params.seed is not None else self._rng.getrandbits(62)
+        if self.tokenizer is not None:
+            self.detok[seq.seq_id] = IncrementalDetokenizer(self.tokenizer)
+
+    def _append(self, seq_id: int, keys: list[int], emb: torch.Tensor | None, cache_key: str | None) -> None:
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            return
+        seq.keys.extend(keys)
+        if emb is not None:
+            seq.embeds.append((len(seq.keys), emb.detach()))
+            seq.keys.extend(embedding_keys(int(emb.shape[0]), cache_key))
+
+    def _start(self, seq_id: int, params: SamplingParams | None) -> None:
+        seq = self.seqs.get(seq_id)
+        if seq is None or seq.generating:
+            return
+        if params is not None:
+            seq.params = params
+            if params.seed is not None:
+                self.seeds[seq_id] = params.seed
+        seq.output_ids = []
+        seq.generating = True
+        if seq.num_pending == 0 and seq.num_computed > 0:
+            seq.num_computed -= 1  # recompute the last position to get its logits
+
+    def _cancel(self, seq_id: int) -> None:
+        seq = self.seqs.get(seq_id)
+        if seq is None:
+            return
+        self.stats.cancelled += 1
+        self._finish(seq, FinishReason.CANCELLED)
+        self._cancel_outputs.append(StepOutput(seq_id, None, "", True, FinishReason.CANCELLED))
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        if seq.block_table:
+            self.blocks.release(seq.block_table)
+        seq.block_table = []
+        seq.status = SeqStatus.FINISHED
+        seq.finish_reason = reason
+        self.seqs.pop(seq.seq_id, None)
+        self.detok.pop(seq.seq_id, None)
+        self.seeds.pop(seq.seq_id, None)
+        if reason is not FinishReason.CANCELLED:
+            self.stats.finished += 1
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                cmd = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            cmd()
+
+    # ---- block bookkeeping ----
+
+    def _admit(self, seq: Sequence) -> None:
+        """Take prefix-cache hits for a waiting sequence."""
+        bs = self.blocks.block_size
+        limit = len(seq.keys) - 1 if seq.generating else len(seq.keys)
+        blocks, last = self.blocks.match_prefix(seq.keys)
+        seq.block_table = blocks
+        seq.num_published = len(blocks)
+        seq.last_hash = last
+        cached = len(blocks) * bs
+        seq.num_computed = min(cached, max(0, limit))
+        seq.num_cached_tokens = seq.num_computed
+        self.stats.prefix_cached_tokens += seq.num_computed
+        seq.status = SeqStatus.RUNNING
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.release(seq.block_table)
+        seq.block_table = []
+        seq.num_computed = seq.num_published = 0
+        seq.last_hash = None
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.stats.preemptions += 1
+
+    def _ensure_blocks(self, seq: Sequence, upto: int, protect: set[int]) -> bool:
+        """Hold enough blocks for positions [0, upto), preempting lower-priority sequences."""
+        bs = self.blocks.block_size
+        need = -(-upto // bs) - len(seq.block_table)
+        while need > 0:
+            try:
+                seq.block_table.append(self.blocks.allocate())
+                need -= 1
+            except OutOfBlocks:
+                victim = self._victim(seq, protect)
+                if victim is None:
+                    return False
+                self._preempt(victim)
+        return True
+
+    def _victim(self, requester: Sequence, protect: set[int]) -> Sequence | None:
+        cands = [s for s in self.seqs.values()
+                 if s.block_table and s.seq_id not in protect and s.seq_id != requester.seq_id
+                 and s.sort_key() > requester.sort_key()]
+        return max(cands, key=lambda s: s.sort_key()) if cands else None
+
+    def _publish(self, seq: Sequence) -> None:
+        bs = self.blocks.block_size
+        while (seq.num_published + 1) * bs <= seq.num_computed:
+            i = seq.num_published
+            seq.last_hash = self.blocks.publish(seq.block_table[i], seq.last_hash, tuple(seq.keys[i * bs:(i + 1) * bs]))
+            seq.num_published += 1
+
+    # ---- the step ----
+
+    def has_work(self) -> bool:
+        return any(s.num_pending > 0 for s in self.seqs.values()) or not self._commands.empty()
+
+    def step(self) -> list[StepOutput]:
+        """Run one engine step: apply commands, one decode batch, prefill chunks, sample."""
+        self._cancel_outputs = []
+        self._drain()
+        outputs: list[StepOutput] = list(self._cancel_outputs)
+        cfg = self.config
+        order = sorted(self.seqs.values(), key=Sequence.sort_key)
+        scheduled: set[int] = set()
+        decode: list[Sequence] = []
+        for s in order:
+            if s.is_decode and len(decode) < cfg.max_batch:
+                if self._ensure_blocks(s, len(s.keys), scheduled):
+                    decode.append(s)
+                    scheduled.add(s.seq_id)
+        decode = [s for s in decode if s.status is SeqStatus.RUNNING]  # a later one may have preempted
+        chunks: list[PrefillChunk] = []
+        budget = cfg.max_prefill_tokens
+        for s in order:
+            if budget <= 0:
+                break
+            if s.seq_id in scheduled or s.num_pending <= 0 or s.status is SeqStatus.FINISHED:
+                continue
+            if s.status is SeqStatus.WAITING:
+                self._admit(s)
+            n = min(s.num_pending, budget)
+            if not self._ensure_blocks(s, s.num_computed + n, scheduled):
+                n = min(n, len(s.block_table) * self.blocks.block_size - s.num_computed)
+                if n <= 0:
+                    continue
+            start = s.num_computed
+            chunks.append(PrefillChunk(s, start, n, want_logits=s.generating and start + n == len(s.keys)))
+            scheduled.add(s.seq_id)
+            budget -= n
+        decode = [s for s in decode if s.status is SeqStatus.RUNNING]
+        chunks = [c for c in chunks if c.seq.status is SeqStatus.RUNNING]
+        if not decode and not chunks:
+            return outputs
+        self.stats.steps += 1
+        sampled_seqs: list[Sequence] = []
+        logit_parts: list[torch.Tensor] = []
+        if decode:
+            logit_parts.append(self.runner.decode(decode))
+            sampled_seqs += decode
+        if chunks:
+            lg = self.runner.prefill(chunks)
+            if lg is not None:
+                logit_parts.append(lg)
+                sampled_seqs += [c.seq for c in chunks if c.want_logits]
+        token_list: list[int] = []
+        if sampled_seqs:
+            logits = logit_parts[0] if len(logit_parts) == 1 else torch.cat(logit_parts)
+            batch = SamplingBatch.build(
+                [s.params for s in sampled_seqs], [len(s.output_ids) for s in sampled_seqs],
+                [self.seeds[s.seq_id] for s in sampled_seqs],
+                [[k for k in s.keys if k >= 0] for s in sampled_seqs]
+                if any(s.params.repetition_penalty != 1.0 for s in sampled_seqs) else None,
+                logits.device,
+            )
+            token_list = sample(logits, batch).tolist()  # the one device→host copy of the step
+        for s in decode:
+            s.num_computed += 1
+            self.stats.decode_tokens += 1
+        for c in chunks:
+            c.seq.num_computed += c.length
+            self.stats.prefill_tokens += c.length
+        for s in decode:
+            self._publish(s)
+        for c in chunks:
+            self._publish(c.seq)
+        for s, tok in zip(sampled_seqs, token_list, strict=True):
+            outputs.append(self._accept(s, int(tok)))
+        return outputs
+
+    def _accept(self, seq: Sequence, tok: int) -> StepOutput:
+        p = seq.params
+        if not p.ignore_eos and (tok in self.eos_ids or tok in p.stop_token_ids):
+            self._finish(seq, FinishReason.EOS if tok in self.eos_ids else FinishReason.STOP)
+            return StepOutput(seq.seq_id, tok, "", True, seq.finish_reason)
+        seq.output_ids.append(tok)
+        seq.keys.append(tok)
+        text = ""
+        det = self.detok.get(seq.seq_id)
+        reason: FinishReason | None = None
+        if det is not None:
+            text = det.push(tok)
+            if p.stop and text:
+                full = det.text
+                window = len(text) + max(len(x) for x in p.stop)
+                tail_start = max(0, len(full) - window)
+                hits = [i for i in (full.find(x, tail_start) for x in p.stop) if i >= 0]
+                if hits:
+                    cut = min(hits)
+                    text = text[: max(0, len(text) - (len(full) - cut))]
+                    reason = FinishReason.STOP
+        if reason is None and (len(seq.output_ids) >= p.max_tokens or len(seq.keys) >= self.config.max_model_len):
+            reason = FinishReason.LENGTH
+        if reason is not None:
+            self._finish(seq, reason)
+            return StepOutput(seq.seq_id, tok, text, True, reason)
+        return StepOutput(seq.seq_id, tok, text, False)
+
+    # ---- convenience ----
+
+    def generate(self, prompts: list[str | list[int]], params: SamplingParams | None = None) -> list[list[int]]:
+        """Run prompts to completion (blocking); returns generated token ids per prompt."""
+        ids = [self.add_request(p, params) for p in prompts]
+        out: dict[int, list[int]] = {i: [] for i in ids}
+        done: set[int] = set()
+        while len(done) < len(ids):
+            for o in self.step():
+                if o.seq_id in out:
+                    if o.token_id is not None and not (o.finished and o.finish_reason is FinishReason.EOS):
+                        out[o.seq_id].append(o.token_id)
+                    if o.finished:
+                        done.add(o.seq_id)
+        return [out[i] for i in ids]

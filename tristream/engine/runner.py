@@ -1,0 +1,117 @@
+"""Model execution for one engine step: packed prefill chunks and decode batches.
+
+Prefill (and all CPU work) runs eagerly through the torch attention backend. On CUDA,
+decode runs through `DecodeGraphs` (Triton paged attention, one CUDA graph per batch bucket).
+The runner only turns sequences into tensors; which sequences run is the engine's choice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, causal_offset_mask
+from tristream.engine.kv_cache import KVCache
+from tristream.engine.models.llama import LlamaModel
+from tristream.engine.sequence import Sequence
+
+
+@dataclasses.dataclass(slots=True)
+class PrefillChunk:
+    """Positions [start, start + length) of a sequence's context to compute this step."""
+
+    seq: Sequence
+    start: int
+    length: int
+    want_logits: bool
+
+
+def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
+    """Flat cache slots of positions [start, end) under a block table."""
+    bt = torch.tensor(block_table, dtype=torch.int64)
+    pos = torch.arange(start, end, dtype=torch.int64)
+    return bt[pos // block_size] * block_size + pos % block_size
+
+
+class ModelRunner:
+    """Runs the model over the paged cache."""
+
+    def __init__(self, model: LlamaModel, cache: KVCache, use_graphs: bool = True,
+                 graph_buckets: tuple[int, ...] | None = None, max_model_len: int = 4096) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = model.device
+        self.block_size = cache.block_size
+        self.max_model_len = max_model_len
+        self.decoder = None
+        if self.device.type == "cuda":
+            from tristream.engine.graphs import DecodeGraphs
+
+            self.decoder = DecodeGraphs(model, cache, max_model_len=max_model_len,
+                                        buckets=graph_buckets, use_graphs=use_graphs)
+
+    def capture(self) -> None:
+        """Capture decode graphs now (at start-up, never while serving)."""
+        if self.decoder is not None:
+            self.decoder.capture()
+
+    def _inputs(self, chunks: list[PrefillChunk]) -> tuple[torch.Tensor, AttnMetadata]:
+        model, bs = self.model, self.block_size
+        keys: list[int] = []
+        positions: list[torch.Tensor] = []
+        slots: list[torch.Tensor] = []
+        seqs: list[SeqSlice] = []
+        splices: list[tuple[int, torch.Tensor]] = []
+        q = 0
+        for c in chunks:
+            s, end = c.seq, c.start + c.length
+            keys.extend(s.keys[c.start:end])
+            positions.append(torch.arange(c.start, end, dtype=torch.int64))
+            slots.append(slots_for(s.block_table, c.start, end, bs))
+            if c.start == 0:
+                seqs.append(SeqSlice(q, c.length, end))
+            else:
+                kv = slots_for(s.block_table, 0, end, bs).to(self.device)
+                mask = causal_offset_mask(c.length, end, self.device) if c.length > 1 else None
+                seqs.append(SeqSlice(q, c.length, end, kv_index=kv, mask=mask))
+            for seg_start, emb in s.embeds:
+                lo, hi = max(seg_start, c.start), min(seg_start + emb.shape[0], end)
+                if lo < hi:
+                    splices.append((q + lo - c.start, emb[lo - seg_start:hi - seg_start]))
+            q += c.length
+        ids = torch.tensor(keys, dtype=torch.int64).clamp_(min=0).to(self.device)
+        h = model.embed(ids)
+        for row, emb in splices:
+            h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
+        meta = AttnMetadata(
+            positions=torch.cat(positions).to(self.device), seqs=seqs,
+            slot_mapping=torch.cat(slots).to(self.device),
+        )
+        return h, meta
+
+    @torch.inference_mode()
+    def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
+        """Compute the chunks' K/V; float32 logits [n, vocab] for chunks with want_logits, in order."""
+        h, meta = self._inputs(chunks)
+        attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
+        out = self.model(h, attn)
+        rows: list[int] = []
+        q = 0
+        for c in chunks:
+            q += c.length
+            if c.want_logits:
+                rows.append(q - 1)
+        if not rows:
+            return None
+        return self.model.logits(out[torch.tensor(rows, device=out.device)])
+
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Float32 logits [B, vocab] for the last (pending) token of each sequence."""
+        if self.decoder is not None:
+            return self.decoder.run(seqs)
+        chunks = [PrefillChunk(s, len(s.keys) - 1, 1, True) for s in seqs]
+        logits = self.prefill(chunks)
+        assert logits is not None
+        return logits

@@ -1,0 +1,104 @@
+"""Requests, sampling parameters and the engine's per-sequence state.
+
+A sequence's context is a list of *keys*, one per position: a token id (≥ 0), or a negative
+key for a position filled by a precomputed embedding (vision tokens). The embeddings are kept
+beside the keys as (start position, tensor) segments. `num_computed` counts positions whose
+K/V are in the cache; everything after it is pending prefill.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import itertools
+
+import torch
+
+
+@dataclasses.dataclass(slots=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 0:
+            raise ValueError(
+                f"bad sampling params: temperature={self.temperature} (≥0), top_p={self.top_p} (0,1], "
+                f"top_k={self.top_k} (≥0), max_tokens={self.max_tokens} (≥0)"
+            )
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"  # no KV blocks held (new or preempted)
+    RUNNING = "running"  # holds blocks; prefilling or decoding
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+_ids = itertools.count(1)
+_embed_keys = itertools.count(1)
+
+
+def embedding_keys(n: int, cache_key: str | None) -> list[int]:
+    """Negative keys for n embedding positions; equal cache keys give equal keys (prefix hits)."""
+    if cache_key is None:
+        base = next(_embed_keys) << 20
+        return [-(base + i + 1) for i in range(n)]
+    h = abs(hash(("embed", cache_key))) % (1 << 40)
+    return [-((h << 20) + i + 1) for i in range(n)]
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class Sequence:
+    """One sequence's context, cache blocks and generation state."""
+
+    keys: list[int]
+    params: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    priority: int = 0  # higher runs first and is preempted last
+    deadline: float | None = None  # seconds on the engine clock; earlier first within a priority
+    generating: bool = True  # False: an open context still receiving input (incremental prefill)
+    seq_id: int = dataclasses.field(default_factory=lambda: next(_ids))
+    arrival: int = 0
+    embeds: list[tuple[int, torch.Tensor]] = dataclasses.field(default_factory=list)
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0
+    block_table: list[int] = dataclasses.field(default_factory=list)
+    num_published: int = 0  # leading blocks registered in the prefix cache
+    last_hash: int | None = None
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt positions served from the prefix cache
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.keys) - self.num_computed
+
+    @property
+    def is_decode(self) -> bool:
+        """Generating with exactly the last sampled token left to feed."""
+        return self.generating and self.status is SeqStatus.RUNNING and self.num_pending == 1 and bool(
+            self.output_ids
+        )
+
+    def sort_key(self) -> tuple[int, float, int]:
+        """Order of service: priority (high first), deadline (early first), arrival."""
+        return (-self.priority, self.deadline if self.deadline is not None else float("inf"), self.arrival)
