@@ -54,7 +54,9 @@ class LatencyWindow:
 class AIMDConfig:
     """AIMD parameters; limits are step budgets in ms."""
 
-    min_limit_ms: float = 4.0
+    min_limit_ms: float = 14.0
+    """Below the sum of the per-component fixed costs a step can no longer carry speech, vision
+    and LLM work together and throughput collapses; keep the floor above it."""
     max_limit_ms: float = 40.0
     increase_ms: float = 1.0
     decrease_factor: float = 0.7

@@ -1,12 +1,14 @@
 """Ordering policy: which queued item runs first.
 
-Each item gets a *base rank* from its (tier, modality) class — 0 is the most important —
+Each item gets a *base rank* from its (tier, modality) class — 0 is the most important;
+an end of turn is its own class at the top of its tier —
 then the sort key `(base_rank - floor(wait / A), effective_deadline, arrival, id)`:
 
 * priority by SLA tier and by modality (order configurable: tier-major by default, so
   gold text still beats silver speech; `modality_major` flips it);
 * EDF inside one class (earliest deadline first);
 * aging: every `A` ms of waiting lifts an item one rank, without limit;
+* slack: a decode token still ahead of its answer's pace takes the last rank (it has slack);
 * buffer-watermark weights: a session whose input ring fills gets its deadlines pulled in
   (`deadline - w * fill * (deadline - arrival)`), so it is served earlier within its rank.
 
@@ -21,6 +23,8 @@ the head of the queue (the batcher guarantees it), i is served after at most
 arrived and N the admissions in the window — both bounded by admission control, so
 i's wait is at most `(Q_max + N_max + 1) * S_max` with S_max the longest step. The
 watermark pull-in only moves the deadline, the secondary key, and keeps the bound.
+Items demoted by a DELAY timeout stop aging (they yield to all other work, as Triton's
+DELAY allows) and are outside the bound; a TURN_END absorbs its session's delayed prefill.
 `tests/sched/test_policy.py` checks the "no later overtaker" property with hypothesis.
 """
 
@@ -29,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tristream.sched.types import MS, Modality, Tier, WorkItem
+from tristream.sched.types import MS, Kind, Modality, Tier, WorkItem
 
 
 class Ordering(StrEnum):
@@ -52,10 +56,17 @@ class PolicyConfig:
     ordering: Ordering = Ordering.TIER_MAJOR
     modality_order: tuple[Modality, ...] = (Modality.SPEECH, Modality.VISION, Modality.TEXT)
     tier_order: tuple[Tier, ...] = (Tier.GOLD, Tier.SILVER, Tier.BRONZE)
-    aging_step_ms: float | None = 250.0
-    """A: waiting this long lifts an item one rank; None disables aging."""
+    aging_step_ms: float | None = 500.0
+    """A: waiting this long lifts an item one rank; None disables aging. Keep K*A above the
+    REJECT timeouts so that, under overload, low tiers are shed before they age past gold."""
     watermark_weight: float = 0.5
     """w in [0, 1]: how far a full input ring pulls deadlines towards arrival."""
+    turn_end_first: bool = True
+    """An end of turn (the item whose completion is the first answer token) ranks above every
+    other item of its tier, whatever its modality."""
+    yield_ahead_of_pace: bool = True
+    """A decode token whose pace deadline is still in the future takes the last rank: an
+    answer ahead of its reading/speaking pace has slack and yields to any end of turn."""
 
     def __post_init__(self) -> None:
         if sorted(self.modality_order) != sorted(Modality):
@@ -86,7 +97,11 @@ class PriorityPolicy:
             return 1
         if o is Ordering.STATIC_TIER:
             return len(Tier)
-        return len(Tier) * len(Modality)
+        return len(Tier) * self._per_tier
+
+    @property
+    def _per_tier(self) -> int:
+        return len(Modality) + (1 if self.config.turn_end_first else 0)
 
     def base_rank(self, item: WorkItem) -> int:
         """Rank of the item's class before aging (DELAY-demoted items get the last rank)."""
@@ -98,14 +113,18 @@ class PriorityPolicy:
         t, m = self._tier_pos[item.tier], self._mod_pos[item.modality]
         if o is Ordering.STATIC_TIER:
             return t
+        if self.config.turn_end_first:
+            m = 0 if item.kind is Kind.TURN_END else m + 1
         if o is Ordering.TIER_MAJOR:
-            return t * len(Modality) + m
+            return t * self._per_tier + m
         return m * len(Tier) + t
 
     def effective_rank(self, item: WorkItem, now_ns: int) -> int:
         """Base rank lifted by aging (may go below 0: old items overtake fresh gold ones)."""
         b = self.base_rank(item)
-        if self._aging_ns is None or self.config.ordering in (Ordering.FIFO, Ordering.STATIC_TIER):
+        if self.config.yield_ahead_of_pace and item.kind is Kind.DECODE and item.deadline_ns > now_ns:
+            b = self.num_ranks - 1
+        if item.delayed or self._aging_ns is None or self.config.ordering in (Ordering.FIFO, Ordering.STATIC_TIER):
             return b
         return b - max(0, now_ns - item.arrival_ns) // self._aging_ns
 
