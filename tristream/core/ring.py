@@ -1,0 +1,437 @@
+"""Time-indexed ring buffers, one per stream, in reference-clock nanoseconds.
+
+- `TimeIndexedRing`: fixed-rate streams (audio, IMU) in one contiguous numpy buffer. The
+  buffer is *mirrored* (every sample is written at `i % cap` and `i % cap + cap`), so any
+  window of up to `capacity` samples is a single contiguous view: window queries never copy
+  and never return two pieces. Time <-> sample index goes through per-chunk anchors (the
+  chunk's mapped `ref_ns`), so clock drift never accumulates into the index.
+- `ObjectRing`: frames (or any objects) with a sorted time index.
+
+Both accept out-of-order arrivals within `lateness_ns` in place, count what they drop by
+reason (`late`, `evicted`, `overrun`, `overlap`, `gap_samples`) and export a fill ratio.
+Views returned by `TimeIndexedRing.window` stay valid until `capacity - len(window)` more
+samples are appended; copy what you keep longer.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import numpy as np
+
+from tristream.core.errors import InvalidPacket
+from tristream.core.metrics import DropCounter
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class RingWindow:
+    """A window of a `TimeIndexedRing`: a view of the samples in [t0, t1) that are still held."""
+
+    data: np.ndarray
+    start_ns: int
+    start_index: int
+    missing: int
+    clipped: bool
+
+    def __len__(self) -> int:
+        return int(self.data.shape[0])
+
+
+class TimeIndexedRing:
+    """Bounded ring of fixed-rate samples; O(1) append per chunk, zero-copy window queries."""
+
+    def __init__(
+        self,
+        rate_hz: float,
+        capacity: int,
+        *,
+        channels: int = 1,
+        dtype: np.dtype | type = np.float32,
+        lateness_ns: int = 200_000_000,
+        snap_ns: int = 5_000_000,
+        anchors: int = 4096,
+        name: str = "ring",
+    ) -> None:
+        if not (rate_hz > 0 and math.isfinite(rate_hz)):
+            raise ValueError(f"{name}: rate_hz={rate_hz!r}; expected a positive finite rate")
+        if capacity <= 0 or channels <= 0:
+            raise ValueError(f"{name}: capacity={capacity}, channels={channels}; both must be positive")
+        self.name = name
+        self.rate_hz = float(rate_hz)
+        self.period_ns = 1e9 / self.rate_hz
+        self.capacity = int(capacity)
+        self.channels = int(channels)
+        self.lateness_ns = int(lateness_ns)
+        self.snap = max(0, round(snap_ns / self.period_ns))
+        shape = (2 * self.capacity,) if channels == 1 else (2 * self.capacity, channels)
+        self._buf = np.zeros(shape, dtype=dtype)
+        self._acap = max(16, int(anchors))
+        self._at = np.zeros(2 * self._acap, dtype=np.int64)
+        self._ai = np.zeros(2 * self._acap, dtype=np.int64)
+        self._a0 = 0
+        self._a1 = 0
+        self._last_t = 0
+        self._last_i = 0
+        self._gaps: list[list[int]] = []  # [start, end, counted] absolute sample indices
+        self.head = 0  # absolute index one past the newest sample
+        self.read_index = 0
+        self._reader = False
+        self.high_water = 0.0
+        self._ndim = 1 if channels == 1 else 2
+        self.anchor_tol_ns = self.period_ns / 4
+        self._evicted = 0
+        self._overrun = 0
+        self._counts = DropCounter(name)
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def counts(self) -> DropCounter:
+        """Counters by reason: evicted, overrun, late, overlap, gap_samples, filled_late (samples)."""
+        out = DropCounter(self.name)
+        out.merge(self._counts)
+        if self._evicted:
+            out.add("evicted", self._evicted)
+        if self._overrun:
+            out.add("overrun", self._overrun)
+        return out
+
+    @property
+    def tail(self) -> int:
+        """Absolute index of the oldest sample still held."""
+        return max(0, self.head - self.capacity)
+
+    @property
+    def size(self) -> int:
+        """Number of samples held."""
+        return self.head - self.tail
+
+    @property
+    def fill_ratio(self) -> float:
+        """Unread samples over capacity when a reader consumes, else held samples over capacity."""
+        start = max(self.read_index, self.tail) if self._reader else self.tail
+        return (self.head - start) / self.capacity
+
+    @property
+    def newest_ns(self) -> int | None:
+        """Reference time one sample period after the newest sample (None when empty)."""
+        return None if self._a1 == self._a0 else self.time_at(self.head)
+
+    # ------------------------------------------------------------------ index <-> time
+    def time_at(self, index: int) -> int:
+        """Reference ns of absolute sample `index` (extrapolated from the nearest anchor)."""
+        if self._a1 == self._a0:
+            raise InvalidPacket(f"{self.name}: ring is empty; append a chunk first")
+        if index >= self._last_i:
+            return self._last_t + round((index - self._last_i) * self.period_ns)
+        k = int(np.searchsorted(self._ai[self._a0 : self._a1], index, side="right")) - 1 + self._a0
+        k = max(k, self._a0)
+        return int(self._at[k]) + round((index - int(self._ai[k])) * self.period_ns)
+
+    def index_at(self, t_ns: int) -> int:
+        """Absolute index of the first sample whose time is >= `t_ns`."""
+        if self._a1 == self._a0:
+            raise InvalidPacket(f"{self.name}: ring is empty; append a chunk first")
+        if t_ns >= self._last_t:
+            return self._last_i + math.ceil((t_ns - self._last_t) / self.period_ns - 1e-9)
+        k = int(np.searchsorted(self._at[self._a0 : self._a1], t_ns, side="right")) - 1 + self._a0
+        k = max(k, self._a0)
+        return int(self._ai[k]) + math.ceil((t_ns - int(self._at[k])) / self.period_ns - 1e-9)
+
+    def _add_anchor(self, t_ns: int, index: int) -> None:
+        if self._a1 == 2 * self._acap:
+            keep = self._acap // 2
+            self._at[:keep] = self._at[self._a1 - keep : self._a1]
+            self._ai[:keep] = self._ai[self._a1 - keep : self._a1]
+            self._a0, self._a1 = 0, keep
+        self._at[self._a1] = t_ns
+        self._ai[self._a1] = index
+        self._a1 += 1
+        self._last_t = t_ns
+        self._last_i = index
+        while self._a1 - self._a0 > self._acap:
+            self._a0 += 1
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, pos: int, data: np.ndarray) -> None:
+        cap = self.capacity
+        n = data.shape[0]
+        p = pos % cap
+        first = min(n, cap - p)
+        self._buf[p : p + first] = data[:first]
+        self._buf[p + cap : p + cap + first] = data[:first]
+        if first < n:
+            rest = n - first
+            self._buf[:rest] = data[first:]
+            self._buf[cap : cap + rest] = data[first:]
+
+    def _advance_head(self, new_head: int) -> None:
+        cap = self.capacity
+        old_tail = self.head - cap if self.head > cap else 0
+        self.head = new_head
+        evicted = (new_head - cap if new_head > cap else 0) - old_tail
+        if evicted > 0:
+            self._evicted += evicted
+            if self._reader and self.read_index < self.tail:
+                self._overrun += min(evicted, self.tail - self.read_index)
+                self.read_index = self.tail
+        fill = self.fill_ratio
+        if fill > self.high_water:
+            self.high_water = fill
+        if self._gaps:
+            self._settle_gaps()
+
+    def _settle_gaps(self) -> None:
+        horizon = self.head - round(self.lateness_ns / self.period_ns)
+        keep = []
+        for g in self._gaps:
+            if g[1] <= horizon and not g[2]:
+                self._counts.add("gap_samples", g[1] - g[0])
+                g[2] = 1
+            if g[1] > self.tail:
+                keep.append(g)
+        self._gaps = keep
+
+    def append(self, t_ns: int, samples: np.ndarray) -> int:
+        """Add a chunk whose first sample was captured at reference time `t_ns`.
+
+        Returns the absolute index of its first sample, or -1 when the chunk was dropped
+        (counted as `late`). A chunk within `snap_ns` of the expected position joins
+        contiguously; a later one leaves a zero-filled gap (counted in `gap_samples` unless a
+        late chunk fills it within `lateness_ns`); an earlier one fills gaps only (the rest is
+        counted as `overlap`).
+        """
+        data = samples if type(samples) is np.ndarray else np.asarray(samples)
+        n = data.shape[0] if data.ndim == self._ndim else 0
+        if n and self._a1 != self._a0 and t_ns >= self._last_t and (self._ndim == 1 or data.shape[1] == self.channels):
+            # Hot path: in-order chunk that continues the stream contiguously.
+            head = self.head
+            exact = self._last_t + (head - self._last_i) * self.period_ns
+            pos = head + math.ceil((t_ns - exact) / self.period_ns - 1e-9)
+            if -self.snap <= pos - head <= self.snap and n <= self.capacity and not self._gaps:
+                cap = self.capacity
+                buf = self._buf
+                p = head % cap
+                if p + n <= cap:
+                    buf[p : p + n] = data
+                    buf[p + cap : p + cap + n] = data
+                else:
+                    self._write(head, data)
+                if abs(t_ns - exact) > self.anchor_tol_ns:
+                    self._add_anchor(int(t_ns), head)
+                new_head = head + n
+                self.head = new_head
+                if new_head > cap:
+                    self._evicted += min(n, new_head - cap)
+                    if self._reader and self.read_index < new_head - cap:
+                        self._overrun += new_head - cap - self.read_index
+                        self.read_index = new_head - cap
+                if self._reader or new_head <= cap:
+                    fill = self.fill_ratio
+                    if fill > self.high_water:
+                        self.high_water = fill
+                return head
+        return self._append_checked(t_ns, data)
+
+    def _append_checked(self, t_ns: int, data: np.ndarray) -> int:
+        if data.ndim == 0 or (self.channels == 1 and data.ndim != 1) or (
+            self.channels > 1 and (data.ndim != 2 or data.shape[1] != self.channels)
+        ):
+            want = "(n,)" if self.channels == 1 else f"(n, {self.channels})"
+            raise InvalidPacket(f"{self.name}: chunk shape {data.shape}; expected {want}")
+        n = int(data.shape[0])
+        if n == 0:
+            raise InvalidPacket(f"{self.name}: chunk has 0 samples; expected at least one")
+        t_ns = int(t_ns)
+        if self._a1 == self._a0:
+            self._add_anchor(t_ns, 0)
+            return self._append_at(0, data)
+        pos = self.index_at(t_ns)
+        if abs(pos - self.head) <= self.snap:
+            pos = self.head
+        if pos >= self.head:
+            if pos > self.head:
+                gap = pos - self.head
+                zeros_from = max(self.head, pos - self.capacity)
+                if pos > zeros_from:
+                    self._write(zeros_from, np.zeros((pos - zeros_from,) + data.shape[1:], self._buf.dtype))
+                self._gaps.append([self.head, pos, 0])
+                if gap > self.capacity:
+                    self._counts.add("gap_samples", gap - self.capacity)
+            self._add_anchor(t_ns, pos)
+            return self._append_at(pos, data)
+        return self._append_late(pos, t_ns, data)
+
+    def _append_at(self, pos: int, data: np.ndarray) -> int:
+        n = data.shape[0]
+        if n > self.capacity:  # only the newest `capacity` samples fit; _advance_head counts the rest
+            self._write(pos + n - self.capacity, data[n - self.capacity :])
+        else:
+            self._write(pos, data)
+        self._advance_head(pos + n)
+        return pos
+
+    def _append_late(self, pos: int, t_ns: int, data: np.ndarray) -> int:
+        n = data.shape[0]
+        newest = self.time_at(self.head)
+        if t_ns < newest - self.lateness_ns or pos + n <= self.tail:
+            self._counts.add("late", n)
+            return -1
+        written = 0
+        keep: list[list[int]] = []
+        for g in self._gaps:
+            lo, hi = max(g[0], pos, self.tail), min(g[1], pos + n)
+            if lo >= hi:
+                keep.append(g)
+                continue
+            self._write(lo, data[lo - pos : hi - pos])
+            written += hi - lo
+            if g[0] < lo:
+                keep.append([g[0], lo, g[2]])
+            if hi < g[1]:
+                keep.append([hi, g[1], g[2]])
+        self._gaps = keep
+        if written < n:
+            self._counts.add("overlap", n - written)
+        if written:
+            self._counts.add("filled_late", written)
+        return pos
+
+    # ------------------------------------------------------------------ reading
+    def window_index(self, i0: int, i1: int) -> np.ndarray:
+        """View of samples [i0, i1) (absolute indices), clipped to what is held."""
+        i0 = max(i0, self.tail)
+        i1 = min(i1, self.head)
+        if i1 <= i0:
+            return self._buf[:0]
+        p = i0 % self.capacity
+        return self._buf[p : p + (i1 - i0)]
+
+    def window(self, t0_ns: int, t1_ns: int) -> RingWindow:
+        """Samples captured in [t0, t1): a zero-copy view plus how many are gap-filled zeros."""
+        if t1_ns < t0_ns:
+            raise InvalidPacket(f"{self.name}: window [{t0_ns}, {t1_ns}) ends before it starts")
+        if self._a1 == self._a0:
+            return RingWindow(self._buf[:0], int(t0_ns), 0, 0, True)
+        i0, i1 = self.index_at(t0_ns), self.index_at(t1_ns)
+        c0, c1 = max(i0, self.tail), min(i1, self.head)
+        clipped = c0 != i0 or c1 != i1
+        if c1 <= c0:
+            return RingWindow(self._buf[:0], int(t0_ns), c0, 0, True)
+        missing = 0
+        for g in self._gaps:
+            missing += max(0, min(g[1], c1) - max(g[0], c0))
+        view = self.window_index(c0, c1)
+        return RingWindow(view, self.time_at(c0), c0, missing, clipped)
+
+    def latest_at_or_before(self, t_ns: int) -> tuple[int, np.ndarray] | None:
+        """(time, sample view) of the newest held sample captured at or before `t_ns`."""
+        if self._a1 == self._a0:
+            return None
+        i = min(self.index_at(t_ns + 1), self.head) - 1
+        if i < self.tail:
+            return None
+        p = i % self.capacity
+        return self.time_at(i), self._buf[p]
+
+    def consume_until(self, t_ns: int) -> None:
+        """Mark everything captured before `t_ns` as read (drives `fill_ratio` and `overrun`)."""
+        self._reader = True
+        if self._a1 != self._a0:
+            self.read_index = min(self.head, max(self.read_index, self.index_at(t_ns)))
+
+
+class ObjectRing(Generic[T]):
+    """Bounded, time-sorted ring of objects (video frames); out-of-order within lateness lands in place."""
+
+    def __init__(self, capacity: int, *, lateness_ns: int = 200_000_000, name: str = "frames") -> None:
+        if capacity <= 0:
+            raise ValueError(f"{name}: capacity={capacity}; expected a positive number of items")
+        self.name = name
+        self.capacity = int(capacity)
+        self.lateness_ns = int(lateness_ns)
+        self._t: list[int] = []
+        self._v: list[T] = []
+        self._s = 0
+        self._newest: int | None = None
+        self._read: int | None = None
+        self.high_water = 0.0
+        self.counts = DropCounter(name)
+
+    def __len__(self) -> int:
+        return len(self._t) - self._s
+
+    @property
+    def fill_ratio(self) -> float:
+        """Held (or, once a reader consumes, unread) items over capacity."""
+        if self._read is None:
+            return len(self) / self.capacity
+        lo = bisect.bisect_left(self._t, self._read, lo=self._s)
+        return (len(self._t) - lo) / self.capacity
+
+    @property
+    def newest_ns(self) -> int | None:
+        """Largest time appended so far."""
+        return self._newest
+
+    def append(self, t_ns: int, item: T) -> bool:
+        """Insert `item` at time `t_ns`; False (counted `late`) if older than the lateness bound."""
+        t_ns = int(t_ns)
+        if self._newest is not None and t_ns < self._newest - self.lateness_ns:
+            self.counts.add("late")
+            return False
+        if len(self) and t_ns < self._t[self._s] and len(self) >= self.capacity:
+            self.counts.add("late")
+            return False
+        if not self._t or t_ns >= self._t[-1]:
+            self._t.append(t_ns)
+            self._v.append(item)
+        else:
+            self.counts.add("reordered")
+            k = bisect.bisect_right(self._t, t_ns, lo=self._s)
+            self._t.insert(k, t_ns)
+            self._v.insert(k, item)
+        self._newest = t_ns if self._newest is None else max(self._newest, t_ns)
+        if len(self) > self.capacity:
+            if self._read is not None and self._t[self._s] >= self._read:
+                self.counts.add("overrun")
+            self.counts.add("evicted")
+            self._s += 1
+            if self._s > self.capacity:
+                del self._t[: self._s]
+                del self._v[: self._s]
+                self._s = 0
+        self.high_water = max(self.high_water, self.fill_ratio)
+        return True
+
+    def latest_at_or_before(self, t_ns: int) -> tuple[int, T] | None:
+        """(time, item) of the newest item at or before `t_ns` (as-of lookup)."""
+        k = bisect.bisect_right(self._t, t_ns, lo=self._s) - 1
+        return None if k < self._s else (self._t[k], self._v[k])
+
+    def nearest(self, t_ns: int) -> tuple[int, T] | None:
+        """(time, item) closest to `t_ns` (ties go to the earlier item)."""
+        k = bisect.bisect_left(self._t, t_ns, lo=self._s)
+        best: tuple[int, T] | None = None
+        for j in (k - 1, k):
+            if self._s <= j < len(self._t) and (best is None or abs(self._t[j] - t_ns) < abs(best[0] - t_ns)):
+                best = (self._t[j], self._v[j])
+        return best
+
+    def window(self, t0_ns: int, t1_ns: int) -> list[tuple[int, T]]:
+        """Items with time in [t0, t1), in time order."""
+        lo = bisect.bisect_left(self._t, t0_ns, lo=self._s)
+        hi = bisect.bisect_left(self._t, t1_ns, lo=lo)
+        return list(zip(self._t[lo:hi], self._v[lo:hi], strict=True))
+
+    def items(self) -> list[tuple[int, T]]:
+        """Every held item in time order."""
+        return list(zip(self._t[self._s :], self._v[self._s :], strict=True))
+
+    def consume_until(self, t_ns: int) -> None:
+        """Mark items before `t_ns` as read (drives `fill_ratio` and `overrun`)."""
+        self._read = t_ns if self._read is None else max(self._read, t_ns)
