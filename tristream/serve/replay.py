@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tristream.observe.record import RecordedEvent, read_recording
+from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory
 from tristream.serve.limits import ServerLimits
 from tristream.serve.session import RealtimeSession, TurnTiming
@@ -83,7 +84,9 @@ async def replay_events(events: list[RecordedEvent], factory: BackendFactory,
                         limits: ServerLimits | None = None) -> ReplayResult:
     """Replay the 'in' events of a recording through a fresh session; compare with its 'out' events."""
     ins = [e for e in events if e.direction == "in"]
-    outs = [e.payload for e in events if e.direction == "out"]
+    # Shutdown notices depend on when the server stopped, not on the session's inputs.
+    outs = [e.payload for e in events if e.direction == "out"
+            and e.payload.get("error", {}).get("code") != P.E_SHUTTING_DOWN]
     meta = next((e.payload for e in events if e.direction == "meta"), {})
     start = events[0].ref_ns if events else 0
     clock = VirtualClock(start)

@@ -33,6 +33,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from tristream.observe.record import McapRecorder
 from tristream.observe.tracing import TurnTracer
@@ -123,6 +124,8 @@ class RealtimeServer:
         self.draining = True
         grace = self.limits.shutdown_grace_s if grace_s is None else grace_s
         for c in list(self.conns.values()):
+            if c.ws.state is not State.OPEN:
+                continue
             c.session.send(P.server_event("error", error={
                 "type": "server_error", "code": P.E_SHUTTING_DOWN, "param": None, "event_id": None,
                 "message": f"server is shutting down; the session closes within {grace:g} s"}))
