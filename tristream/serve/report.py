@@ -82,6 +82,8 @@ def draw_report(events: list[RecordedEvent], out_dir: Path, name: str = "session
         vals = np.sort([v for t in turns if (v := t.latency_ms(what)) is not None])
         if vals.size:
             ax.step(vals, np.arange(1, vals.size + 1) / vals.size, where="post", label=f"{label} (n={vals.size})")
+    ax.set_xlim(left=0)
+    ax.set_ylim(0, 1.02)
     ax.set_xlabel("latency (ms, server reference clock)")
     ax.set_ylabel("fraction of turns")
     ax.set_title(f"{name}: latency CDF over {len(turns)} turns")
