@@ -1,0 +1,199 @@
+"""Many-stream streaming Whisper: per-stream audio buffers, one batched pass per update, LocalAgreement.
+
+Audio arrives per stream in chunks (160–500 ms) stamped with the reference-clock time of their
+first sample. `step()` takes every stream with at least `min_update_s` of new audio, runs them in
+one `WhisperRunner` pass (one encoder call for all), turns tokens into words timed from the
+cross-attention frames on the reference clock, and feeds each stream's `LocalAgreement`. A
+buffer longer than `trim_after_s` is cut at the end of its last committed word (or, with nothing
+committed, to its newest `keep_s` — counted in `stats.forced_trims`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tristream.engine.speech.commit import LocalAgreement, Word
+from tristream.engine.speech.config import FRAME_S, SAMPLE_RATE
+from tristream.engine.speech.errors import AudioInputError
+from tristream.engine.speech.runner import WhisperRunner
+
+NS = 1_000_000_000
+
+
+@dataclass(slots=True)
+class TranscriptEvent:
+    """One stream's change after an update: newly final words and the current partial."""
+
+    stream_id: str
+    committed: list[Word]
+    partial: list[Word]
+    final: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(w.text for w in self.committed)
+
+
+@dataclass(slots=True)
+class StreamingStats:
+    """Counters with reasons; nothing is dropped without one."""
+
+    updates: int = 0
+    passes: int = 0
+    trims: int = 0
+    forced_trims: int = 0
+    discontinuities: int = 0
+    clipped_samples: int = 0
+
+
+@dataclass(slots=True)
+class _Stream:
+    t0_ns: int
+    agreement: LocalAgreement
+    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    new_samples: int = 0
+
+    def end_ns(self) -> int:
+        return self.t0_ns + self.audio.shape[0] * NS // SAMPLE_RATE
+
+
+def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[int], str], eot: int,
+                    t0_ns: int, valid_frames: int) -> list[Word]:
+    """Group tokens into words (a token starting with a space opens a word) timed by their frames."""
+    words: list[Word] = []
+    cur_text: list[str] = []
+    cur_start = 0
+    last = 0
+    for tid, fr in zip(token_ids, frames, strict=False):
+        if tid == eot:
+            break
+        fr = min(max(int(fr), last), max(valid_frames - 1, 0))
+        last = fr
+        piece = text_of(int(tid))
+        if not piece:
+            continue
+        if cur_text and piece[0].isspace():
+            words.append(Word("".join(cur_text), t0_ns + int(cur_start * FRAME_S * NS), t0_ns + int(fr * FRAME_S * NS)))
+            cur_text = []
+        if not cur_text:
+            cur_start = fr
+        cur_text.append(piece)
+    if cur_text:
+        end = min(last + 1, max(valid_frames, 1))
+        words.append(Word("".join(cur_text), t0_ns + int(cur_start * FRAME_S * NS), t0_ns + int(end * FRAME_S * NS)))
+    return words
+
+
+class StreamingWhisper:
+    """Streaming ASR over many streams sharing one batched, graphed Whisper pass per update."""
+
+    def __init__(self, runner: WhisperRunner, text_of: Callable[[int], str], *, agreement_n: int = 2,
+                 min_update_s: float = 0.16, trim_after_s: float | None = None, keep_s: float = 2.0) -> None:
+        self.runner = runner
+        self.text_of = text_of
+        self.agreement_n = agreement_n
+        self.min_update = int(min_update_s * SAMPLE_RATE)
+        self.max_samples = int(runner.audio_buckets[-1] * SAMPLE_RATE)
+        self.trim_after = int((trim_after_s if trim_after_s is not None else runner.audio_buckets[-1] * 0.8)
+                              * SAMPLE_RATE)
+        self.keep = int(keep_s * SAMPLE_RATE)
+        self.streams: dict[str, _Stream] = {}
+        self.stats = StreamingStats()
+
+    def open(self, stream_id: str, t0_ns: int) -> None:
+        """Start a stream whose first sample is at reference time `t0_ns`."""
+        if stream_id in self.streams:
+            raise AudioInputError(f"stream {stream_id!r} is already open")
+        self.streams[stream_id] = _Stream(t0_ns, LocalAgreement(self.agreement_n))
+
+    def push(self, stream_id: str, samples: np.ndarray, t_ns: int | None = None) -> None:
+        """Append mono float32 16 kHz samples; `t_ns` (first sample's reference time) checks continuity."""
+        s = self._get(stream_id)
+        if samples.ndim != 1 or samples.dtype != np.float32:
+            raise AudioInputError(f"audio chunk must be 1-D float32 at 16 kHz; got {samples.dtype} {samples.shape}")
+        if t_ns is not None and abs(t_ns - s.end_ns()) > NS // 100:
+            self.stats.discontinuities += 1
+            if not s.audio.size:
+                s.t0_ns = t_ns
+        s.audio = np.concatenate([s.audio, samples])
+        s.new_samples += samples.shape[0]
+        if s.audio.shape[0] > self.max_samples:
+            cut = s.audio.shape[0] - self.max_samples
+            self.stats.clipped_samples += cut
+            self._trim(s, cut, forced=True)
+
+    def ready(self) -> list[str]:
+        """Streams with enough new audio for an update."""
+        return [k for k, s in self.streams.items() if s.new_samples >= self.min_update]
+
+    def step(self, stream_ids: list[str] | None = None) -> list[TranscriptEvent]:
+        """Run one update over the ready streams (batched in passes of the largest bucket)."""
+        ids = self.ready() if stream_ids is None else stream_ids
+        events: list[TranscriptEvent] = []
+        cap = self.runner.batch_buckets[-1]
+        for i in range(0, len(ids), cap):
+            events.extend(self._pass(ids[i : i + cap]))
+        return events
+
+    def close(self, stream_id: str) -> TranscriptEvent:
+        """Final update for a stream, then flush its partial as final and forget it."""
+        s = self._get(stream_id)
+        if s.new_samples:
+            self._pass([stream_id])
+        res = s.agreement.flush()
+        del self.streams[stream_id]
+        return TranscriptEvent(stream_id, res.committed, [], final=True)
+
+    # ---- internals ---------------------------------------------------------------------------
+    def _get(self, stream_id: str) -> _Stream:
+        try:
+            return self.streams[stream_id]
+        except KeyError:
+            raise AudioInputError(f"stream {stream_id!r} is not open; call open() first") from None
+
+    def _trim(self, s: _Stream, n: int, forced: bool) -> None:
+        s.audio = s.audio[n:]
+        s.t0_ns += n * NS // SAMPLE_RATE
+        s.agreement.forget_before(s.t0_ns)
+        self.stats.trims += 1
+        self.stats.forced_trims += int(forced)
+
+    def _pass(self, ids: list[str]) -> list[TranscriptEvent]:
+        streams = [self._get(i) for i in ids]
+        res = self.runner.run([s.audio for s in streams])
+        self.stats.passes += 1
+        out: list[TranscriptEvent] = []
+        for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
+            valid = int(np.ceil(s.audio.shape[0] / (FRAME_S * SAMPLE_RATE)))
+            words = tokens_to_words(res.tokens[k].tolist(), res.frames[k].tolist(), self.text_of,
+                                    self.runner.tokens.eot, s.t0_ns, valid)
+            r = s.agreement.insert(words)
+            s.new_samples = 0
+            self.stats.updates += 1
+            out.append(TranscriptEvent(sid, r.committed, r.partial))
+            if s.audio.shape[0] > self.trim_after:
+                if s.agreement.committed and s.agreement.committed_end_ns > s.t0_ns:
+                    cut = (s.agreement.committed_end_ns - s.t0_ns) * SAMPLE_RATE // NS
+                    self._trim(s, int(cut), forced=False)
+                else:
+                    self._trim(s, s.audio.shape[0] - self.keep, forced=True)
+        return out
+
+
+def hf_token_text(tokenizer_json: str) -> Callable[[int], str]:
+    """Token id → text using an HF `tokenizer.json` (byte-level BPE, spaces kept)."""
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_json)
+    cache: dict[int, str] = {}
+
+    def text_of(tid: int) -> str:
+        t = cache.get(tid)
+        if t is None:
+            t = cache[tid] = tok.decode([tid], skip_special_tokens=True)
+        return t
+
+    return text_of
