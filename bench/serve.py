@@ -1,0 +1,258 @@
+"""Serving benchmark: 1, 8 and 32 concurrent clients streaming audio in real time over loopback.
+
+For each client count it starts the server in its own process (so its CPU time can be read
+from /proc), connects N clients that stream the same speech-like WAV as live microphones
+(20 ms chunks, real time), and measures:
+
+- end of speech -> first answer audio, on the client's clock (from sending the last voiced
+  chunk to receiving the first ``response.audio.delta``): P50 / P99. This includes the server
+  VAD's silence window (``silence_duration_ms``, 500 ms by default) — what a user waits;
+- the same on the server's clock from its VAD decision (``x_tristream.latency_ms``): the
+  processing part alone;
+- server CPU per session: server process CPU seconds / (sessions x wall seconds).
+
+The baseline in the same run is a *bare* WebSocket server (``--bare-server``): the same
+energy VAD and echo answer with no validation, limits, metrics, recording or session state
+machine — the floor of a Python WebSocket relay, so the table shows what our serving
+layer costs on top. Backends: ``echo`` (no models; serving layer alone) or ``pipeline``
+(the embedded CPU assistant, when it is available).
+
+    .venv/bin/python bench/serve.py                 # echo backend, 1/8/32 clients
+    .venv/bin/python bench/serve.py --backend pipeline --clients 1 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+TOKEN = "bench-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (and its reaped children) from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def speech_like(turns: int, rate: int = 24_000) -> np.ndarray:
+    """Voiced bursts with a syllable-rate envelope (1.0-1.6 s) separated by 1.2 s of silence."""
+    rng = np.random.default_rng(0)
+    parts = [np.zeros(rate // 2, dtype=np.int16)]
+    for i in range(turns):
+        dur = 1.0 + 0.3 * (i % 3)
+        t = np.arange(int(rate * dur)) / rate
+        env = 0.55 + 0.45 * np.sin(2 * np.pi * 4.0 * t)
+        sig = np.sin(2 * np.pi * (180 + 30 * i) * t) + 0.3 * rng.standard_normal(t.size)
+        parts.append((sig * env * 4000).astype(np.int16))
+        parts.append(np.zeros(int(rate * 1.2), dtype=np.int16))
+    return np.concatenate(parts)
+
+
+# ------------------------------------------------------------------ bare baseline server
+
+
+async def bare_server(port: int) -> None:
+    """Same energy VAD + echo answer as EchoBackend, none of the serving layer."""
+    from websockets.asyncio.server import serve
+
+    async def handler(ws) -> None:  # type: ignore[no-untyped-def]
+        await ws.send(json.dumps({"type": "session.created", "session": {}}))
+        rate, flen = 24_000, 480
+        pending = np.zeros(0, np.int16)
+        in_speech, silence, turn = False, 0, []
+        async for raw in ws:
+            ev = json.loads(raw)
+            if ev.get("type") != "input_audio_buffer.append":
+                continue
+            buf = np.concatenate([pending, np.frombuffer(base64.b64decode(ev["audio"]), "<i2")])
+            n = buf.size // flen
+            pending = buf[n * flen:]
+            fr = buf[: n * flen].reshape(n, flen).astype(np.float32) / 32768
+            voiced = np.sqrt((fr * fr).mean(axis=1)) > 0.02
+            for i in range(n):
+                if in_speech:
+                    turn.append(buf[i * flen:(i + 1) * flen])
+                    silence = 0 if voiced[i] else silence + 1
+                    if silence >= 25:
+                        in_speech = False
+                        await ws.send(json.dumps({"type": "input_audio_buffer.speech_stopped"}))
+                        audio = np.concatenate(turn)
+                        for k in range(0, audio.size, rate // 10):
+                            await ws.send(json.dumps({"type": "response.audio.delta", "delta": base64.b64encode(
+                                audio[k:k + rate // 10].tobytes()).decode()}))
+                            await asyncio.sleep(0.1)
+                        await ws.send(json.dumps({"type": "response.done", "response": {"status": "completed"}}))
+                elif voiced[i]:
+                    in_speech, silence, turn = True, 0, [buf[i * flen:(i + 1) * flen]]
+
+    async with serve(handler, "127.0.0.1", port, compression=None, max_size=1 << 22):
+        print(f"ready {port}", flush=True)
+        await asyncio.Future()
+
+
+# ------------------------------------------------------------------ clients
+
+
+async def one_client(url: str, pcm: np.ndarray, turns: int, bare: bool) -> dict[str, list[float]]:
+    from websockets.asyncio.client import connect
+
+    out: dict[str, list[float]] = {"client": [], "server": [], "errors": []}
+    async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
+                       max_size=None) as ws:
+        json.loads(await ws.recv())
+        if not bare:
+            await ws.send(json.dumps({"type": "session.update", "session": {"input_audio_sample_rate": 24_000}}))
+        state = {"voiced": 0.0, "eos": 0.0, "done": 0}
+        finished = asyncio.Event()
+
+        async def reader() -> None:
+            async for raw in ws:
+                ev = json.loads(raw)
+                t = ev["type"]
+                if t == "input_audio_buffer.speech_stopped":
+                    state["eos"] = state["voiced"]
+                elif t == "response.audio.delta" and state["eos"]:
+                    out["client"].append((time.perf_counter() - state["eos"]) * 1000)
+                    state["eos"] = 0.0
+                elif t == "response.done":
+                    lat = ev.get("x_tristream", {}).get("latency_ms", {}).get("eos_to_first_audio_ms")
+                    if lat is not None:
+                        out["server"].append(lat)
+                    state["done"] += 1
+                    if state["done"] >= turns:
+                        finished.set()
+                elif t == "error":
+                    out["errors"].append(1.0)
+
+        rtask = asyncio.get_running_loop().create_task(reader())
+        step = 480
+        t0 = time.perf_counter()
+        for i in range(0, pcm.size, step):
+            delay = t0 + i / 24_000 - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            chunk = pcm[i:i + step]
+            await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                      "audio": base64.b64encode(chunk.tobytes()).decode()}))
+            if np.sqrt(np.mean((chunk.astype(np.float32) / 32768) ** 2)) > 0.02:
+                state["voiced"] = time.perf_counter()
+        try:
+            await asyncio.wait_for(finished.wait(), 30)
+        except TimeoutError:
+            out["errors"].append(1.0)
+        rtask.cancel()
+    return out
+
+
+def run_config(n: int, backend: str, pcm: np.ndarray, turns: int) -> dict[str, object]:
+    port = free_port()
+    bare = backend == "bare"
+    if bare:
+        cmd = [sys.executable, __file__, "--bare-server", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "tristream.cli", "serve", "--port", str(port), "--token", TOKEN,
+               "--backend", backend, "--pace", "1", "--max-sessions", str(max(64, n))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"server exited: rc={proc.poll()}")
+            if "ready" in line or "ws://" in line:
+                break
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
+
+        async def all_clients() -> list[dict[str, list[float]]]:
+            return await asyncio.gather(*(one_client(url, pcm, turns, bare) for _ in range(n)))
+
+        results = asyncio.run(all_clients())
+        cpu1, w1 = cpu_seconds(proc.pid), time.perf_counter()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    client = np.array([v for r in results for v in r["client"]])
+    server = np.array([v for r in results for v in r["server"]])
+    wall = w1 - w0
+
+    def pct(a: np.ndarray, q: float) -> float | None:
+        return round(float(np.percentile(a, q)), 2) if a.size else None
+
+    return {
+        "backend": backend, "clients": n, "turns_expected": n * turns, "turns_measured": int(client.size),
+        "errors": int(sum(len(r["errors"]) for r in results)),
+        "eos_to_first_audio_client_ms": {"p50": pct(client, 50), "p99": pct(client, 99), "max": pct(client, 100)},
+        "eos_to_first_audio_server_ms": {"p50": pct(server, 50), "p99": pct(server, 99)},
+        "wall_s": round(wall, 2),
+        "server_cpu_s": round(cpu1 - cpu0, 3),
+        "server_cpu_per_session_pct": round(100 * (cpu1 - cpu0) / (n * wall), 3),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--backend", default="echo", choices=("echo", "pipeline"))
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.bare_server:
+        asyncio.run(bare_server(args.bare_server))
+        return
+    from _common import write_results
+    from rich.console import Console
+    from rich.table import Table
+
+    pcm = speech_like(args.turns)
+    rows = []
+    for n in args.clients:
+        for backend in ([] if args.no_baseline else ["bare"]) + [args.backend]:
+            r = run_config(n, backend, pcm, args.turns)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    table = Table(title=f"serve: end of speech -> first audio over loopback ({len(pcm) / 24000:.1f} s of audio "
+                        f"per client, {args.turns} turns, VAD silence window 500 ms)")
+    for col in ("server", "clients", "turns", "errors", "client P50 ms", "client P99 ms", "server P50 ms",
+                "server P99 ms", "server CPU/session %"):
+        table.add_column(col)
+    for r in rows:
+        c, s = r["eos_to_first_audio_client_ms"], r["eos_to_first_audio_server_ms"]
+        table.add_row(str(r["backend"]), str(r["clients"]), f"{r['turns_measured']}/{r['turns_expected']}",
+                      str(r["errors"]), str(c["p50"]), str(c["p99"]), str(s["p50"]), str(s["p99"]),  # type: ignore[index]
+                      str(r["server_cpu_per_session_pct"]))
+    Console(width=160).print(table)
+    path = write_results("serve", {"rows": rows, "audio_s_per_client": round(len(pcm) / 24000, 2),
+                                   "turns_per_client": args.turns}, extra_modules=("websockets", "mcap"))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
