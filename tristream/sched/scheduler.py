@@ -18,7 +18,7 @@ import hashlib
 import heapq
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tristream.sched.admission import DegradationLadder, Level, ShedLedger, ShedReason, TimeoutAction
 from tristream.sched.backend import StepResult
@@ -54,7 +54,14 @@ class Scheduler:
         self.model = model or StepTimeModel()
         self.policy = PriorityPolicy(config.policy)
         self.batcher = Batcher(self.model, config.limits)
-        self.controllers = TierControllers(config.tiers, config.aimd)
+        # Floor of the step budget: a step must be able to carry every kind of work at once
+        # (their fixed costs), or throughput collapses exactly when the load is highest.
+        self.budget_floor_ms = 1.1 * self.model.step_ms(1, config.limits.min_prefill_chunk, 1, 1)
+        aimd = config.aimd
+        if aimd.min_limit_ms < self.budget_floor_ms:
+            aimd = replace(aimd, min_limit_ms=self.budget_floor_ms,
+                           max_limit_ms=max(aimd.max_limit_ms, self.budget_floor_ms))
+        self.controllers = TierControllers(config.tiers, aimd)
         self.ladder = DegradationLadder(config.ladder)
         self.ledger = ShedLedger()
         self.items: dict[int, WorkItem] = {}
