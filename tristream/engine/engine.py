@@ -70,6 +70,7 @@ class EngineConfig:
     use_graphs: bool = True
     graph_buckets: tuple[int, ...] | None = None
     kv_dtype: torch.dtype | None = None  # default: the model's dtype
+    triton_decode: bool | None = None  # default: on CUDA only (True on CPU needs TRITON_INTERPRET=1)
 
 
 @dataclasses.dataclass(slots=True)
@@ -110,7 +111,8 @@ class LLMEngine:
         self.cache = KVCache(mcfg, num_blocks, cfg.block_size, kv_dtype, model.device)
         self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_cache)
         self.runner = ModelRunner(model, self.cache, use_graphs=cfg.use_graphs,
-                                  graph_buckets=cfg.graph_buckets, max_model_len=cfg.max_model_len)
+                                  graph_buckets=cfg.graph_buckets, max_model_len=cfg.max_model_len,
+                                  triton_decode=cfg.triton_decode)
         self.seqs: dict[int, Sequence] = {}
         self.detok: dict[int, IncrementalDetokenizer] = {}
         self.seeds: dict[int, int] = {}

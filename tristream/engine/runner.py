@@ -38,14 +38,15 @@ class ModelRunner:
     """Runs the model over the paged cache."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, use_graphs: bool = True,
-                 graph_buckets: tuple[int, ...] | None = None, max_model_len: int = 4096) -> None:
+                 graph_buckets: tuple[int, ...] | None = None, max_model_len: int = 4096,
+                 triton_decode: bool | None = None) -> None:
         self.model = model
         self.cache = cache
         self.device = model.device
         self.block_size = cache.block_size
         self.max_model_len = max_model_len
         self.decoder = None
-        if self.device.type == "cuda":
+        if triton_decode if triton_decode is not None else self.device.type == "cuda":
             from tristream.engine.graphs import DecodeGraphs
 
             self.decoder = DecodeGraphs(model, cache, max_model_len=max_model_len,

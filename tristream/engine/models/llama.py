@@ -35,6 +35,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
+class TorchOps:
+    """Elementwise pieces of a layer in plain torch (CPU, prefill, reference)."""
+
+    rms_norm = staticmethod(rms_norm)
+
+    @staticmethod
+    def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        r = residual + x
+        return rms_norm(r, w, eps), r
+
+    @staticmethod
+    def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+        g, u = gu.chunk(2, dim=-1)
+        return F.silu(g) * u
+
+
 class LlamaLayer(nn.Module):
     """One decoder block's weights (fused qkv and gate_up)."""
 
@@ -92,21 +109,24 @@ class LlamaModel(nn.Module):
         """Token ids [T] → embeddings [T, hidden]."""
         return F.embedding(ids, self.embed_tokens)
 
-    def forward(self, h: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:  # type: ignore[override]
-        """Hidden states [T, hidden] after the final norm; attention owns positions and cache."""
-        cfg = self.cfg
-        eps = cfg.rms_norm_eps
+    def forward(self, h: torch.Tensor, attention: AttentionBackend,  # type: ignore[override]
+                ops: Any = None) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm; attention owns positions and cache.
+
+        `ops` supplies rms_norm / add_rms_norm / silu_mul (torch by default, Triton for GPU decode).
+        """
+        ops = ops or TorchOps
+        eps = self.cfg.rms_norm_eps
+        layers = self.layers
         residual = h
-        for i, layer in enumerate(self.layers):
-            x = rms_norm(residual, layer.input_norm, eps)
-            qkv = layer.qkv(x)
-            attn = attention(i, qkv)
-            residual = residual + layer.o(attn)
-            x = rms_norm(residual, layer.post_norm, eps)
-            gu = layer.gate_up(x)
-            g, u = gu.chunk(2, dim=-1)
-            residual = residual + layer.down(F.silu(g) * u)
-        return rms_norm(residual, self.norm, eps)
+        x = ops.rms_norm(h, layers[0].input_norm, eps)
+        for i, layer in enumerate(layers):
+            a = layer.o(attention(i, layer.qkv(x)))
+            x, residual = ops.add_rms_norm(a, residual, layer.post_norm, eps)
+            d = layer.down(ops.silu_mul(layer.gate_up(x)))
+            nxt = layers[i + 1].input_norm if i + 1 < len(layers) else self.norm
+            x, residual = ops.add_rms_norm(d, residual, nxt, eps)
+        return x
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for hidden states [N, hidden]."""

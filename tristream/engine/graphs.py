@@ -1,0 +1,158 @@
+"""GPU decode: Triton paged attention and CUDA graphs captured per batch-size bucket.
+
+All inputs of a decode step (token ids, positions, cache slots, context lengths, block tables)
+live in one persistent int32 device buffer, filled from one pinned host buffer by a single
+copy; every graph reads slices of it. Graphs are captured at start-up, largest bucket first,
+into one shared memory pool; a batch of n sequences replays the smallest bucket ≥ n with the
+padded rows pointing at slot -1 (no cache write) and context length 0 (zero output). Batches
+larger than the largest bucket, or `use_graphs=False`, run the same kernels eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tristream.engine.kernels import triton_ops as K
+from tristream.engine.kv_cache import KVCache
+from tristream.engine.models.llama import LlamaModel
+from tristream.engine.sequence import Sequence
+
+DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class TritonOps:
+    """Fused elementwise kernels for the decode step."""
+
+    rms_norm = staticmethod(K.rms_norm)
+    add_rms_norm = staticmethod(K.add_rms_norm)
+    silu_mul = staticmethod(K.silu_mul)
+
+
+class TritonDecodeAttention:
+    """Attention backend for one-token-per-sequence decode over the paged cache."""
+
+    def __init__(self, model: LlamaModel, cache: KVCache, positions: torch.Tensor, slots: torch.Tensor,
+                 block_tables: torch.Tensor, ctx_lens: torch.Tensor, splits: int) -> None:
+        self.cfg = model.cfg
+        self.cos_sin = model.cos_sin
+        self.cache = cache
+        self.positions, self.slots, self.block_tables, self.ctx_lens = positions, slots, block_tables, ctx_lens
+        self.splits = splits
+        self.scale = self.cfg.head_dim ** -0.5
+
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        kc, vc = self.cache.flat(layer)
+        q = K.rope_store(qkv, self.positions, self.cos_sin, self.slots, kc, vc,
+                         cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        o = K.paged_decode_attention(q, kc, vc, self.block_tables, self.ctx_lens, self.cache.block_size,
+                                     self.scale, self.splits)
+        return o.view(q.shape[0], cfg.q_size)
+
+
+class DecodeGraphs:
+    """Persistent decode inputs and one CUDA graph per batch bucket."""
+
+    def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int,
+                 buckets: tuple[int, ...] | None = None, use_graphs: bool = True) -> None:
+        self.model = model
+        self.cache = cache
+        self.buckets = tuple(sorted(buckets or DEFAULT_BUCKETS))
+        self.max_bs = self.buckets[-1]
+        self.max_blocks = -(-max_model_len // cache.block_size)
+        self.use_graphs = use_graphs
+        n = self.max_bs
+        self._size = 4 * n + n * self.max_blocks
+        dev = model.device
+        self.dev_buf = torch.zeros(self._size, dtype=torch.int32, device=dev)
+        self.host_buf = torch.zeros(self._size, dtype=torch.int32, pin_memory=dev.type == "cuda")
+        self.host_np = self.host_buf.numpy()
+        self.ids = self.dev_buf[0:n]
+        self.positions = self.dev_buf[n:2 * n]
+        self.slots = self.dev_buf[2 * n:3 * n]
+        self.ctx_lens = self.dev_buf[3 * n:4 * n]
+        self.block_tables = self.dev_buf[4 * n:].view(n, self.max_blocks)
+        self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool: Any = None
+
+    def bucket_for(self, n: int) -> int | None:
+        for b in self.buckets:
+            if b >= n:
+                return b
+        return None
+
+    def forward(self, b: int) -> torch.Tensor:
+        """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]."""
+        m = self.model
+        splits = K.choose_splits(b, m.cfg.num_heads, self.num_sms)
+        attn = TritonDecodeAttention(m, self.cache, self.positions[:b], self.slots[:b], self.block_tables[:b],
+                                     self.ctx_lens[:b], splits)
+        h = m.embed(self.ids[:b])
+        return m.logits(m(h, attn, ops=TritonOps))
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one memory pool (start-up only)."""
+        if not self.use_graphs or self.graphs or self.model.device.type != "cuda":
+            return
+        self._fill_padding(0, self.max_bs)
+        torch.cuda.synchronize()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: Triton compilation, cuBLAS handles
+                for b in reversed(self.buckets):
+                    self.forward(b)
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        for b in reversed(self.buckets):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self.pool):
+                self.outputs[b] = self.forward(b)
+            if self.pool is None:
+                self.pool = g.pool()
+            self.graphs[b] = g
+        torch.cuda.synchronize()
+
+    def _fill_padding(self, lo: int, hi: int) -> None:
+        n, h = self.max_bs, self.host_np
+        h[lo:hi] = 0
+        h[n + lo:n + hi] = 0
+        h[2 * n + lo:2 * n + hi] = -1
+        h[3 * n + lo:3 * n + hi] = 0
+
+    def prepare(self, seqs: list[Sequence], rows: int) -> None:
+        """Write the step's inputs for `seqs` (padded to `rows`) with one host→device copy."""
+        n, h, mb, bs = self.max_bs, self.host_np, self.max_blocks, self.cache.block_size
+        for i, s in enumerate(seqs):
+            pos = len(s.keys) - 1
+            bt = s.block_table
+            h[i] = s.keys[pos]
+            h[n + i] = pos
+            h[2 * n + i] = bt[pos // bs] * bs + pos % bs
+            h[3 * n + i] = pos + 1
+            h[4 * n + i * mb:4 * n + i * mb + len(bt)] = bt
+        self._fill_padding(len(seqs), rows)
+        used = 4 * n + rows * mb
+        self.dev_buf[:used].copy_(self.host_buf[:used], non_blocking=True)
+
+    def run(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Float32 logits [len(seqs), vocab] for one decode step."""
+        n = len(seqs)
+        b = self.bucket_for(n)
+        if b is None:  # beyond the largest bucket: run eagerly in slices of the largest
+            parts = []
+            for i in range(0, n, self.max_bs):
+                parts.append(self.run(seqs[i:i + self.max_bs]).clone())
+                if self.model.device.type == "cuda":
+                    torch.cuda.current_stream().synchronize()  # the pinned buffer is reused next slice
+            return torch.cat(parts)
+        self.prepare(seqs, b)
+        if b in self.graphs:
+            self.graphs[b].replay()
+            return self.outputs[b][:n]
+        return self.forward(b)[:n]

@@ -1,0 +1,201 @@
+"""Triton kernels for the decode step: fused add+RMSNorm, SiLU·mul, rope+KV store, paged attention.
+
+Decode at small batch is launch-bound, so each kernel fuses what torch would run as several
+(the residual add into the norm, rope into the cache write). Paged decode attention splits
+long contexts over `splits` programs per head and merges the partial softmaxes in a second
+kernel; with one split it writes the output directly. Padded batch rows (slot -1, context
+length 0) write nothing to the cache and produce zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, N, eps,
+                     HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < N
+    x = tl.load(x_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * N + offs, mask=m, other=0.0).to(tl.float32)
+        xr = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * N + offs, xr, mask=m)
+        x = xr.to(tl.float32)
+    var = tl.sum(x * x, 0) / N
+    y = (x * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty)
+    w = tl.load(w_ptr + offs, mask=m, other=0.0)
+    tl.store(out_ptr + row * N + offs, (w * y).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of rows of a contiguous [T, N] tensor."""
+    out = torch.empty_like(x)
+    n = x.shape[-1]
+    _rms_norm_kernel[(x.shape[0],)](x, x, w, out, out, n, eps, HAS_RES=False, BLOCK=triton.next_power_of_2(n))
+    return out
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(RMSNorm(x + residual), x + residual) in one pass."""
+    out = torch.empty_like(x)
+    res = torch.empty_like(x)
+    n = x.shape[-1]
+    _rms_norm_kernel[(x.shape[0],)](x, residual, w, out, res, n, eps, HAS_RES=True,
+                                    BLOCK=triton.next_power_of_2(n))
+    return out, res
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < inter
+    g = tl.load(gu_ptr + row * 2 * inter + offs, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + offs, mask=m, other=0.0)
+    s = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * inter + offs, (s * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gu: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up for a contiguous [T, 2I] gate|up tensor."""
+    t, two_i = gu.shape
+    i = two_i // 2
+    out = torch.empty(t, i, dtype=gu.dtype, device=gu.device)
+    block = 1024
+    _silu_mul_kernel[(t, triton.cdiv(i, block))](gu, out, i, BLOCK=block)
+    return out
+
+
+@triton.jit
+def _rope_store_kernel(qkv_ptr, pos_ptr, cs_ptr, slot_ptr, q_out_ptr, kc_ptr, vc_ptr, qkv_stride,
+                       NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr):
+    t = tl.program_id(0)
+    h = tl.program_id(1)
+    pos = tl.load(pos_ptr + t)
+    offs = tl.arange(0, HALF)
+    cos = tl.load(cs_ptr + pos * HD + offs)
+    sin = tl.load(cs_ptr + pos * HD + HALF + offs)
+    base = qkv_ptr + t * qkv_stride
+    if h < NH:
+        x1 = tl.load(base + h * HD + offs).to(tl.float32)
+        x2 = tl.load(base + h * HD + HALF + offs).to(tl.float32)
+        dst = q_out_ptr + (t * NH + h) * HD
+        tl.store(dst + offs, (x1 * cos - x2 * sin).to(q_out_ptr.dtype.element_ty))
+        tl.store(dst + HALF + offs, (x2 * cos + x1 * sin).to(q_out_ptr.dtype.element_ty))
+    else:
+        kh = h - NH
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:
+            kb = base + NH * HD + kh * HD
+            x1 = tl.load(kb + offs).to(tl.float32)
+            x2 = tl.load(kb + HALF + offs).to(tl.float32)
+            kd = kc_ptr + (slot * NKV + kh) * HD
+            tl.store(kd + offs, (x1 * cos - x2 * sin).to(kc_ptr.dtype.element_ty))
+            tl.store(kd + HALF + offs, (x2 * cos + x1 * sin).to(kc_ptr.dtype.element_ty))
+            vb = base + (NH + NKV) * HD + kh * HD
+            vd = vc_ptr + (slot * NKV + kh) * HD
+            tl.store(vd + offs, tl.load(vb + offs).to(vc_ptr.dtype.element_ty))
+            tl.store(vd + HALF + offs, tl.load(vb + HALF + offs).to(vc_ptr.dtype.element_ty))
+
+
+def rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
+               k_cache: torch.Tensor, v_cache: torch.Tensor, nh: int, nkv: int, hd: int) -> torch.Tensor:
+    """Rotate q (returned [T, nh, hd]) and k; write k and v into the flat caches at `slots` (-1: skip)."""
+    t = qkv.shape[0]
+    q = torch.empty(t, nh, hd, dtype=qkv.dtype, device=qkv.device)
+    _rope_store_kernel[(t, nh + nkv)](qkv, positions, cos_sin, slots, q, k_cache, v_cache, qkv.stride(0),
+                                      NH=nh, NKV=nkv, HD=hd, HALF=hd // 2)
+    return q
+
+
+@triton.jit
+def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_stride,
+                         scale, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.program_id(2)
+    ctx = tl.load(ctx_ptr + b)
+    kvh = h // GROUP
+    per_split = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+    start = s * per_split
+    end = tl.minimum(start + per_split, ctx)
+    d = tl.arange(0, HD)
+    q = tl.load(q_ptr + (b * NH + h) * HD + d).to(tl.float32) * scale
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros([HD], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        mask = n < end
+        page = tl.load(bt_ptr + b * bt_stride + n // PAGE, mask=mask, other=0).to(tl.int64)
+        slot = page * PAGE + n % PAGE
+        off = (slot[:, None] * NKV + kvh) * HD + d[None, :]
+        k = tl.load(kc_ptr + off, mask=mask[:, None], other=0.0).to(tl.float32)
+        sc = tl.sum(k * q[None, :], 1)
+        sc = tl.where(mask, sc, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 0))
+        p = tl.exp(sc - m_new)
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(vc_ptr + off, mask=mask[:, None], other=0.0).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    if SPLITS == 1:
+        o = acc / tl.maximum(l_i, 1e-30)
+        tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
+    else:
+        idx = (b * NH + h) * SPLITS + s
+        tl.store(po_ptr + idx * HD + d, acc)
+        tl.store(pm_ptr + idx, m_i)
+        tl.store(pl_ptr + idx, l_i)
+
+
+@triton.jit
+def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLITS: tl.constexpr):
+    bh = tl.program_id(0)
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, HD)
+    m = tl.load(pm_ptr + bh * SPLITS + sp)
+    lsum = tl.load(pl_ptr + bh * SPLITS + sp)
+    mmax = tl.max(m, 0)
+    mmax = tl.where(mmax == -float("inf"), 0.0, mmax)
+    w = tl.exp(m - mmax)
+    total = tl.sum(w * lsum, 0)
+    po = tl.load(po_ptr + (bh * SPLITS + sp[:, None]) * HD + d[None, :])
+    o = tl.sum(po * w[:, None], 0) / tl.maximum(total, 1e-30)
+    tl.store(out_ptr + bh * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
+    """Splits per head so that batch·heads·splits roughly fills the GPU twice over (power of 2, ≤ 16)."""
+    want = max(1, (2 * num_sms) // max(1, batch * nh))
+    return min(16, triton.next_power_of_2(want) if want > 1 else 1)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, ctx_lens: torch.Tensor, page: int, scale: float,
+                           splits: int, block_n: int = 64) -> torch.Tensor:
+    """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd]."""
+    b, nh, hd = q.shape
+    nkv = k_cache.shape[1]
+    out = torch.empty_like(q)
+    if splits > 1:
+        po = torch.empty(b * nh * splits, hd, dtype=torch.float32, device=q.device)
+        pm = torch.empty(b * nh * splits, dtype=torch.float32, device=q.device)
+        pl = torch.empty(b * nh * splits, dtype=torch.float32, device=q.device)
+    else:
+        po = pm = pl = out
+    _paged_decode_kernel[(b, nh, splits)](
+        q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, block_tables.stride(0), scale,
+        NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+    )
+    if splits > 1:
+        _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits)
+    return out
