@@ -1,0 +1,169 @@
+"""LLM backends of the pipeline: our engine in-process, or any OpenAI-compatible endpoint.
+
+Both stream text deltas through one async-iterator interface; closing the iterator (the
+LLM stage is cancelled on barge-in) cancels the generation: the engine frees the sequence's
+KV blocks at its next step, the HTTP backend closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+
+class LlmEndpointError(RuntimeError):
+    """The OpenAI-compatible endpoint refused, failed or answered something unusable."""
+
+
+class ChatBackend(Protocol):
+    """Streams the answer to a chat as text deltas."""
+
+    name: str
+
+    def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
+        """Text deltas of the answer, as soon as each is decoded."""
+        ...
+
+
+class EngineChatBackend:
+    """Our `LLMEngine`, shared by every session, stepped by one dedicated thread.
+
+    The thread runs `engine.step()` while any sequence has work and routes each output to the
+    asyncio queue of its request with `call_soon_threadsafe`.
+    """
+
+    name = "engine"
+
+    def __init__(self, engine: Any, temperature: float = 0.0, repetition_penalty: float = 1.1) -> None:
+        self.engine = engine
+        self.temperature = temperature
+        self.repetition_penalty = repetition_penalty
+        self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, bool]]]] = {}
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
+        self._thread.start()
+        self.errors = 0
+
+    @classmethod
+    def from_path(cls, path: str, **kw: Any) -> EngineChatBackend:
+        """Load a GGUF file or Hugging Face folder into our engine (CPU, eager)."""
+        from tristream.engine.engine import EngineConfig, LLMEngine
+
+        cfg = EngineConfig(use_graphs=False, max_model_len=2048, kv_cache_bytes=64 << 20)
+        return cls(LLMEngine.from_path(path, config=cfg), **kw)
+
+    def _loop(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self.engine.has_work():
+                try:
+                    outs = self.engine.step()
+                except Exception:  # keep the shared engine thread alive; requests see an end
+                    self.errors += 1
+                    outs = []
+                    with self._lock:
+                        routes = list(self._routes.items())
+                    for sid, _ in routes:
+                        self._deliver(sid, "", True)
+                for o in outs:
+                    self._deliver(o.seq_id, o.text, o.finished)
+
+    def _deliver(self, seq_id: int, text: str, finished: bool) -> None:
+        with self._lock:
+            route = self._routes.get(seq_id)
+            if finished:
+                self._routes.pop(seq_id, None)
+        if route is not None:
+            loop, q = route
+            loop.call_soon_threadsafe(q.put_nowait, (text, finished))
+
+    async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
+        """Generate an answer to `messages`; cancelling the consumer cancels the sequence."""
+        from tristream.engine.sequence import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
+                                repetition_penalty=self.repetition_penalty)
+        q: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            seq_id = self.engine.add_request(chat=messages, params=params)
+            self._routes[seq_id] = (loop, q)
+        self._wake.set()
+        done = False
+        try:
+            while not done:
+                text, done = await q.get()
+                if text:
+                    yield text
+        finally:
+            if not done:
+                with self._lock:
+                    self._routes.pop(seq_id, None)
+                self.engine.cancel(seq_id)
+                self._wake.set()
+
+
+class OpenAIChatBackend:
+    """Streaming chat completions from an OpenAI-compatible server (vLLM, SGLang, llama.cpp, Ollama).
+
+    `url` is the API base, e.g. `http://127.0.0.1:8000/v1`; requests go to
+    `{url}/chat/completions` with `stream: true` and are read as server-sent events.
+    """
+
+    name = "openai"
+
+    def __init__(self, url: str, model: str = "default", api_key: str | None = None,
+                 temperature: float = 0.0, timeout_s: float = 30.0) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.model = model
+        self.temperature = temperature
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout_s, connect=5.0))
+        self._httpx = httpx
+
+    @property
+    def endpoint(self) -> str:
+        """The chat completions URL."""
+        return self.url + "/chat/completions"
+
+    async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
+        """POST the chat and yield `choices[0].delta.content` of each SSE event until [DONE]."""
+        body = {"model": self.model, "messages": messages, "stream": True,
+                "max_tokens": max_tokens, "temperature": self.temperature}
+        try:
+            async with self._client.stream("POST", self.endpoint, json=body) as resp:
+                if resp.status_code != 200:
+                    detail = (await resp.aread())[:300].decode("utf-8", "replace")
+                    raise LlmEndpointError(f"{self.endpoint} answered HTTP {resp.status_code}: {detail}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        return
+                    try:
+                        event = json.loads(payload)
+                    except json.JSONDecodeError as e:
+                        raise LlmEndpointError(f"{self.endpoint} sent a bad SSE event: {payload[:120]!r}") from e
+                    for choice in event.get("choices", ()):
+                        text = (choice.get("delta") or {}).get("content")
+                        if text:
+                            yield text
+        except self._httpx.TransportError as e:
+            raise LlmEndpointError(
+                f"cannot reach the LLM endpoint {self.endpoint} ({type(e).__name__}: {e}); "
+                "is the server running and does --llm-url include the /v1 prefix?"
+            ) from e
+
+    async def aclose(self) -> None:
+        """Close the HTTP connection pool."""
+        with contextlib.suppress(Exception):
+            await self._client.aclose()

@@ -1,0 +1,270 @@
+"""A voice + vision session: VAD → ASR → turn-taking → LLM → TTS → playout, with barge-in.
+
+Models come from `SharedModels` (loaded once per process); a session holds only per-user
+state: the VAD/ASR/TTS/vision streams, the frame ring, the conversation and turn records.
+Camera frames go into a time-indexed ring; at the end of each speech segment the frames
+that overlap it (interval join) and the latest frame at its end (as-of join) are turned into
+a scene description in a worker thread while the ASR final runs.
+
+Barge-in: when the VAD decides that the user started speaking while an answer is being
+generated or played, `barge_in` runs inside the input stage's handling of that very chunk:
+the LLM, TTS and playout stages drop their queues and cancel their work in flight, the sink
+drops the audio it buffered, and the history keeps only the text of the audio already played.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from tristream.core.metrics import DropCounter
+from tristream.core.ring import ObjectRing
+from tristream.pipeline.clock import Clock, MonotonicClock
+from tristream.pipeline.models import SharedModels
+from tristream.pipeline.session_stages import (
+    AsrStage,
+    AudioIn,
+    FrameIn,
+    InputStage,
+    LlmStage,
+    PlayoutStage,
+    TtsStage,
+)
+from tristream.pipeline.stage import Stage
+from tristream.pipeline.turns import (
+    DEFAULT_HANGOVER_MS,
+    Conversation,
+    EndOfTurnDetector,
+    SilenceEndOfTurn,
+    TurnTaker,
+    UserTurn,
+)
+
+DEFAULT_SYSTEM = ("You are a friendly voice assistant with a camera. Answer in one short sentence "
+                  "of plain spoken English.")
+
+
+class AudioSink(Protocol):
+    """Where answer audio goes: a speaker, a file, a test buffer."""
+
+    def write(self, pcm: np.ndarray, sample_rate: int) -> None: ...
+
+    def interrupt(self) -> None: ...
+
+
+class AudioCollector:
+    """A sink that keeps every piece written (for the demo's wav file and for tests)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[np.ndarray] = []
+        self.sample_rate = 0
+        self.interrupts = 0
+
+    def write(self, pcm: np.ndarray, sample_rate: int) -> None:
+        """Keep one played chunk."""
+        self.sample_rate = sample_rate
+        self.pieces.append(np.asarray(pcm, dtype=np.float32))
+
+    def interrupt(self) -> None:
+        """Nothing buffered beyond the chunk already handed over; counted."""
+        self.interrupts += 1
+
+    @property
+    def samples(self) -> int:
+        """Samples written so far."""
+        return sum(p.shape[0] for p in self.pieces)
+
+    def audio(self) -> np.ndarray:
+        """Everything written, concatenated."""
+        return np.concatenate(self.pieces) if self.pieces else np.zeros(0, dtype=np.float32)
+
+
+@dataclass(slots=True)
+class SessionConfig:
+    """Per-session settings."""
+
+    hangover_ms: float = DEFAULT_HANGOVER_MS
+    max_tokens: int = 40
+    system_prompt: str = DEFAULT_SYSTEM
+    max_history_turns: int = 6
+    out_chunk_ms: float = 20.0
+    end_of_turn: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
+    frame_ring: int = 64
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """What happened in one turn, with reference-clock times (ns) for the latency table."""
+
+    turn_id: int
+    user_text: str
+    speech_end_ns: int
+    asr_final_ns: int
+    first_token_ns: int | None = None
+    first_audio_ns: int | None = None
+    llm_done_ns: int | None = None
+    answer: str = ""
+    heard: str = ""
+    interrupted: bool = False
+    scene: str | None = None
+
+    def latency_ms(self) -> dict[str, float | None]:
+        """End of speech → ASR final / first token / first audio, in ms."""
+        def rel(t: int | None) -> float | None:
+            return None if t is None else (t - self.speech_end_ns) / 1e6
+        return {"asr_final": rel(self.asr_final_ns), "first_token": rel(self.first_token_ns),
+                "first_audio": rel(self.first_audio_ns)}
+
+
+_ids = itertools.count()
+
+
+class Session:
+    """One user's live conversation over shared models."""
+
+    def __init__(self, models: SharedModels, sink: AudioSink | None = None, clock: Clock | None = None,
+                 config: SessionConfig | None = None, session_id: str | None = None,
+                 pool: ThreadPoolExecutor | None = None) -> None:
+        from tristream.stages.vad import VADOptions
+
+        self.id = session_id or f"s{next(_ids)}"
+        self.models = models
+        self.config = cfg = config or SessionConfig()
+        self.clock: Clock = clock or MonotonicClock()
+        self.sink: AudioSink = sink or AudioCollector()
+        self.pool = pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"session-{self.id}")
+        self.vad = models.vad.stream(self.id, VADOptions(min_silence_ms=cfg.hangover_ms))
+        self.asr = models.asr.stream(self.id, partial_every_s=None)
+        self.tts = models.tts.stream(self.id)
+        self.scene_stream = models.vision.stream(self.id) if models.vision is not None else None
+        self.llm = models.llm
+        self.frames: ObjectRing[np.ndarray] = ObjectRing(cfg.frame_ring, name=f"{self.id}.frames")
+        self.turns = TurnTaker(cfg.end_of_turn)
+        self.conversation = Conversation(cfg.system_prompt, cfg.max_history_turns)
+        self.drops = DropCounter(f"{self.id}.session")
+        self.records: list[TurnRecord] = []
+        self.current: TurnRecord | None = None
+        self.assistant_active = False
+        self.pending_scene: asyncio.Future[Any] | None = None
+        self.barge_ins: list[dict[str, Any]] = []
+        self.turn_done = asyncio.Event()
+        self.input = InputStage(self)
+        self.asr_stage = AsrStage(self)
+        self.llm_stage = LlmStage(self)
+        self.tts_stage = TtsStage(self)
+        self.playout = PlayoutStage(self)
+        self.stages: list[Stage] = [self.input, self.asr_stage, self.llm_stage, self.tts_stage, self.playout]
+        for a, b in zip(self.stages, self.stages[1:], strict=False):
+            a.link(b)
+
+    # ---- life cycle -------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the stage tasks on the running loop."""
+        for st in self.stages:
+            st.start()
+
+    async def close(self) -> None:
+        """Stop every stage and release per-session streams."""
+        for st in self.stages:
+            st.inbox.put_control(_stop())
+        for st in self.stages:
+            if st.task is not None:
+                try:
+                    await st.task
+                except asyncio.CancelledError:
+                    pass
+        for stream in (self.vad, self.asr, self.tts, self.scene_stream):
+            if stream is not None:
+                stream.close()
+
+    # ---- input ------------------------------------------------------------------------
+    def push_audio(self, pcm: np.ndarray, ref_ns: int) -> bool:
+        """Queue one microphone chunk (16 kHz mono); False if the input queue dropped it."""
+        return self.input.inbox.put_data(AudioIn(pcm, ref_ns))
+
+    def push_frame(self, image: np.ndarray, ref_ns: int) -> bool:
+        """Queue one camera frame captured at `ref_ns`."""
+        return self.input.inbox.put_data(FrameIn(image, ref_ns))
+
+    async def settle_input(self) -> None:
+        """Wait until the input stage has handled everything queued (tests, file playback)."""
+        inbox = self.input.inbox
+        while inbox.data or self.input._busy:
+            await asyncio.sleep(0)
+
+    # ---- vision -----------------------------------------------------------------------
+    def describe_scene(self, start_ns: int | None, end_ns: int) -> asyncio.Future[Any] | None:
+        """Describe the frames aligned to [start_ns, end_ns] in a worker thread (None without vision)."""
+        if self.scene_stream is None:
+            return None
+        aligned = self.frames.window(start_ns if start_ns is not None else end_ns, end_ns + 1)
+        latest = self.frames.latest_at_or_before(end_ns)
+        if latest is None:
+            self.drops.add("no_frame_for_turn")
+            return None
+        picks = ([aligned[0]] if aligned and aligned[0][0] != latest[0] else []) + [latest]
+        stream = self.scene_stream
+
+        def run() -> Any:
+            desc = None
+            for t, img in picks:
+                desc = stream.describe(img, t)
+            return desc
+
+        return asyncio.get_running_loop().run_in_executor(self.pool, run)
+
+    # ---- turns ------------------------------------------------------------------------
+    def begin_turn(self, turn: UserTurn) -> TurnRecord:
+        """The LLM starts answering `turn`."""
+        rec = TurnRecord(turn.turn_id, turn.text, turn.speech_end_ns, turn.asr_final_ns)
+        self.records.append(rec)
+        self.current = rec
+        self.assistant_active = True
+        self.turn_done.clear()
+        return rec
+
+    def finish_turn(self, turn_id: int, heard: str) -> None:
+        """The whole answer was played: history keeps all of it."""
+        rec = self.current
+        if rec is None or rec.turn_id != turn_id:
+            return
+        rec.heard = heard
+        self.conversation.add_assistant(rec.answer)
+        self.current = None
+        self.assistant_active = False
+        self.turn_done.set()
+
+    def barge_in(self, t_ns: int) -> None:
+        """The user speaks over the answer: stop LLM, TTS and playout now; keep what was heard."""
+        rec = self.current
+        heard = self.playout.heard_now()
+        dropped = 0
+        for st in (self.llm_stage, self.tts_stage, self.playout):
+            dropped += st.interrupt("barge_in")
+        self.sink.interrupt()
+        if rec is not None:
+            rec.interrupted = True
+            rec.heard = heard
+            self.conversation.add_assistant(heard)
+        self.barge_ins.append({"t_ns": t_ns, "at_ns": self.clock.now_ns(), "dropped": dropped,
+                               "turn_id": rec.turn_id if rec else None, "heard": heard})
+        self.current = None
+        self.assistant_active = False
+        self.turn_done.set()
+
+    def stats(self) -> dict[str, Any]:
+        """Stage counters, session drops and stream counters."""
+        return {"stages": [s.stats() for s in self.stages], "drops": self.drops.snapshot(),
+                "vad": dict(self.vad.counters), "asr": dict(self.asr.counters), "tts": dict(self.tts.counters),
+                "frames": self.frames.counts.snapshot()}
+
+
+def _stop() -> Any:
+    from tristream.pipeline.stage import EndOfStream
+
+    return EndOfStream("session_closed")

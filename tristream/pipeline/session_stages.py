@@ -1,0 +1,237 @@
+"""The five stages of a voice session: input (VAD + frames), ASR + turns, LLM, TTS, playout.
+
+Each stage is a `Stage` of the runtime in `stage.py`; they talk through their inboxes and
+call back into their `Session` (`session.py`) for shared per-session state: conversation,
+turn records, the frame ring and barge-in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tristream.pipeline.inbox import OverflowPolicy
+from tristream.pipeline.stage import Stage
+from tristream.pipeline.turns import HeardText, UserTurn
+
+if TYPE_CHECKING:
+    from tristream.pipeline.session import Session
+
+
+@dataclass(slots=True)
+class AudioIn:
+    """A chunk of 16 kHz mono microphone audio; `ref_ns` is its first sample's capture time."""
+
+    pcm: np.ndarray
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class FrameIn:
+    """A camera frame (HxWx3 uint8) captured at `ref_ns`."""
+
+    image: np.ndarray
+    ref_ns: int
+
+
+@dataclass(slots=True)
+class TextOut:
+    """A text delta of the answer to turn `turn_id`."""
+
+    turn_id: int
+    text: str
+
+
+@dataclass(slots=True)
+class ReplyEnd:
+    """The answer to `turn_id` is complete (no more text or audio will follow)."""
+
+    turn_id: int
+
+
+class InputStage(Stage):
+    """Runs the VAD on each chunk (sub-ms), files frames in the ring, triggers barge-in."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__("input", capacity=256, policy=OverflowPolicy.DROP_OLDEST)
+        self.s = session
+
+    def process(self, item: Any) -> None:
+        s = self.s
+        if type(item) is FrameIn:
+            if not s.frames.append(item.ref_ns, item.image):
+                s.drops.add("frame_late_or_full")
+            return
+        s.vad.push(item.pcm, item.ref_ns)
+        self.emit(item)
+        for ev in s.vad.poll():
+            if ev.kind == "start" and s.assistant_active:
+                s.barge_in(ev.decided_ns)
+            self.emit(ev)
+
+
+class AsrStage(Stage):
+    """Feeds the ASR stream; the final text of each speech segment goes through turn-taking."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__("asr", capacity=1024, policy=OverflowPolicy.DROP_OLDEST)
+        self.s = session
+        self._final_pending = False
+
+    async def process(self, item: Any) -> None:
+        s = self.s
+        loop = asyncio.get_running_loop()
+        if type(item) is AudioIn:
+            if self._final_pending:
+                await loop.run_in_executor(s.pool, s.asr.push, item.pcm, item.ref_ns)
+                self._collect()
+            else:
+                s.asr.push(item.pcm, item.ref_ns)
+            turn = s.turns.on_tick(s.clock.now_ns())
+            if turn is not None:
+                self._send(turn)
+            return
+        if item.kind == "start":
+            s.turns.on_speech_start(item.t_ns)
+            s.asr.push(item)
+            return
+        # END: the scene of this segment is described in parallel with the ASR final.
+        s.pending_scene = s.describe_scene(item.start_ns, item.t_ns)
+        self._final_pending = True
+        await loop.run_in_executor(s.pool, s.asr.push, item)
+        self._collect()
+
+    def _collect(self) -> None:
+        s = self.s
+        for tr in s.asr.poll():
+            if not tr.final:
+                continue
+            self._final_pending = False
+            turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns())
+            if turn is not None:
+                self._send(turn)
+            elif not tr.text.strip():
+                s.drops.add("empty_transcript")
+
+    def _send(self, turn: UserTurn) -> None:
+        turn.scene = self.s.pending_scene
+        self.s.pending_scene = None
+        self.emit(turn)
+
+
+class LlmStage(Stage):
+    """Prompts the LLM with history + scene + the user's turn and streams the answer text."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__("llm", capacity=16)
+        self.s = session
+
+    async def process(self, turn: UserTurn) -> None:
+        s = self.s
+        rec = s.begin_turn(turn)
+        scene_text = None
+        if turn.scene is not None:
+            desc = await turn.scene  # type: ignore[misc]
+            scene_text = getattr(desc, "text", None)
+            rec.scene = scene_text
+        messages = s.conversation.prompt(turn.text, scene_text)
+        s.conversation.add_user(turn.text)
+        async with contextlib.aclosing(s.llm.stream(messages, s.config.max_tokens)) as deltas:  # type: ignore[type-var]
+            async for delta in deltas:
+                if rec.first_token_ns is None:
+                    rec.first_token_ns = s.clock.now_ns()
+                rec.answer += delta
+                self.emit(TextOut(turn.turn_id, delta))
+        rec.llm_done_ns = s.clock.now_ns()
+        self.emit(ReplyEnd(turn.turn_id))
+
+
+class TtsStage(Stage):
+    """Synthesises the answer sentence by sentence in a worker thread."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__("tts", capacity=512)
+        self.s = session
+        self.gen = 0
+        self._job_gen = 0
+        self._lock = threading.Lock()
+
+    def _job(self, gen: int, text: str | None) -> list[Any]:
+        stream = self.s.tts
+        with self._lock:
+            if gen != self._job_gen:
+                # output of a cancelled job (barge-in) must never reach the speaker
+                stream.interrupt()
+                stream.poll()
+                self._job_gen = gen
+            if text is None:
+                stream.flush()
+            else:
+                stream.push(text)
+            return list(stream.poll())
+
+    async def process(self, item: Any) -> None:
+        loop = asyncio.get_running_loop()
+        text = item.text if type(item) is TextOut else None
+        events = await loop.run_in_executor(self.s.pool, self._job, self.gen, text)
+        for ev in events:
+            self.emit(ev)
+        if type(item) is ReplyEnd:
+            self.emit(item)
+
+    def on_interrupt(self, reason: str) -> None:
+        self.gen += 1
+
+
+class PlayoutStage(Stage):
+    """Plays answer audio in real time in `out_chunk_ms` pieces and tracks what was heard."""
+
+    def __init__(self, session: Session) -> None:
+        super().__init__("playout", capacity=256)
+        self.s = session
+        self.heard = HeardText()
+        self.written = 0
+        self.rate = 0
+        self.play_until_ns = 0
+
+    async def process(self, item: Any) -> None:
+        s = self.s
+        clock = s.clock
+        if type(item) is ReplyEnd:
+            await clock.sleep_until(self.play_until_ns)
+            s.finish_turn(item.turn_id, self.heard.heard(self.written))
+            self.heard = HeardText()
+            self.written = 0
+            return
+        pcm = item.pcm
+        self.rate = item.sample_rate
+        self.heard.add(item.text, int(pcm.shape[0]))
+        step = max(1, int(item.sample_rate * s.config.out_chunk_ms / 1000))
+        dur_ns = step * 1_000_000_000 // item.sample_rate
+        for i in range(0, pcm.shape[0], step):
+            await clock.sleep_until(self.play_until_ns - dur_ns)  # keep one chunk queued at the device
+            piece = pcm[i:i + step]
+            now = clock.now_ns()
+            rec = s.current
+            if rec is not None and rec.first_audio_ns is None:
+                rec.first_audio_ns = now
+            s.sink.write(piece, item.sample_rate)
+            self.written += piece.shape[0]
+            self.play_until_ns = max(self.play_until_ns, now) + piece.shape[0] * 1_000_000_000 // item.sample_rate
+
+    def heard_now(self) -> str:
+        """Text of the audio played out by now (the chunk in the device counts as unheard)."""
+        if not self.rate:
+            return ""
+        unplayed = max(0, self.play_until_ns - self.s.clock.now_ns()) * self.rate // 1_000_000_000
+        return self.heard.heard(max(0, self.written - unplayed))
+
+    def on_interrupt(self, reason: str) -> None:
+        self.heard = HeardText()
+        self.written = 0
+        self.play_until_ns = 0

@@ -1,0 +1,195 @@
+"""Turn-taking, end-of-turn detection, conversation history and what the user actually heard.
+
+End of turn: the VAD's END edge comes after `hangover_ms` of silence (the VAD's
+`min_silence_ms`); the ASR final text then goes to an `EndOfTurnDetector`, which may ask to
+hold the turn open a little longer (the user paused mid-sentence). Speech that resumes while
+the turn is held continues the same turn.
+
+Default hangover, 250 ms: on the bundled conversation and the synthetic sentences of
+`stages/synth.py` the longest pause *inside* one spoken sentence that silero sees is below
+this (no false splits; `bench/pipeline.py` measures false splits per hangover), and each
+50 ms more adds 50 ms to every answer's latency.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Protocol
+
+DEFAULT_HANGOVER_MS = 250.0
+
+
+class EndOfTurnDetector(Protocol):
+    """Decides, from the user's text so far, whether the turn is over."""
+
+    def extra_wait_ms(self, text: str) -> float:
+        """0 when the turn ends now; otherwise how much more silence to wait for."""
+        ...
+
+
+class SilenceEndOfTurn:
+    """The turn ends when the VAD hangover has passed: no extra wait."""
+
+    def extra_wait_ms(self, text: str) -> float:
+        """Always 0."""
+        return 0.0
+
+
+_TRAILING = re.compile(
+    r"\b(and|or|but|so|because|the|a|an|to|of|with|um|uh|er|like|my|your|if|then|is|are)\W*$",
+    re.IGNORECASE,
+)
+
+
+@dataclass(slots=True)
+class LexicalEndOfTurn:
+    """Holds the turn open when the text ends in a word that cannot end a sentence ("and", "um")."""
+
+    hold_ms: float = 600.0
+
+    def extra_wait_ms(self, text: str) -> float:
+        """`hold_ms` after a dangling conjunction, article or filler; 0 otherwise."""
+        t = text.strip()
+        if not t:
+            return self.hold_ms
+        return self.hold_ms if _TRAILING.search(t) else 0.0
+
+
+@dataclass(slots=True)
+class UserTurn:
+    """A finished user turn handed to the LLM stage."""
+
+    turn_id: int
+    text: str
+    speech_start_ns: int
+    speech_end_ns: int
+    """End of the user's speech on the reference clock (the VAD's END edge)."""
+    asr_final_ns: int
+    """Reference-clock time the final transcript was available."""
+    scene: object | None = None
+    """A future/awaitable of the scene description, or None without vision."""
+
+
+@dataclass(slots=True)
+class TurnTaker:
+    """Collects ASR finals into turns; ends a turn once the detector's extra wait has passed."""
+
+    detector: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
+    _texts: list[str] = field(default_factory=list)
+    _start_ns: int | None = None
+    _end_ns: int = 0
+    _final_ns: int = 0
+    _deadline_ns: int | None = None
+    _next_id: int = 0
+    continued: int = 0
+    """Turns that resumed after the detector held them open."""
+
+    @property
+    def pending(self) -> bool:
+        """Whether finished speech is waiting for the end-of-turn decision."""
+        return self._deadline_ns is not None
+
+    def on_speech_start(self, t_ns: int) -> None:
+        """The user speaks: a held turn continues; otherwise a new turn starts."""
+        if self._deadline_ns is not None:
+            self.continued += 1
+            self._deadline_ns = None
+        if self._start_ns is None:
+            self._start_ns = t_ns
+
+    def on_final(self, text: str, start_ns: int, end_ns: int, now_ns: int) -> UserTurn | None:
+        """A final transcript for one speech segment; returns the turn if it ends now."""
+        text = text.strip()
+        if text:
+            self._texts.append(text)
+        if self._start_ns is None:
+            self._start_ns = start_ns
+        self._end_ns = max(self._end_ns, end_ns)
+        self._final_ns = now_ns
+        if not self._texts:
+            self._reset()
+            return None
+        wait = self.detector.extra_wait_ms(" ".join(self._texts))
+        self._deadline_ns = now_ns + int(wait * 1e6)
+        return self.on_tick(now_ns)
+
+    def on_tick(self, now_ns: int) -> UserTurn | None:
+        """Time passed without speech; returns the turn once its deadline is reached."""
+        if self._deadline_ns is None or now_ns < self._deadline_ns:
+            return None
+        turn = UserTurn(self._next_id, " ".join(self._texts), self._start_ns or 0, self._end_ns, self._final_ns)
+        self._next_id += 1
+        self._reset()
+        return turn
+
+    def _reset(self) -> None:
+        self._texts = []
+        self._start_ns = None
+        self._end_ns = 0
+        self._deadline_ns = None
+
+
+@dataclass(slots=True)
+class HeardText:
+    """Maps played-out audio back to the text it speaks, piece by piece.
+
+    Each synthesised piece (a sentence) is added with its length in samples; `heard(n)`
+    returns the text of the first `n` samples: whole pieces, then the words of a partly
+    played piece in proportion to the samples played (speech rate is close to uniform
+    within a sentence).
+    """
+
+    pieces: list[tuple[str, int]] = field(default_factory=list)
+
+    def add(self, text: str, n_samples: int) -> None:
+        """Append a piece of `n_samples` samples that speaks `text`."""
+        self.pieces.append((text, n_samples))
+
+    @property
+    def total(self) -> int:
+        """Samples of every piece added."""
+        return sum(n for _, n in self.pieces)
+
+    def heard(self, played: int) -> str:
+        """The text spoken by the first `played` samples."""
+        out: list[str] = []
+        left = played
+        for text, n in self.pieces:
+            if left <= 0:
+                break
+            if left >= n:
+                out.append(text.strip())
+                left -= n
+                continue
+            words = text.split()
+            k = int(len(words) * left / n) if n else 0
+            if k:
+                out.append(" ".join(words[:k]))
+            break
+        return " ".join(w for w in out if w)
+
+
+@dataclass(slots=True)
+class Conversation:
+    """Chat history for the LLM: system prompt, then alternating user/assistant messages."""
+
+    system: str
+    max_turns: int = 6
+    messages: list[dict[str, str]] = field(default_factory=list)
+
+    def prompt(self, user_text: str, scene: str | None = None) -> list[dict[str, str]]:
+        """Messages for a new answer: history (last `max_turns` exchanges) plus this turn."""
+        sys = self.system if not scene else f"{self.system}\nWhat the camera sees now: {scene}."
+        hist = self.messages[-2 * self.max_turns:]
+        return [{"role": "system", "content": sys}, *hist, {"role": "user", "content": user_text}]
+
+    def add_user(self, text: str) -> None:
+        """Record the user's turn."""
+        self.messages.append({"role": "user", "content": text})
+
+    def add_assistant(self, text: str) -> None:
+        """Record what the user heard of the answer (nothing when they heard nothing)."""
+        text = text.strip()
+        if text:
+            self.messages.append({"role": "assistant", "content": text})
