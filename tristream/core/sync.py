@@ -1,0 +1,148 @@
+"""`ApproximateTimeSync`: minimal-spread sets across N streams (ROS ApproximateTime semantics).
+
+Like ROS 2 message_filters' ApproximateTime policy: every set holds at most one message per
+stream, each message is used at most once, sets come out in time order, the pivot (the latest
+of the queue heads) is in the set and the other members are chosen to minimise the set's
+spread, no set spans more than `max_interval_ns`, and `age_penalty` trades optimality for
+latency (the part of the spread that lies after the pivot, i.e. waiting for newer messages,
+costs `1 + age_penalty` times more).
+
+Unlike ROS, decisions are driven by watermarks: a set is emitted only when no message that can
+still arrive (within the lateness bound) could make it better, so the output is independent of
+arrival order within that bound; and a stream that is idle, or has nothing within
+`max_interval_ns` of the pivot, is reported as missing instead of stalling everything.
+Messages that no set can use any more are counted as `unmatched:<stream>`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+from tristream.core.align import AlignedWindow, _Queues
+from tristream.core.watermark import POS_INF
+
+
+class ApproximateTimeSync:
+    """Emit approximately synchronised sets (one message per stream) as they become final."""
+
+    def __init__(
+        self,
+        streams: list[str],
+        *,
+        max_interval_ns: int = 50_000_000,
+        age_penalty: float = 0.0,
+        lateness_ns: int = 100_000_000,
+        idle_timeout_ns: int = 500_000_000,
+        queue_size: int = 1000,
+    ) -> None:
+        if max_interval_ns <= 0 or age_penalty < 0 or queue_size <= 0:
+            raise ValueError("max_interval_ns > 0, age_penalty >= 0 and queue_size > 0 are required")
+        self.q = _Queues(list(streams), lateness_ns, idle_timeout_ns, "approx_sync")
+        self.streams = self.q.streams
+        self.counts = self.q.counts
+        self.max_interval_ns = int(max_interval_ns)
+        self.age_penalty = float(age_penalty)
+        self.queue_size = int(queue_size)
+
+    def push(self, stream: str, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
+        """Add a message; returns the sets that became final."""
+        if self.q.push(stream, ref_ns, item, now_ns) and len(self.q.t[stream]) > self.queue_size:
+            self.q.t[stream].pop(0)
+            self.q.v[stream].pop(0)
+            self.counts.add(f"overflow:{stream}")
+        return self._emit()
+
+    def poll(self, now_ns: int) -> list[AlignedWindow]:
+        """Advance processing time (idleness) without new data."""
+        self.q.now = max(self.q.now, now_ns)
+        return self._emit()
+
+    def flush(self) -> list[AlignedWindow]:
+        """End of every stream: emit every remaining set."""
+        self.q.flushed = True
+        return self._emit()
+
+    def pending(self) -> dict[str, int]:
+        """Messages waiting per stream."""
+        return {s: len(ts) for s, ts in self.q.t.items()}
+
+    def _emit(self) -> list[AlignedWindow]:
+        out: list[AlignedWindow] = []
+        q = self.q
+        while True:
+            h = q.horizon()
+            heads = [(q.t[s][0], i, s) for i, s in enumerate(self.streams) if q.t[s]]
+            if not heads:
+                return out
+            p_t, _, pivot = max(heads, key=lambda x: (x[0], -x[1]))
+            if p_t > h:
+                return out
+            for s in self.streams:  # too old for any set that contains this (or a later) pivot
+                q.pop_until(s, p_t - self.max_interval_ns - 1, "unmatched")
+            choice = self._best(pivot, p_t, h)
+            if choice is None:
+                return out
+            win = AlignedWindow(anchor_ns=p_t)
+            missing = []
+            for s in self.streams:
+                t_c = p_t if s == pivot else choice.get(s)
+                if t_c is None:
+                    missing.append(s)
+                    continue
+                taken = q.pop_until(s, t_c, None)
+                if len(taken) > 1:
+                    self.counts.add(f"unmatched:{s}", len(taken) - 1)
+                win.members[s] = [taken[-1]]
+            win.missing = tuple(missing)
+            out.append(win.finish())
+
+    def _best(self, pivot: str, p_t: int, h: int) -> dict[str, int | None] | None:
+        """Members minimising (missing, lo + hi * (1 + age_penalty)); None if not final yet."""
+        q = self.q
+        lo_opt: dict[str, int] = {}
+        hi_opt: dict[str, tuple[int, bool]] = {}  # stream -> (time, uncertain)
+        for s in self.streams:
+            if s == pivot:
+                continue
+            ts = q.t[s]
+            k = bisect.bisect_right(ts, p_t)
+            if k:
+                lo_opt[s] = ts[k - 1]
+            nxt = ts[k] if k < len(ts) else None
+            if nxt is not None and nxt <= h:
+                hi_opt[s] = (nxt, False)
+            elif h < POS_INF:
+                hi_opt[s] = (max(h, p_t + 1), True)  # earliest a future message could have
+            elif nxt is not None:
+                hi_opt[s] = (nxt, False)
+        others = [s for s in self.streams if s != pivot]
+        lo_vals = sorted({0} | {p_t - t for t in lo_opt.values()})
+        hi_vals = sorted({0} | {t - p_t for t, _ in hi_opt.values()})
+        best_key: tuple[int, float, int] | None = None
+        best: dict[str, int | None] = {}
+        for lo in lo_vals:
+            for hi in hi_vals:
+                if lo + hi > self.max_interval_ns:
+                    break
+                pick: dict[str, int | None] = {}
+                n_missing = n_uncertain = 0
+                for s in others:
+                    b = lo_opt.get(s)
+                    a = hi_opt.get(s)
+                    b_ok = b is not None and p_t - b <= lo
+                    a_ok = a is not None and a[0] - p_t <= hi
+                    if b_ok and (not a_ok or p_t - b <= a[0] - p_t):  # type: ignore[index,operator]
+                        pick[s] = b
+                    elif a_ok:
+                        pick[s] = a[0]  # type: ignore[index]
+                        n_uncertain += a[1]  # type: ignore[index]
+                    else:
+                        pick[s] = None
+                        n_missing += 1
+                key = (n_missing, lo + hi * (1.0 + self.age_penalty), n_uncertain)
+                if best_key is None or key < best_key:
+                    best_key, best = key, pick
+        if best_key is None or best_key[2] > 0:
+            return None
+        return best
