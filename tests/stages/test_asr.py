@@ -121,3 +121,14 @@ def test_utterance_stream_preroll_end_and_counters():
     assert t.start_ns == 400_000_000
     s.push(SpeechEvent("e", SpeechEventKind.END, 0, 0, 20000, 0.1))
     assert s.counters["end_without_start"] == 1
+
+
+def test_long_utterance_is_split_without_losing_audio():
+    s = UtteranceStream(_Echo(), "l", partial_every_s=None, preroll_s=0.0, postroll_s=0.0, max_utterance_s=1.0)
+    s.push(SpeechEvent("l", SpeechEventKind.START, 0, 0, 0, 0.9))
+    for i in range(25):  # 2.5 s of speech in 100 ms chunks
+        s.push(np.zeros(1600, dtype=np.float32), i * 100_000_000)
+    s.push(SpeechEvent("l", SpeechEventKind.END, 0, 0, 40000, 0.1))
+    finals = s.poll()
+    assert [int(t.text) for t in finals] == [16000, 16000, 8000]
+    assert s.counters["utterances_split_at_max_length"] == 2

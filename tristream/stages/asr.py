@@ -64,7 +64,8 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
     """Per-session ASR: audio + VAD events in, partial and final transcripts out."""
 
     def __init__(self, recognizer: Recognizer, session_id: str, partial_every_s: float | None = 1.0,
-                 preroll_s: float = 0.2, postroll_s: float = 0.15, ring_s: float = 3.0) -> None:
+                 preroll_s: float = 0.2, postroll_s: float = 0.15, ring_s: float = 3.0,
+                 max_utterance_s: float = 25.0) -> None:
         super().__init__(session_id)
         self.recognizer = recognizer
         self.clock = SampleClock(SAMPLE_RATE)
@@ -72,6 +73,7 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         self.preroll = int(preroll_s * SAMPLE_RATE)
         self.postroll = int(postroll_s * SAMPLE_RATE)
         self._ring_len = int(ring_s * SAMPLE_RATE)
+        self.max_utterance = int(max_utterance_s * SAMPLE_RATE)
         self._ring = np.zeros(0, dtype=np.float32)
         self._ring_start = 0  # sample index of _ring[0]
         self._decoder: UtteranceDecoder | None = None
@@ -95,6 +97,8 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         self.clock.add(pcm.shape[0], ref_ns)
         self._ring = np.concatenate([self._ring, pcm])
         if self._decoder is not None:
+            if self._pending_end is None and self.clock.total - self._utt_start >= self.max_utterance:
+                self._split_long_utterance()
             self._feed_available()
             if self._pending_end is not None and self.clock.total >= self._end_target(self._pending_end):
                 self._finish(self._pending_end)
@@ -141,6 +145,17 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         else:
             self._pending_end = ev
 
+    def _split_long_utterance(self) -> None:
+        # Whisper sees at most 30 s: close this piece where the audio is now, go on in a new one
+        self._count("utterances_split_at_max_length")
+        at = self.clock.total
+        ev = SpeechEvent(self.session_id, SpeechEventKind.END, self.clock.ns_at(at), self.clock.ns_at(at), at, 1.0)
+        self._finish(ev, force=True, postroll=False)
+        self._decoder = self.recognizer.utterance()
+        self._utt_start = at
+        self._fed_to = at
+        self._since_partial = 0
+
     def _end_target(self, ev: SpeechEvent) -> int:
         return ev.sample_index + self.postroll
 
@@ -162,9 +177,9 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
             self._events.append(Transcript(self.session_id, text, False, self.clock.ns_at(self._utt_start),
                                            self.clock.ns_at(stop), self.clock.ns_at(stop), dt))
 
-    def _finish(self, ev: SpeechEvent, force: bool = False) -> None:
+    def _finish(self, ev: SpeechEvent, force: bool = False, postroll: bool = True) -> None:
         assert self._decoder is not None
-        target = self._end_target(ev)
+        target = self._end_target(ev) if postroll else ev.sample_index
         if not force and self.clock.total < target:
             self._pending_end = ev
             return
