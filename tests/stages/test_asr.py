@@ -132,3 +132,14 @@ def test_long_utterance_is_split_without_losing_audio():
     finals = s.poll()
     assert [int(t.text) for t in finals] == [16000, 16000, 8000]
     assert s.counters["utterances_split_at_max_length"] == 2
+
+
+def test_cancel_returns_pocketsphinx_decoder_to_pool(pocketsphinx):
+    s = pocketsphinx.stream("c", partial_every_s=None)
+    pool = len(pocketsphinx._pool)
+    s.push(np.zeros(1600, dtype=np.float32), 0)
+    s.push(SpeechEvent("c", SpeechEventKind.START, 0, 0, 0, 0.9))
+    assert s.in_utterance and len(pocketsphinx._pool) == pool - 1
+    s.cancel()
+    assert not s.in_utterance and len(pocketsphinx._pool) == pool
+    assert s.counters["utterances_cancelled"] == 1 and s.poll() == []

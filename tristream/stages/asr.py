@@ -49,6 +49,8 @@ class UtteranceDecoder(Protocol):
         """Finish the utterance and return its text."""
         ...
 
+    # Optional: `abort()` releases resources without decoding (called by `UtteranceStream.cancel`).
+
 
 class Recognizer(Protocol):
     """A loaded ASR model shared by sessions."""
@@ -122,6 +124,9 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         """Drop an open utterance without a final (e.g. the pipeline discards the turn)."""
         if self._decoder is not None:
             self._count("utterances_cancelled")
+            abort = getattr(self._decoder, "abort", None)
+            if abort is not None:
+                abort()
         self._decoder = None
         self._pending_end = None
 

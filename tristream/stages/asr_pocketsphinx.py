@@ -92,3 +92,11 @@ class PocketsphinxUtterance:
         self._done = True
         self.asr.release(self._dec)
         return text
+
+    def abort(self) -> None:
+        """Drop the utterance without a result; the decoder goes back to the pool."""
+        if self._done:
+            return
+        self._dec.end_utt()  # type: ignore[attr-defined]
+        self._done = True
+        self.asr.release(self._dec)

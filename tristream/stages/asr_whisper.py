@@ -219,3 +219,8 @@ class WhisperUtterance:
     def final(self) -> str:
         """Decode the whole utterance."""
         return self.asr.transcribe(self._audio())
+
+    def abort(self) -> None:
+        """Drop the buffered audio without decoding."""
+        self._parts = []
+        self._n = 0
