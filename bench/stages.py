@@ -79,9 +79,48 @@ def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs, dtype=np.float64), q)) if xs else float("nan")
 
 
+_PEER_VAD = """
+import json, sys, time, numpy as np, torch
+from silero_vad import load_silero_vad  # sets torch threads to 1: fine in this subprocess
+pcm = np.load(sys.argv[1])
+m = load_silero_vad(onnx=True)
+n = pcm.shape[0] // 512
+probs = []
+t0 = time.perf_counter()
+for i in range(n):
+    probs.append(float(m(torch.from_numpy(pcm[i * 512:(i + 1) * 512]), 16000)))
+dt = time.perf_counter() - t0
+print(json.dumps({"ms_per_window": 1000 * dt / n, "probs": probs}))
+"""
+
+
+def peer_vad(pcm: np.ndarray) -> dict | None:
+    """silero-vad's own OnnxWrapper (torch tensors in), in a subprocess; None if it cannot run."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "pcm.npy"
+        np.save(path, pcm)
+        r = subprocess.run([sys.executable, "-c", _PEER_VAD, str(path)], capture_output=True, text=True)
+    if r.returncode != 0:
+        print(f"  peer silero wrapper failed: {r.stderr.strip()[-300:]}", file=sys.stderr)
+        return None
+    return dict(json.loads(r.stdout.strip().splitlines()[-1]))
+
+
 def bench_vad(vad: SileroVAD, tracks: dict) -> dict:
     out: dict = {}
     pcm = tracks["piper"].pcm
+    peer = peer_vad(pcm)
+    mine = vad.stream("parity")
+    mine.keep_probabilities = True
+    mine.push(pcm, 0)
+    if peer is not None:
+        k = min(len(peer["probs"]), len(mine.probabilities))
+        out["peer_silero_onnxwrapper_ms_per_window"] = peer["ms_per_window"]
+        out["max_abs_prob_diff_vs_peer"] = float(np.max(np.abs(np.asarray(peer["probs"][:k]) - mine.probabilities[:k])))
     s = vad.stream("one")
     n_win = pcm.shape[0] // 512
     t0 = time.perf_counter()
@@ -249,7 +288,10 @@ def main() -> None:
     results["load_avg_1m_end"] = os.getloadavg()[0]
 
     v = results["vad"]
-    print(f"\nVAD  single: {v['single_ms_per_window']:.3f} ms/window   batched ms/call (ms/session):",
+    if "peer_silero_onnxwrapper_ms_per_window" in v:
+        print(f"\nVAD  peer (silero_vad OnnxWrapper): {v['peer_silero_onnxwrapper_ms_per_window']:.3f} ms/window, "
+              f"max |p - ours| {v['max_abs_prob_diff_vs_peer']:.2e}")
+    print(f"VAD  single: {v['single_ms_per_window']:.3f} ms/window   batched ms/call (ms/session):",
           "  ".join(f"N={n}: {b['ms_per_call']:.2f} ({b['ms_per_session_window']:.3f})" for n, b in v["batched"].items()))
     for name, e in v["edges"].items():
         print(f"     edges {name}: {e['found']}/{e['segments']} found, start err p50/max {e['start_err_ms_p50']:.0f}/"
