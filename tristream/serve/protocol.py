@@ -64,7 +64,7 @@ class TurnDetection:
 
     threshold: float = 0.5
     prefix_padding_ms: int = 300
-    silence_duration_ms: int = 500
+    silence_duration_ms: int = 250  # the pipeline's tuned hangover (OpenAI's default is 500)
     create_response: bool = True
     interrupt_response: bool = True
 
@@ -76,7 +76,7 @@ class SessionSettings:
     id: str = ""
     model: str = "tristream-embedded"
     modalities: list[str] = field(default_factory=lambda: ["text", "audio"])
-    instructions: str = "You are a helpful, concise voice assistant."
+    instructions: str = ""  # empty: the backend's own default system prompt
     voice: str = "default"
     input_audio_format: str = "pcm16"
     output_audio_format: str = "pcm16"

@@ -37,30 +37,45 @@ class TurnMarks:
 
 
 def turns_from_events(events: list[RecordedEvent]) -> list[TurnMarks]:
-    """Split a recording's server events into turns."""
+    """Split a recording's server events into turns (one per response), in order of completion.
+
+    A response belongs to the latest user turn that ended before it was created; speech that
+    starts while an answer streams (barge-in) opens a new turn without losing the old one.
+    """
     turns: list[TurnMarks] = []
-    cur = TurnMarks()
+    user: TurnMarks | None = None          # the user turn being spoken or just ended
+    by_resp: dict[str, TurnMarks] = {}
     for e in events:
         if e.direction != "out":
             continue
-        t = e.payload.get("type")
+        p = e.payload
+        t = p.get("type")
         if t == "input_audio_buffer.speech_started":
-            cur = TurnMarks(speech_started=e.ref_ns)
+            user = TurnMarks(speech_started=e.ref_ns)
         elif t == "input_audio_buffer.speech_stopped":
-            cur.speech_stopped = e.ref_ns
-        elif t == "conversation.item.input_audio_transcription.completed":
-            cur.transcript = e.ref_ns
+            user = user or TurnMarks()
+            user.speech_stopped = e.ref_ns
+        elif t == "conversation.item.input_audio_transcription.completed" and user is not None:
+            user.transcript = e.ref_ns
         elif t == "response.created":
-            cur.response_created = e.ref_ns
-        elif t in _TEXT and cur.first_text is None:
-            cur.first_text = e.ref_ns
-        elif t == "response.audio.delta" and cur.first_audio is None:
-            cur.first_audio = e.ref_ns
-        elif t == "response.done":
-            cur.done = e.ref_ns
-            cur.status = e.payload.get("response", {}).get("status", "")
-            turns.append(cur)
-            cur = TurnMarks()
+            rid = p.get("response", {}).get("id", "")
+            mark = user if user is not None and user.response_created is None else TurnMarks()
+            mark.response_created = e.ref_ns
+            by_resp[rid] = mark
+            user = None
+        elif t in _TEXT or t == "response.audio.delta" or t == "response.done":
+            rid = p.get("response_id") or p.get("response", {}).get("id", "")
+            m = by_resp.get(rid)
+            if m is None:
+                continue
+            if t in _TEXT and m.first_text is None:
+                m.first_text = e.ref_ns
+            elif t == "response.audio.delta" and m.first_audio is None:
+                m.first_audio = e.ref_ns
+            elif t == "response.done":
+                m.done = e.ref_ns
+                m.status = p.get("response", {}).get("status", "")
+                turns.append(by_resp.pop(rid))
     return turns
 
 
