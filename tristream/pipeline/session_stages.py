@@ -112,7 +112,7 @@ class AsrStage(Stage):
             if not tr.final:
                 continue
             self._final_pending = False
-            turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns())
+            turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking)
             if turn is not None:
                 self._send(turn)
             elif not tr.text.strip():
