@@ -1,0 +1,118 @@
+"""Turn-taking, end-of-turn detectors, heard-text tracking and history; clocks."""
+
+from __future__ import annotations
+
+import asyncio
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tristream.pipeline.clock import VirtualClock
+from tristream.pipeline.turns import Conversation, HeardText, LexicalEndOfTurn, SilenceEndOfTurn, TurnTaker
+
+MS = 1_000_000
+
+
+def test_silence_detector_ends_turn_at_final() -> None:
+    tt = TurnTaker(SilenceEndOfTurn())
+    tt.on_speech_start(100 * MS)
+    turn = tt.on_final("what time is it", 100 * MS, 900 * MS, 1300 * MS)
+    assert turn is not None
+    assert (turn.text, turn.speech_start_ns, turn.speech_end_ns, turn.asr_final_ns) == (
+        "what time is it", 100 * MS, 900 * MS, 1300 * MS)
+    assert not tt.pending
+
+
+def test_lexical_detector_holds_then_speech_continues_the_turn() -> None:
+    tt = TurnTaker(LexicalEndOfTurn(hold_ms=600))
+    tt.on_speech_start(0)
+    assert tt.on_final("I would like a coffee and", 0, 1000 * MS, 1200 * MS) is None
+    assert tt.pending
+    assert tt.on_tick(1500 * MS) is None  # still inside the hold
+    tt.on_speech_start(1600 * MS)  # the user goes on: same turn
+    assert not tt.pending and tt.continued == 1
+    turn = tt.on_final("a croissant please.", 1600 * MS, 2500 * MS, 2700 * MS)
+    assert turn is not None
+    assert turn.text == "I would like a coffee and a croissant please."
+    assert turn.speech_start_ns == 0 and turn.speech_end_ns == 2500 * MS
+
+
+def test_lexical_detector_hold_expires_on_tick() -> None:
+    tt = TurnTaker(LexicalEndOfTurn(hold_ms=600))
+    assert tt.on_final("so um", 0, 1000 * MS, 1200 * MS) is None
+    assert tt.on_tick(1799 * MS) is None
+    turn = tt.on_tick(1800 * MS)
+    assert turn is not None and turn.text == "so um"
+    assert LexicalEndOfTurn().extra_wait_ms("Turn on the lights.") == 0.0
+
+
+def test_final_while_user_speaks_again_keeps_the_turn_open() -> None:
+    tt = TurnTaker()
+    assert tt.on_final("First the eggs,", 0, 900 * MS, 1500 * MS, user_speaking=True) is None
+    tt.on_speech_start(1200 * MS)
+    turn = tt.on_final("then the flour.", 1200 * MS, 2000 * MS, 2600 * MS)
+    assert turn is not None and turn.text == "First the eggs, then the flour."
+    assert turn.turn_id == 0
+
+
+def test_empty_final_is_not_a_turn() -> None:
+    tt = TurnTaker()
+    assert tt.on_final("  ", 0, 10, 20) is None
+    assert not tt.pending
+
+
+@given(st.lists(st.tuples(st.text(alphabet="abc ", min_size=1, max_size=30), st.integers(1, 5000)),
+                min_size=1, max_size=6),
+       st.integers(0, 40000))
+def test_heard_text_is_a_word_prefix_and_monotone(pieces: list[tuple[str, int]], played: int) -> None:
+    h = HeardText()
+    for text, n in pieces:
+        h.add(text, n)
+    full = " ".join(t.strip() for t, _ in pieces if t.strip()).split()
+    heard = h.heard(played).split()
+    assert heard == full[: len(heard)]
+    assert len(h.heard(played + 1000).split()) >= len(heard)
+    if played >= h.total:
+        assert heard == full
+
+
+def test_heard_text_partial_piece_by_samples() -> None:
+    h = HeardText()
+    h.add("The capital of France is Paris.", 1000)
+    h.add("It is lovely.", 500)
+    assert h.heard(0) == ""
+    assert h.heard(500) == "The capital of"
+    assert h.heard(1000) == "The capital of France is Paris."
+    assert h.heard(1250) == "The capital of France is Paris. It"
+
+
+def test_conversation_prompt_has_scene_and_bounded_history() -> None:
+    c = Conversation("Be brief.", max_turns=2)
+    for i in range(5):
+        c.add_user(f"q{i}")
+        c.add_assistant(f"a{i}")
+    c.add_assistant("   ")  # nothing heard: nothing recorded
+    msgs = c.prompt("now?", scene="camera: 1 face (centre, mid)")
+    assert msgs[0]["role"] == "system" and "1 face" in msgs[0]["content"]
+    assert [m["content"] for m in msgs[1:]] == ["q3", "a3", "q4", "a4", "now?"]
+
+
+def test_virtual_clock_wakes_sleepers_in_order() -> None:
+    async def main() -> list[int]:
+        clock = VirtualClock()
+        woke: list[int] = []
+
+        async def sleeper(t: int) -> None:
+            await clock.sleep_until(t)
+            woke.append(t)
+
+        tasks = [asyncio.ensure_future(sleeper(t)) for t in (30, 10, 20)]
+        await asyncio.sleep(0)
+        clock.advance(15)
+        await asyncio.sleep(0)
+        assert woke == [10]
+        clock.advance(100)
+        await asyncio.gather(*tasks)
+        return woke
+
+    assert asyncio.run(main()) == [10, 20, 30]
