@@ -108,7 +108,7 @@ def test_idle_stream_does_not_stall() -> None:
     assert all(w.missing == ("cam",) for w in out[1:])
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_sync_invariant_to_arrival_order_within_lateness(data: st.DataObject) -> None:
     n_streams = data.draw(st.integers(2, 4))

@@ -72,15 +72,32 @@ class ApproximateTimeSync:
         q = self.q
         while True:
             h = q.horizon()
-            heads = [(q.t[s][0], i, s) for i, s in enumerate(self.streams) if q.t[s]]
+            active = set(self.streams) if q.flushed else set(q.wm.active(q.now))
+            heads: list[tuple[int, int, str]] = []
+            absent: set[str] = set()
+            unknown = False
+            for i, s in enumerate(self.streams):
+                ts = q.t[s]
+                if ts and ts[0] <= h:
+                    heads.append((ts[0], i, s))
+                elif ts or (s in active and not q.flushed):
+                    unknown = True  # its next message is later than h but not known yet
+                else:
+                    absent.add(s)  # empty and idle (or ended): it cannot hold a set back
             if not heads:
                 return out
-            p_t, _, pivot = max(heads, key=lambda x: (x[0], -x[1]))
-            if p_t > h:
+            if unknown:
+                # The pivot (latest head) is > h, so nothing at or before h - max_interval can be used.
+                for s in self.streams:
+                    q.pop_until(s, h - self.max_interval_ns, "unmatched")
                 return out
-            for s in self.streams:  # too old for any set that contains this (or a later) pivot
-                q.pop_until(s, p_t - self.max_interval_ns - 1, "unmatched")
-            choice = self._best(pivot, p_t, h)
+            p_t, _, pivot = max(heads, key=lambda x: (x[0], -x[1]))
+            dropped = 0
+            for s in self.streams:  # too old for any set containing this (or a later) pivot
+                dropped += len(q.pop_until(s, p_t - self.max_interval_ns - 1, "unmatched"))
+            if dropped:
+                continue
+            choice = self._best(pivot, p_t, h, absent)
             if choice is None:
                 return out
             win = AlignedWindow(anchor_ns=p_t)
@@ -97,13 +114,13 @@ class ApproximateTimeSync:
             win.missing = tuple(missing)
             out.append(win.finish())
 
-    def _best(self, pivot: str, p_t: int, h: int) -> dict[str, int | None] | None:
+    def _best(self, pivot: str, p_t: int, h: int, absent: set[str]) -> dict[str, int | None] | None:
         """Members minimising (missing, lo + hi * (1 + age_penalty)); None if not final yet."""
         q = self.q
         lo_opt: dict[str, int] = {}
         hi_opt: dict[str, tuple[int, bool]] = {}  # stream -> (time, uncertain)
         for s in self.streams:
-            if s == pivot:
+            if s == pivot or s in absent:
                 continue
             ts = q.t[s]
             k = bisect.bisect_right(ts, p_t)
