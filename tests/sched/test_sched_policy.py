@@ -51,12 +51,25 @@ def test_turn_end_ranks_first_in_its_tier_and_gold_turn_end_beats_bronze_decode(
 
 
 def test_decode_ahead_of_pace_yields_to_any_turn_end() -> None:
-    pol = PriorityPolicy(PolicyConfig(aging_step_ms=None))
-    ahead = item(Tier.GOLD, Modality.TEXT, Kind.DECODE, deadline_ms=40)
-    behind = item(Tier.GOLD, Modality.TEXT, Kind.DECODE, deadline_ms=5)
+    ahead = item(Tier.GOLD, Modality.TEXT, Kind.DECODE, deadline_ms=100)
+    behind = item(Tier.GOLD, Modality.TEXT, Kind.DECODE, deadline_ms=35)  # due within the 30 ms slack
     bronze_te = item(Tier.BRONZE, Modality.SPEECH, Kind.TURN_END, deadline_ms=500)
     now = 10 * MS
-    assert pol.order([ahead, bronze_te, behind], now) == [behind, bronze_te, ahead]
+    local = PriorityPolicy(PolicyConfig(aging_step_ms=None, global_turn_ends=False))
+    assert local.order([ahead, bronze_te, behind], now) == [behind, bronze_te, ahead]
+    default = PriorityPolicy(PolicyConfig(aging_step_ms=None))
+    assert default.order([ahead, bronze_te, behind], now) == [bronze_te, behind, ahead]
+
+
+def test_global_turn_ends_rank_above_all_other_work_in_tier_order() -> None:
+    pol = PriorityPolicy(PolicyConfig(aging_step_ms=None))
+    g_asr = item(Tier.GOLD, Modality.SPEECH, Kind.ASR_CHUNK, deadline_ms=1)
+    s_te = item(Tier.SILVER, Modality.TEXT, Kind.TURN_END, deadline_ms=150)
+    b_te = item(Tier.BRONZE, Modality.SPEECH, Kind.TURN_END, deadline_ms=10)
+    g_te = item(Tier.GOLD, Modality.SPEECH, Kind.TURN_END, deadline_ms=50)
+    assert pol.order([g_asr, b_te, s_te, g_te], 0) == [g_te, s_te, b_te, g_asr]
+    ranks = {pol.base_rank(i) for i in (g_asr, s_te, b_te, g_te)}
+    assert max(ranks) < pol.num_ranks
 
 
 def test_edf_within_a_class() -> None:

@@ -82,7 +82,13 @@ def test_overload_gold_holds_target_while_bronze_sheds() -> None:
     shed_bronze = ours.ledger.total(tier=Tier.BRONZE)
     assert shed_bronze > 0
     assert ours.ledger.total(tier=Tier.GOLD) == 0  # gold is exempt from the ladder and never times out
-    assert ours.level > 0
+    for (_, a), (_, b) in zip(ours.ladder.transitions, ours.ladder.transitions[1:], strict=False):
+        assert abs(int(b) - int(a)) == 1  # the ladder moves one level at a time
+
+    def late(tier: str) -> float:
+        return ours.stats[f"{tier}/decode_late"] / max(1, ours.stats[f"{tier}/decode_tokens"])
+
+    assert late("bronze") >= late("gold")  # bronze answers give way first
     # nothing disappears silently: every turn is answered or carries a shed reason
     for r in r_ours.turns:
         assert math.isfinite(r.latency_ms) or r.shed in (ShedReason.TIMEOUT, ShedReason.QUEUE_FULL)

@@ -108,6 +108,8 @@ class ShedLedger:
 class LadderConfig:
     """When and how hard to degrade."""
 
+    max_late_decode_fraction: float = 0.2
+    """Share of decode tokens delivered after their pace deadline that counts as pressure 1.0."""
     escalate_pressure: float = 1.0
     relax_pressure: float = 0.6
     escalate_after_ms: float = 300.0

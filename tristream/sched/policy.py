@@ -65,8 +65,14 @@ class PolicyConfig:
     """An end of turn (the item whose completion is the first answer token) ranks above every
     other item of its tier, whatever its modality."""
     yield_ahead_of_pace: bool = True
-    """A decode token whose pace deadline is still in the future takes the last rank: an
-    answer ahead of its reading/speaking pace has slack and yields to any end of turn."""
+    """A decode token due more than `pace_slack_ms` from now takes the last rank: an answer
+    ahead of its reading/speaking pace has slack and yields to any end of turn."""
+    pace_slack_ms: float = 30.0
+    """How early a decode token regains its class rank (about two steps, so it is not late)."""
+    global_turn_ends: bool = True
+    """Rank the ends of turn of *all* tiers (in tier order) above every other item: they are
+    the cheapest work with the most user-visible latency, so under overload every tier keeps
+    fast first tokens and the rest of the lower tiers' work (answer pace, frames) gives."""
 
     def __post_init__(self) -> None:
         if sorted(self.modality_order) != sorted(Modality):
@@ -88,6 +94,7 @@ class PriorityPolicy:
         self._tier_pos = {t: i for i, t in enumerate(c.tier_order)}
         self._mod_pos = {m: i for i, m in enumerate(c.modality_order)}
         self._aging_ns = None if c.aging_step_ms is None else int(c.aging_step_ms * MS)
+        self._slack_ns = int(c.pace_slack_ms * MS)
 
     @property
     def num_ranks(self) -> int:
@@ -97,7 +104,7 @@ class PriorityPolicy:
             return 1
         if o is Ordering.STATIC_TIER:
             return len(Tier)
-        return len(Tier) * self._per_tier
+        return len(Tier) * self._per_tier + (len(Tier) if self.config.global_turn_ends else 0)
 
     @property
     def _per_tier(self) -> int:
@@ -113,16 +120,19 @@ class PriorityPolicy:
         t, m = self._tier_pos[item.tier], self._mod_pos[item.modality]
         if o is Ordering.STATIC_TIER:
             return t
+        if self.config.global_turn_ends and item.kind is Kind.TURN_END:
+            return t
+        offset = len(Tier) if self.config.global_turn_ends else 0
         if self.config.turn_end_first:
             m = 0 if item.kind is Kind.TURN_END else m + 1
         if o is Ordering.TIER_MAJOR:
-            return t * self._per_tier + m
-        return m * len(Tier) + t
+            return offset + t * self._per_tier + m
+        return offset + m * len(Tier) + t
 
     def effective_rank(self, item: WorkItem, now_ns: int) -> int:
         """Base rank lifted by aging (may go below 0: old items overtake fresh gold ones)."""
         b = self.base_rank(item)
-        if self.config.yield_ahead_of_pace and item.kind is Kind.DECODE and item.deadline_ns > now_ns:
+        if self.config.yield_ahead_of_pace and item.kind is Kind.DECODE and item.deadline_ns > now_ns + self._slack_ns:
             b = self.num_ranks - 1
         if item.delayed or self._aging_ns is None or self.config.ordering in (Ordering.FIFO, Ordering.STATIC_TIER):
             return b

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 import math
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 
 from tristream.sched.admission import DegradationLadder, Level, ShedLedger, ShedReason, TimeoutAction
@@ -67,6 +67,10 @@ class Scheduler:
         self.items: dict[int, WorkItem] = {}
         self.sessions: dict[int, SessionState] = {}
         self.turns: list[TurnRecord] = []
+        self.stats: Counter[str] = Counter()
+        """`<tier>/decode_tokens`, `<tier>/decode_late` (after the pace deadline), `<tier>/frames_encoded`."""
+        self.vision_latency_ms: dict[Tier, list[float]] = {t: [] for t in Tier}
+        """Per tier: frame arrival → encoded, for every encoded frame."""
         self.queue_len: Counter[Tier] = Counter()
         self.open_tiers: Counter[Tier] = Counter()
         self.step_no = 0
@@ -76,6 +80,8 @@ class Scheduler:
         self._next_ctrl_ns = 0
         self._ring_ns = int(config.shape.ring_ms * MS)
         self._hash = hashlib.blake2b(digest_size=16)
+        self._period_decode: Counter[tuple[Tier, bool]] = Counter()
+        self._decode_hist: dict[Tier, deque[tuple[int, int]]] = {t: deque(maxlen=20) for t in Tier}
 
     # ------------------------------------------------------------------ events
     def open_session(self, sid: int, tier: Tier, now_ns: int, camera_fps: float = 30.0) -> None:
@@ -194,11 +200,19 @@ class Scheduler:
                     self._add_prefill(s, sh.asr_tokens_per_update, now_ns)
             elif it.kind is Kind.VISION_FRAME:
                 s.last_vision_done_ns = now_ns
+                self.stats[f"{it.tier.name.lower()}/frames_encoded"] += 1
+                self.vision_latency_ms[it.tier].append((now_ns - it.arrival_ns) / MS)
                 if s.speaking:
                     self._add_prefill(s, sh.vision_tokens_per_frame, now_ns)
             elif it.kind is Kind.TURN_END:
                 self._first_token(s, it, now_ns)
             elif it.kind is Kind.DECODE:
+                tn = it.tier.name.lower()
+                self.stats[f"{tn}/decode_tokens"] += 1
+                late = now_ns > it.deadline_ns
+                self._period_decode[(it.tier, late)] += 1
+                if late:
+                    self.stats[f"{tn}/decode_late"] += 1
                 self._next_token(s, it, now_ns)
         for sid in result.finished_sessions:
             s = self.sessions.get(sid)
@@ -395,6 +409,21 @@ class Scheduler:
             return
         self._next_ctrl_ns = now_ns + int(self.config.aimd.period_ms * MS)
         self.controllers.tick(now_ns)
+        for t in Tier:
+            self._decode_hist[t].append((self._period_decode[(t, False)] + self._period_decode[(t, True)],
+                                         self._period_decode[(t, True)]))
+        self._period_decode.clear()
         if self.config.degrade:
-            ps = [p for t in Tier if (p := self.controllers.pressure(t, now_ns)) is not None]
+            ps = [p for t in Tier if (p := self.pressure(t, now_ns)) is not None]
             self.ladder.update(now_ns, max(ps) if ps else None)
+
+    def pressure(self, tier: Tier, now_ns: int) -> float | None:
+        """How far `tier` is from its promises: max of response P99 / target and late-decode
+        share / allowed share (over the last ~2 s); > 1 means overloaded."""
+        p = self.controllers.pressure(tier, now_ns)
+        tokens = sum(n for n, _ in self._decode_hist[tier])
+        if tokens >= 20:
+            late = sum(k for _, k in self._decode_hist[tier]) / tokens
+            q = late / self.config.ladder.max_late_decode_fraction
+            p = q if p is None else max(p, q)
+        return p
