@@ -26,3 +26,9 @@ def random_whisper(dims: WhisperDims = TINY, seed: int = 0) -> Whisper:
 @pytest.fixture(scope="module")
 def tiny_whisper() -> Whisper:
     return random_whisper()
+
+
+@pytest.fixture(scope="module")
+def make_whisper():  # type: ignore[no-untyped-def]
+    """Factory for seeded random tiny Whisper models."""
+    return random_whisper

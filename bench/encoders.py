@@ -1,0 +1,386 @@
+"""Encoder benchmark: SigLIP-B/16 vision tower, streaming Whisper (tiny, small), vision token pruning.
+
+Peers run in the same process on the same device: transformers' eager modules (fp16, random
+weights, default attention). Ours: compact modules, fp16, CUDA graphs per shape bucket.
+
+    python bench/encoders.py            # on a GPU machine; writes bench/results/encoders.json
+    python bench/encoders.py --smoke    # tiny configs on CPU, checks the script end to end
+
+Random weights only (no hub). Whisper decodes a fixed number of tokens per update (random
+weights never emit end-of-text), so the per-update figures are for `--new-tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import write_results  # noqa: E402
+from tristream.engine.speech.config import WhisperDims, WhisperTokens, preset  # noqa: E402
+from tristream.engine.speech.mel import LogMel  # noqa: E402
+from tristream.engine.speech.runner import WhisperRunner  # noqa: E402
+from tristream.engine.speech.streaming import StreamingWhisper  # noqa: E402
+from tristream.engine.speech.whisper import load_whisper  # noqa: E402
+from tristream.engine.vision.graphs import VisionGraphBank  # noqa: E402
+from tristream.engine.vision.preprocess import FramePreprocessor  # noqa: E402
+from tristream.engine.vision.vit import VisionTowerConfig, load_vision_tower  # noqa: E402
+from tristream.engine.vision.vlm import VisionLanguageModel  # noqa: E402
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_ms(fn: Callable[[], object], dev: torch.device, iters: int, warmup: int = 3) -> dict[str, float]:
+    """Median / P99 / min wall time of `fn` in ms (synchronised per call)."""
+    for _ in range(warmup):
+        fn()
+    _sync(dev)
+    xs = []
+    for _ in range(iters):
+        t = time.perf_counter()
+        fn()
+        _sync(dev)
+        xs.append((time.perf_counter() - t) * 1e3)
+    xs.sort()
+    return {"median_ms": round(statistics.median(xs), 4), "p99_ms": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 4),
+            "min_ms": round(xs[0], 4), "iters": iters}
+
+
+class Rotator:
+    """Cycle through several input sets so timings do not measure a warm cache."""
+
+    def __init__(self, items: list[torch.Tensor]) -> None:
+        self.items, self.k = items, 0
+
+    def __call__(self) -> torch.Tensor:
+        self.k = (self.k + 1) % len(self.items)
+        return self.items[self.k]
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
+
+
+# ---------------------------------------------------------------- SigLIP
+def bench_siglip(dev: torch.device, smoke: bool, iters: int) -> dict[str, Any]:
+    import transformers
+
+    dt = torch.float16 if dev.type == "cuda" else torch.float32
+    shape = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                 image_size=224, patch_size=16)
+    if smoke:
+        shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     image_size=32, patch_size=8)
+    cfg = transformers.SiglipVisionConfig(**shape)
+    with torch.device(dev):
+        hf = transformers.SiglipVisionModel(cfg).eval()
+    ours = load_vision_tower(VisionTowerConfig.from_hf(cfg.to_dict()), hf.state_dict()).eval()
+    hf, ours = hf.to(dev, dt), ours.to(dev, dt)
+    s = cfg.image_size
+    batches = (1, 8, 32) if not smoke else (1, 2)
+    out: dict[str, Any] = {"config": "SigLIP-B/16 224px" if not smoke else "smoke", "dtype": str(dt),
+                           "hf_attn_implementation": getattr(hf.config, "_attn_implementation", None), "batches": {}}
+    with torch.inference_mode():
+        x = torch.randn(2, 3, s, s, device=dev, dtype=dt)
+        r, o = hf(pixel_values=x), ours(x)
+        assert o.pooled is not None
+        out["rel_err_vs_hf"] = {"last_hidden": rel(o.features, r.last_hidden_state), "pooled": rel(o.pooled, r.pooler_output)}
+        bank = VisionGraphBank(lambda px: ours(px).pooled, (3, s, s), buckets=batches, device=dev, dtype=dt)  # type: ignore[arg-type,return-value]
+        bank.capture()
+        for b in batches:
+            px = [torch.randn(b, 3, s, s, device=dev, dtype=dt) for _ in range(4)]
+            nxt = Rotator(px)
+            g = bank(px[0])
+            assert isinstance(g, torch.Tensor)
+            row = {
+                "hf_eager": time_ms(lambda nxt=nxt: hf(pixel_values=nxt()), dev, iters),  # type: ignore[misc]
+                "ours_eager": time_ms(lambda nxt=nxt: ours(nxt()), dev, iters),  # type: ignore[misc]
+                "ours_graph": time_ms(lambda nxt=nxt: bank(nxt()), dev, iters),  # type: ignore[misc]
+                "graph_vs_eager_rel_err": rel(g, ours(px[0]).pooled),  # type: ignore[arg-type]
+            }
+            row["speedup_graph_vs_hf"] = round(row["hf_eager"]["median_ms"] / row["ours_graph"]["median_ms"], 2)
+            out["batches"][str(b)] = row
+    return out
+
+
+# ---------------------------------------------------------------- Whisper
+def _hf_whisper_update(hf: Any, mel30: torch.Tensor, prompt: torch.Tensor, k: int, sot: int) -> torch.Tensor:
+    """HF eager: 30 s encoder + greedy `k` tokens with its KV cache (the usual way to run it)."""
+    enc = hf.model.encoder(mel30)
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    ids = prompt.expand(mel30.shape[0], -1)
+    toks = []
+    for _ in range(k):
+        o = hf(encoder_outputs=enc, decoder_input_ids=ids, past_key_values=cache, use_cache=True)
+        cache = o.past_key_values
+        ids = o.logits[:, -1, :sot].argmax(-1, keepdim=True)
+        toks.append(ids)
+    return torch.cat(toks, 1)
+
+
+def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int) -> dict[str, Any]:
+    dt = torch.float16 if dev.type == "cuda" else torch.float32
+    sizes = ("tiny", "small") if not smoke else ("smoke",)
+    streams = (1, 16, 64) if not smoke else (1, 4)
+    update_s = 0.5
+    out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s}
+    for size in sizes:
+        dims = preset(size) if size != "smoke" else WhisperDims(64, 2, 2, 4, 128)
+        out[size] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, streams: tuple[int, ...], iters: int,
+                        new_tokens: int, update_s: float) -> dict[str, Any]:
+    import transformers
+
+    rng = np.random.default_rng(0)
+    if True:
+        with torch.device(dev):
+            hf = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**dims.to_hf())).eval()
+        ours = load_whisper(dims, hf.state_dict()).eval()
+        hf, ours = hf.to(dev, dt), ours.to(dev, dt)
+        toks = WhisperTokens.for_vocab(dims.vocab_size)
+        res: dict[str, Any] = {}
+        with torch.inference_mode():
+            mel = torch.randn(1, dims.n_mels, 3000, device=dev, dtype=dt)
+            ids = torch.tensor([[*toks.prompt(), 400, 500]], device=dev)
+            r = hf(input_features=mel, decoder_input_ids=ids)
+            enc = ours.encode(mel)
+            res["rel_err_vs_hf"] = {"encoder": rel(enc, r.encoder_last_hidden_state),
+                                    "logits": rel(ours.decode_full(ids, enc), r.logits)}
+            res["encoder_30s_batch1"] = {"hf_eager": time_ms(lambda: hf.model.encoder(mel), dev, iters),
+                                         "ours_eager": time_ms(lambda: ours.encode(mel), dev, iters)}
+        runner = WhisperRunner(ours, toks, batch_buckets=streams, audio_buckets_s=(5.0, 10.0),
+                               max_new_tokens=new_tokens, chunk=8, early_stop=False)
+        t = time.perf_counter()
+        runner.capture()
+        res["capture_s"] = round(time.perf_counter() - t, 2)
+        mel_fn = LogMel(dims.n_mels).to(dev)
+        prompt = torch.tensor([toks.prompt()], device=dev)
+        res["per_update"] = {}
+        for n in streams:
+            row: dict[str, Any] = {}
+            for buf_s in (5.0, 10.0):
+                audio = [(0.1 * rng.standard_normal(int(buf_s * 16000) - 1600)).astype(np.float32) for _ in range(n)]
+                row[f"ours_graph_{int(buf_s)}s_buffer"] = time_ms(lambda a=audio: runner.run(a), dev, iters)  # type: ignore[misc]
+            eager = WhisperRunner(ours, toks, batch_buckets=(n,), audio_buckets_s=(10.0,), max_new_tokens=new_tokens,
+                                  chunk=8, early_stop=False, use_graphs=False)
+            audio = [(0.1 * rng.standard_normal(10 * 16000 - 1600)).astype(np.float32) for _ in range(n)]
+            row["ours_eager_10s_buffer"] = time_ms(lambda a=audio, e=eager: e.run(a), dev, max(3, iters // 4))  # type: ignore[misc]
+            with torch.inference_mode():
+                pad = torch.zeros(n, 480000, device=dev)
+                pad[:, : audio[0].size] = torch.from_numpy(np.stack(audio)).to(dev)
+                mel30 = mel_fn(pad).to(dt)
+                row["hf_eager_30s_window"] = time_ms(
+                    lambda m=mel30: _hf_whisper_update(hf, m, prompt, new_tokens, toks.sot), dev, max(3, iters // 4))
+            ours_ms = row["ours_graph_10s_buffer"]["median_ms"]
+            row["speedup_vs_hf"] = round(row["hf_eager_30s_window"]["median_ms"] / ours_ms, 2)
+            row["gpu_busy_fraction_at_update_period"] = round(ours_ms / 1e3 / update_s, 4)
+            res["per_update"][str(n)] = row
+        # real streaming loop: 0.5 s chunks for 10 s per stream, buffers growing 0.5 → 10 s
+        res["streaming_10s"] = {}
+        for n in streams:
+            asr = StreamingWhisper(runner, lambda t: f" w{t % 97}", min_update_s=update_s, trim_after_s=9.5)
+            for i in range(n):
+                asr.open(f"s{i}", 0)
+            audio = (0.1 * rng.standard_normal(10 * 16000)).astype(np.float32)
+            step_ms = []
+            chunk = int(update_s * 16000)
+            for k in range(0, audio.size, chunk):
+                for i in range(n):
+                    asr.push(f"s{i}", audio[k : k + chunk])
+                t = time.perf_counter()
+                asr.step()
+                _sync(dev)
+                step_ms.append((time.perf_counter() - t) * 1e3)
+            total_s = sum(step_ms) / 1e3
+            res["streaming_10s"][str(n)] = {
+                "updates": len(step_ms), "median_update_ms": round(statistics.median(step_ms), 3),
+                "max_update_ms": round(max(step_ms), 3),
+                "rtf_per_stream": round(total_s / (10.0 * n), 5),
+                "rtf_all_streams": round(total_s / 10.0, 4),
+                "trims": asr.stats.trims,
+            }
+    return res
+
+
+# ---------------------------------------------------------------- pruning
+def _smooth_frames(n: int, h: int, w: int, seed: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    frames = []
+    for _ in range(n):
+        img = np.full((h, w, 3), rng.uniform(20, 80), np.float32)
+        for _ in range(6):
+            cy, cx, r = rng.uniform(0, h), rng.uniform(0, w), rng.uniform(10, h / 3)
+            col = rng.uniform(0, 255, 3)
+            m = np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))[..., None]
+            img = img * (1 - m) + col * m
+        frames.append(np.clip(img, 0, 255).astype(np.uint8))
+    return frames
+
+
+def bench_pruning(dev: torch.device, smoke: bool, iters: int) -> dict[str, Any]:
+    import transformers
+
+    dt = torch.float16 if dev.type == "cuda" else torch.float32
+    if smoke:
+        vis = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, image_size=32,
+                   patch_size=8)
+        txt = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2)
+    else:
+        vis = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                   image_size=224, patch_size=16)
+        txt = dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+                   num_attention_heads=32, num_key_value_heads=8)
+    image_token = txt["vocab_size"] - 1
+    cfg = transformers.LlavaConfig(vision_config=transformers.SiglipVisionConfig(**vis).to_dict(),
+                                   text_config=transformers.LlamaConfig(**txt).to_dict(), image_token_index=image_token,
+                                   vision_feature_select_strategy="full", vision_feature_layer=-2)
+    with torch.device(dev):  # random init on the device (fast); HF's own initialisers
+        ref = transformers.LlavaForConditionalGeneration(cfg).eval()
+    if smoke:  # the folder round trip is covered by tests; here once, small
+        with tempfile.TemporaryDirectory() as d:
+            ref.save_pretrained(d)
+            vlm = VisionLanguageModel.from_folder(d).eval().to(dev, dt)
+    else:
+        vlm = VisionLanguageModel.from_state(cfg.to_dict(), ref.state_dict()).eval().to(dev, dt)
+    del ref
+    with torch.device(dev):
+        lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(**vlm.text_config)).eval()
+    lm.load_state_dict(vlm.text_state_dict())
+    lm = lm.to(dev, dt)
+    s = vlm.tower.cfg.image_size
+    pre = FramePreprocessor(s, device=dev, dtype=dt)
+    n_img = 16 if not smoke else 2
+    frames = _smooth_frames(n_img, 480, 640, seed=3)
+    text = [1, 11, 12, 13, image_token, 14, 15, 16, 17, 18, 19, 20]
+    out: dict[str, Any] = {"vlm": "LLaVA(SigLIP-B/16 224, layer -2) + Llama 16L/2048 (1B-class), random" if not smoke
+                           else "smoke", "images": n_img, "saliency": "feature norm", "ratios": {}}
+    with torch.inference_mode():
+        out["preprocess_640x480_to_224_batch1"] = time_ms(lambda: pre([frames[0]]), dev, iters)
+        px_all = pre(frames)
+        base_tok: list[int] = []
+        base_gen: list[list[int]] = []
+        base_hid: list[torch.Tensor] = []
+        for prune in (0.0, 0.5, 0.75):
+            keep = 1.0 - prune
+            bank = VisionGraphBank(lambda px, kp=keep: vlm.encode_images(px, keep_ratio=kp).embeds, (3, s, s),  # type: ignore[misc]
+                                   buckets=(1,), device=dev, dtype=dt)
+            bank.capture()
+            ids = torch.tensor([vlm.expand_image_tokens(text, vlm.tokens_per_image(keep))], device=dev)
+
+            def ttft(px: torch.Tensor, ids: torch.Tensor = ids, bank: VisionGraphBank = bank) -> torch.Tensor:
+                emb = bank(px)
+                assert isinstance(emb, torch.Tensor)
+                return lm(inputs_embeds=vlm.merge(ids, emb)).logits[0, -1].argmax()
+
+            row: dict[str, Any] = {"image_tokens": vlm.tokens_per_image(keep), "prompt_tokens": int(ids.shape[1])}
+            row["vision_graph"] = time_ms(lambda b=bank: b(px_all[:1]), dev, iters)  # type: ignore[misc]
+            row["vision_plus_llm_prefill_to_first_token"] = time_ms(lambda: ttft(px_all[:1]), dev, iters)
+            first, gens, hids = [], [], []
+            for i in range(n_img):
+                emb = bank(px_all[i : i + 1])
+                e = vlm.merge(ids, emb)  # type: ignore[arg-type]
+                o = lm(inputs_embeds=e, output_hidden_states=True)
+                first.append(int(o.logits[0, -1].argmax()))
+                hids.append(o.hidden_states[-1][0, -1].float())
+                g = lm.generate(inputs_embeds=e, max_new_tokens=8, do_sample=False, pad_token_id=0)
+                gens.append(g[0, -8:].tolist())
+            if prune == 0.0:
+                base_tok, base_gen, base_hid = first, gens, hids
+            row["first_token_agreement"] = float(np.mean([a == b for a, b in zip(first, base_tok, strict=True)]))
+            row["greedy8_exact_agreement"] = float(np.mean([a == b for a, b in zip(gens, base_gen, strict=True)]))
+            row["greedy8_token_agreement"] = float(np.mean([np.mean(np.array(a) == np.array(b))
+                                                             for a, b in zip(gens, base_gen, strict=True)]))
+            row["last_hidden_cosine"] = float(np.mean([float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+                                                       for a, b in zip(hids, base_hid, strict=True)]))
+            out["ratios"][f"prune_{int(prune * 100)}"] = row
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--smoke", action="store_true", help="tiny configs (CPU ok), to check the script")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--new-tokens", type=int, default=16)
+    ap.add_argument("--only", default="siglip,whisper,pruning")
+    ap.add_argument("--out", default=None, help="also copy the JSON here")
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    iters = 3 if args.smoke else args.iters
+    torch.manual_seed(0)
+    results: dict[str, Any] = {"device": str(dev), "smoke": args.smoke}
+    parts = args.only.split(",")
+    if "siglip" in parts:
+        results["siglip"] = bench_siglip(dev, args.smoke, iters)
+        print("SigLIP", json.dumps(results["siglip"]["batches"], indent=None)[:2000], flush=True)
+    if "whisper" in parts:
+        results["whisper"] = bench_whisper(dev, args.smoke, max(5, iters // 2), args.new_tokens)
+    if "pruning" in parts:
+        results["pruning"] = bench_pruning(dev, args.smoke, max(5, iters // 2))
+    name = "encoders" if not args.smoke else "encoders_smoke"
+    path = write_results(name, results)
+    if args.out:
+        Path(args.out).write_text(path.read_text())
+    print_table(results)
+    print(f"wrote {path}")
+
+
+def print_table(r: dict[str, Any]) -> None:
+    if "siglip" in r:
+        s = r["siglip"]
+        print(f"\nSigLIP vision tower ({s['config']}, {s['dtype']}), median ms; rel err vs HF {s['rel_err_vs_hf']}")
+        print(f"{'batch':>6} {'HF eager':>10} {'ours eager':>11} {'ours graph':>11} {'speedup':>8}")
+        for b, row in s["batches"].items():
+            print(f"{b:>6} {row['hf_eager']['median_ms']:>10.3f} {row['ours_eager']['median_ms']:>11.3f} "
+                  f"{row['ours_graph']['median_ms']:>11.3f} {row['speedup_graph_vs_hf']:>7.1f}x")
+    if "whisper" in r:
+        w = r["whisper"]
+        for size, res in w.items():
+            if not isinstance(res, dict) or "per_update" not in res:
+                continue
+            print(f"\nWhisper-{size}: per update ({w['new_tokens_per_update']} new tokens), median ms; "
+                  f"rel err vs HF {res['rel_err_vs_hf']}")
+            print(f"{'streams':>7} {'graph 5s':>9} {'graph 10s':>10} {'eager 10s':>10} {'HF 30s':>9} {'speedup':>8}"
+                  f" {'stream RTF/stream':>18}")
+            for n, row in res["per_update"].items():
+                st = res["streaming_10s"][n]
+                print(f"{n:>7} {row['ours_graph_5s_buffer']['median_ms']:>9.2f} "
+                      f"{row['ours_graph_10s_buffer']['median_ms']:>10.2f} {row['ours_eager_10s_buffer']['median_ms']:>10.2f} "
+                      f"{row['hf_eager_30s_window']['median_ms']:>9.2f} {row['speedup_vs_hf']:>7.1f}x "
+                      f"{st['rtf_per_stream']:>18.5f}")
+    if "pruning" in r:
+        p = r["pruning"]
+        print(f"\nPruning ({p['vlm']}), {p['images']} images")
+        print(f"{'prune':>6} {'tokens':>7} {'vision ms':>10} {'vis+prefill ms':>15} {'1st tok agree':>14} "
+              f"{'greedy8 tok agree':>18} {'cos':>6}")
+        for k, row in p["ratios"].items():
+            print(f"{k:>6} {row['image_tokens']:>7} {row['vision_graph']['median_ms']:>10.3f} "
+                  f"{row['vision_plus_llm_prefill_to_first_token']['median_ms']:>15.3f} "
+                  f"{row['first_token_agreement']:>14.2f} {row['greedy8_token_agreement']:>18.2f} "
+                  f"{row['last_hidden_cosine']:>6.3f}")
+
+
+if __name__ == "__main__":
+    main()
