@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import RESULTS_DIR, write_results  # noqa: E402
 from tristream.engine.speech.config import WhisperDims, WhisperTokens, preset  # noqa: E402
 from tristream.engine.speech.mel import LogMel  # noqa: E402
 from tristream.engine.speech.runner import WhisperRunner  # noqa: E402
@@ -332,17 +332,24 @@ def main() -> None:
     torch.manual_seed(0)
     results: dict[str, Any] = {"device": str(dev), "smoke": args.smoke}
     parts = args.only.split(",")
+    name = "encoders" if not args.smoke else "encoders_smoke"
+    path = RESULTS_DIR / f"{name}.json"
+
+    def save() -> None:  # after every part, so a run cut short still leaves what it measured
+        write_results(name, results)
+        if args.out:
+            Path(args.out).write_text(path.read_text())
+
     if "siglip" in parts:
         results["siglip"] = bench_siglip(dev, args.smoke, iters)
         print("SigLIP", json.dumps(results["siglip"]["batches"], indent=None)[:2000], flush=True)
+        save()
     if "whisper" in parts:
         results["whisper"] = bench_whisper(dev, args.smoke, max(5, iters // 2), args.new_tokens)
+        save()
     if "pruning" in parts:
         results["pruning"] = bench_pruning(dev, args.smoke, max(5, iters // 2))
-    name = "encoders" if not args.smoke else "encoders_smoke"
-    path = write_results(name, results)
-    if args.out:
-        Path(args.out).write_text(path.read_text())
+        save()
     print_table(results)
     print(f"wrote {path}")
 
