@@ -107,6 +107,8 @@ class SourceClock:
         self._nwin = 0
         self._packets = 0
         self._last_src: int | None = None
+        self.last_epoch: _Epoch | None = None  # epoch (or reset candidate) the last packet was mapped with
+        self.epoch_history: list[_Epoch] = []  # every epoch ever confirmed, oldest first
 
     # ------------------------------------------------------------------ public API
     @property
@@ -162,6 +164,7 @@ class SourceClock:
                 f"{self.source_id}: span ends ({end_src_ns}) before it starts ({start_src_ns})"
             )
         ep = self._update(int(end_src_ns), int(arrival_ns))
+        self.last_epoch = ep
         return self._map(ep, int(start_src_ns))
 
     def map_packet(self, pkt: Packet) -> int:
@@ -199,6 +202,7 @@ class SourceClock:
         if not self._epochs:
             ep = self._new_epoch(src_ns, arrival_ns)
             self._epochs.append(ep)
+            self.epoch_history.append(ep)
             self._add_point(ep, src_ns, arrival_ns)
             return ep
         ep = self._epochs[-1]
@@ -246,6 +250,7 @@ class SourceClock:
     def _promote(self, cand: _Epoch) -> None:
         self.counts.add("reset")
         self._epochs.append(cand)
+        self.epoch_history.append(cand)
         if len(self._epochs) > 4:
             dropped = self._epochs.pop(0)
             self._nwin -= len(dropped.windows)
