@@ -370,14 +370,10 @@ class LLMEngine:
         token_list: list[int] = []
         if sampled_seqs:
             logits = logit_parts[0] if len(logit_parts) == 1 else torch.cat(logit_parts)
-            batch = SamplingBatch.build(
-                [s.params for s in sampled_seqs], [len(s.output_ids) for s in sampled_seqs],
-                [self.seeds[s.seq_id] for s in sampled_seqs],
-                [[k for k in s.keys if k >= 0] for s in sampled_seqs]
-                if any(s.params.repetition_penalty != 1.0 for s in sampled_seqs) else None,
-                logits.device,
-            )
-            token_list = sample(logits, batch).tolist()  # the one device→host copy of the step
+            if all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in sampled_seqs):
+                token_list = logits.argmax(dim=-1).tolist()  # greedy fast path: no parameter tensors
+            else:
+                token_list = self._sample(logits, sampled_seqs)
         for s in decode:
             s.num_computed += 1
             self.stats.decode_tokens += 1
@@ -391,6 +387,15 @@ class LLMEngine:
         for s, tok in zip(sampled_seqs, token_list, strict=True):
             outputs.append(self._accept(s, int(tok)))
         return outputs
+
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
+        batch = SamplingBatch.build(
+            [s.params for s in seqs], [len(s.output_ids) for s in seqs], [self.seeds[s.seq_id] for s in seqs],
+            [[k for k in s.keys if k >= 0] for s in seqs]
+            if any(s.params.repetition_penalty != 1.0 for s in seqs) else None,
+            logits.device,
+        )
+        return sample(logits, batch).tolist()  # the one device→host copy of the step
 
     def _accept(self, seq: Sequence, tok: int) -> StepOutput:
         p = seq.params

@@ -159,6 +159,8 @@ def convert_gguf(path: Path, folder: Path) -> None:
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": str(path)})
     try:
+        if "tokenizer.ggml.model" not in reader.fields:
+            raise ValueError("the GGUF file carries no tokenizer")
         _save_tokenizer(path, reader, tmp)
     except Exception as exc:  # a model without a usable tokenizer still loads for benchmarks
         (tmp / "tokenizer_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")

