@@ -125,22 +125,32 @@ def _video_frames(path: str) -> list[tuple[float, np.ndarray]]:
     return frames
 
 
+def _frame_at(frames: list[tuple[float, np.ndarray]], k: int) -> tuple[float, np.ndarray]:
+    """Frame `k` of the video played in a loop (so that long conversations keep a camera)."""
+    n = len(frames)
+    period = frames[-1][0] + (frames[1][0] - frames[0][0] if n > 1 else 0.2)
+    ts, img = frames[k % n]
+    return ts + (k // n) * period, img
+
+
 async def _feed(session: Session, pcm: np.ndarray, t0_ns: int, offset: int, realtime: bool,
                 frames: list[tuple[float, np.ndarray]], fi: list[int]) -> int:
     """Push `pcm` in 20 ms chunks starting at sample `offset`; frames whose time has come too."""
     clock = session.clock
+    chunk_ns = CHUNK * 1_000_000_000 // SAMPLE_RATE
     for i in range(0, pcm.shape[0], CHUNK):
         idx = offset + i
-        ref = t0_ns + idx * 1_000_000_000 // SAMPLE_RATE
-        end = ref + CHUNK * 1_000_000_000 // SAMPLE_RATE
+        audio_t = idx * 1_000_000_000 // SAMPLE_RATE  # position in the recording
         if realtime:
-            await clock.sleep_until(end)
+            ref = t0_ns + audio_t
+            await clock.sleep_until(ref + chunk_ns)
         else:
-            ref = clock.now_ns() - CHUNK * 1_000_000_000 // SAMPLE_RATE
-            t0_ns = ref - idx * 1_000_000_000 // SAMPLE_RATE
-        while fi[0] < len(frames) and t0_ns + int(frames[fi[0]][0] * 1e9) <= end:
-            ts, img = frames[fi[0]]
-            session.push_frame(img, t0_ns + int(ts * 1e9))
+            ref = clock.now_ns() - chunk_ns  # compressed time: captured just now
+        while frames:
+            ts, img = _frame_at(frames, fi[0])
+            if int(ts * 1e9) > audio_t + chunk_ns:
+                break
+            session.push_frame(img, ref + int(ts * 1e9) - audio_t if realtime else ref)
             fi[0] += 1
         session.push_audio(pcm[i:i + CHUNK], ref)
         if not realtime:

@@ -1,0 +1,172 @@
+"""The whole session with the real embedded models on synthesised speech.
+
+Transcript words present, answer produced, audio written, scene described; barge-in stops
+the answer within one chunk and the history keeps only what was heard; a flooded input is
+bounded with its drops counted; bad input files give clear errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tristream.pipeline.clock import VirtualClock
+from tristream.pipeline.demo import DemoInputError, demo_frames, run_demo, run_session
+from tristream.pipeline.session import AudioCollector, Session, SessionConfig
+
+CHUNK = 320
+CHUNK_NS = 20_000_000
+
+pytestmark = pytest.mark.slow
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z]+", text.lower()))
+
+
+def test_conversation_end_to_end_with_real_models(models, say) -> None:
+    clips = [say("What is the capital of France?"), say("Hello, can you see me?")]
+    frames = list(demo_frames(seconds=10))
+    session, sink = asyncio.run(run_session(models, clips, frames, realtime=False,
+                                            config=SessionConfig(max_tokens=16), timeout_s=90))
+    recs = session.records
+    assert len(recs) == 2, session.stats()
+    assert {"capital", "france"} <= _words(recs[0].user_text)
+    assert {"see", "me"} <= _words(recs[1].user_text)
+    for r in recs:
+        assert r.answer.strip(), r
+        assert r.scene is not None and r.scene.startswith("camera:")
+        lat = r.latency_ms()
+        assert lat["asr_final"] is not None and lat["first_token"] is not None and lat["first_audio"] is not None
+        assert lat["asr_final"] <= lat["first_token"] <= lat["first_audio"]
+    assert "face" in (recs[0].scene or "")
+    assert sink.samples > sink.sample_rate // 4  # answer audio was written
+    assert float(np.abs(sink.audio()).max()) > 0.05
+    # history: user, assistant, user, assistant with the answers as played
+    roles = [m["role"] for m in session.conversation.messages]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert session.drops.snapshot().get("turn_timed_out", 0) == 0
+
+
+class TurnSink(AudioCollector):
+    """Remembers which turn each played chunk belonged to, and when interrupts came."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: Session | None = None
+        self.log: list[tuple[int | None, int]] = []
+        self.interrupt_at: list[int] = []
+
+    def write(self, pcm: np.ndarray, sample_rate: int) -> None:
+        super().write(pcm, sample_rate)
+        cur = self.session.current if self.session is not None else None
+        self.log.append((cur.turn_id if cur is not None else None, len(self.pieces)))
+
+    def interrupt(self) -> None:
+        super().interrupt()
+        self.interrupt_at.append(len(self.pieces))
+
+
+def test_barge_in_stops_within_one_chunk_and_history_keeps_what_was_heard(models, say) -> None:
+    async def main() -> tuple[Session, TurnSink, int]:
+        clock = VirtualClock(start_ns=1_000_000_000)
+        sink = TurnSink()
+        session = Session(models, sink=sink, clock=clock, config=SessionConfig(max_tokens=24))
+        sink.session = session
+        session.start()
+
+        async def feed(pcm: np.ndarray, real_pause: float = 0.0) -> None:
+            for i in range(0, pcm.shape[0], CHUNK):
+                session.push_audio(pcm[i:i + CHUNK], clock.now_ns())
+                await session.settle_input()
+                clock.advance(CHUNK_NS)  # one input chunk = one output chunk of playout
+                await asyncio.sleep(real_pause)
+
+        silence = np.zeros(CHUNK, dtype=np.float32)
+        await feed(np.zeros(8000, dtype=np.float32))
+        await feed(say("Tell me a long story about a dragon."))
+        deadline = time.monotonic() + 90
+        while sink.samples < 5 * CHUNK and time.monotonic() < deadline:  # wait until the answer is audible
+            await feed(silence, real_pause=0.01)
+        assert sink.samples > 0, "no answer audio within 90 s"
+        interrupted_turn = session.current.turn_id if session.current else -1
+        await feed(say("Stop, please wait."))
+        await feed(np.zeros(8000, dtype=np.float32))
+        await session.close()
+        return session, sink, interrupted_turn
+
+    session, sink, turn_id = asyncio.run(main())
+    assert len(session.barge_ins) == 1, session.barge_ins
+    b = session.barge_ins[0]
+    assert b["turn_id"] == turn_id
+    # The interrupt ran while handling the very chunk that holds the sample on which the VAD
+    # decided the user speaks: the clock (at that chunk's start) had not moved on yet.
+    assert b["t_ns"] - CHUNK_NS <= b["at_ns"] < b["t_ns"]
+    # No chunk of the interrupted answer was played after the interrupt.
+    cut = sink.interrupt_at[0]
+    assert all(n <= cut for t, n in sink.log if t == turn_id)
+    rec = session.records[turn_id]
+    assert rec.interrupted
+    # History: the assistant message is exactly the heard part, a strict word prefix of the answer.
+    heard = rec.heard.split()
+    answer = rec.answer.split()
+    assert heard == answer[: len(heard)] and len(heard) < len(answer)
+    assistant_msgs = [m["content"] for m in session.conversation.messages if m["role"] == "assistant"]
+    if heard:
+        assert assistant_msgs[0] == rec.heard
+    else:
+        assert rec.answer not in assistant_msgs
+    assert session.stats()["stages"][2]["interrupts"] == 1
+
+
+def test_flooded_input_stays_bounded_and_counts_drops(models) -> None:
+    async def main() -> tuple[int, dict[str, int], int]:
+        session = Session(models, clock=VirtualClock())
+        session.start()
+        chunk = np.zeros(CHUNK, dtype=np.float32)
+        for i in range(3000):  # 60 s of audio arriving while the loop is blocked
+            session.push_audio(chunk, i * CHUNK_NS)
+        high = session.input.inbox.high_water
+        drops = session.input.inbox.drops.snapshot()
+        await session.settle_input()
+        await session.close()
+        return high, drops, session.input.handled
+
+    high, drops, handled = asyncio.run(main())
+    assert high <= 256
+    assert drops == {"inbox_full_drop_oldest": 3000 - 256}
+    assert handled == 256
+
+
+def test_bad_input_files_give_clear_errors(tmp_path: Path) -> None:
+    with pytest.raises(DemoInputError, match="no such file"):
+        run_demo(wav=str(tmp_path / "missing.wav"), quiet=True)
+    bad = tmp_path / "noise.wav"
+    bad.write_bytes(b"this is not a wav file at all" * 10)
+    with pytest.raises(DemoInputError, match="cannot read it as a WAV"):
+        run_demo(wav=str(bad), quiet=True)
+    vid = tmp_path / "clip.mp4"
+    vid.write_bytes(b"\x00" * 1000)
+    with pytest.raises(DemoInputError, match="OpenCV cannot open it|no frame"):
+        run_demo(video=str(vid), quiet=True)
+
+
+def test_run_demo_with_a_wav_file_writes_answer_audio(models, say, tmp_path: Path) -> None:
+    from tristream.stages.audio_io import read_wav, write_wav
+
+    wav = tmp_path / "question.wav"
+    pcm = np.concatenate([np.zeros(4000, np.float32), say("What colour is the sky?"), np.zeros(4000, np.float32)])
+    write_wav(wav, pcm, 16_000)
+    out = tmp_path / "answers.wav"
+    res = run_demo(wav=str(wav), realtime=False, out_wav=str(out), quiet=True,
+                   config=SessionConfig(max_tokens=12))
+    assert len(res.records) == 1 and "sky" in _words(res.records[0].user_text)
+    assert res.records[0].answer.strip()
+    assert res.out_wav == out and out.is_file()
+    audio, rate = read_wav(out)
+    assert rate == 22050 and abs(audio.shape[0] - res.answer_seconds * rate) <= 1
