@@ -118,7 +118,7 @@ def generate_stream(spec: SourceSpec, duration_s: float, seed: int, start_ns: in
     )
 
 
-def tri_modal_specs(reset: bool = True, spikes: bool = True) -> list[SourceSpec]:
+def tri_modal_specs(reset: bool = True, spikes: bool = True, reset_at_s: float = 31.0) -> list[SourceSpec]:
     """Camera (30 fps, ns PTS) + microphone (16 kHz, 20 ms chunks, sample index, reset) + IMU (200 Hz, 10-sample blocks, µs)."""
     sp = 0.005 if spikes else 0.0
     st = 0.002 if spikes else 0.0
@@ -127,7 +127,7 @@ def tri_modal_specs(reset: bool = True, spikes: bool = True) -> list[SourceSpec]
                    origin_ticks=5_000_000_000_000, jitter_scale_ns=3_000_000.0, spike_prob=sp, stall_prob=st),
         SourceSpec("mic0", "audio", "samples@16000", 320, 320, drift_ppm=-50.0, latency_ns=10_000_000,
                    origin_ticks=123_456, spike_prob=sp, stall_prob=st,
-                   reset_at_s=31.0 if reset else None, reset_to_ticks=0),
+                   reset_at_s=reset_at_s if reset else None, reset_to_ticks=0),
         SourceSpec("imu0", "sensor", "us", 50_000, 10, drift_ppm=120.0, latency_ns=5_000_000,
                    origin_ticks=777_000_000, jitter_scale_ns=1_000_000.0, spike_prob=sp, stall_prob=st),
     ]
