@@ -212,7 +212,7 @@ class TimeIndexedRing:
             head = self.head
             exact = self._last_t + (head - self._last_i) * self.period_ns
             pos = head + math.ceil((t_ns - exact) / self.period_ns - 1e-9)
-            if -self.snap <= pos - head <= self.snap and n <= self.capacity and not self._gaps:
+            if -self.snap <= pos - head <= self.snap and n <= self.capacity:
                 cap = self.capacity
                 buf = self._buf
                 p = head % cap
@@ -234,6 +234,8 @@ class TimeIndexedRing:
                     fill = self.fill_ratio
                     if fill > self.high_water:
                         self.high_water = fill
+                if self._gaps:
+                    self._settle_gaps()
                 return head
         return self._append_checked(t_ns, data)
 
