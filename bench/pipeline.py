@@ -257,7 +257,7 @@ def bench_demo(runs: int) -> dict[str, Any]:
     def p50(k: str) -> float | None:
         xs = [t[k] for t in turns if t[k] is not None]
         return round(statistics.median(xs), 1) if xs else None
-    return {"runs": runs, "turns": turns, "p50_ms": {k: p50(k) for k in ("asr_final", "first_token", "first_audio")},
+    return {"runs": runs, "turns": turns, "p50_ms": {k: p50(k) for k in ("asr_final", "llm_start", "first_token", "first_audio")},
             "load_avg_1m": os.getloadavg()[0]}
 
 

@@ -93,8 +93,9 @@ def test_conversation_prompt_has_scene_and_bounded_history() -> None:
         c.add_assistant(f"a{i}")
     c.add_assistant("   ")  # nothing heard: nothing recorded
     msgs = c.prompt("now?", scene="camera: 1 face (centre, mid)")
-    assert msgs[0]["role"] == "system" and "1 face" in msgs[0]["content"]
-    assert [m["content"] for m in msgs[1:]] == ["q3", "a3", "q4", "a4", "now?"]
+    assert msgs[0] == {"role": "system", "content": "Be brief."}
+    assert [m["content"] for m in msgs[1:-1]] == ["q3", "a3", "q4", "a4"]
+    assert msgs[-1]["role"] == "user" and "1 face" in msgs[-1]["content"] and msgs[-1]["content"].endswith("now?")
 
 
 def test_virtual_clock_wakes_sleepers_in_order() -> None:

@@ -95,6 +95,8 @@ class SessionConfig:
     out_chunk_ms: float = 20.0
     end_of_turn: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
     frame_ring: int = 64
+    tts_first_words: int = 4
+    """Speak the first this-many words of an answer as their own piece (0: wait for a clause)."""
 
 
 @dataclass(slots=True)
@@ -105,6 +107,8 @@ class TurnRecord:
     user_text: str
     speech_end_ns: int
     asr_final_ns: int
+    llm_start_ns: int | None = None
+    """When the prompt went to the LLM (after the scene description was ready)."""
     first_token_ns: int | None = None
     first_audio_ns: int | None = None
     llm_done_ns: int | None = None
@@ -117,8 +121,8 @@ class TurnRecord:
         """End of speech → ASR final / first token / first audio, in ms."""
         def rel(t: int | None) -> float | None:
             return None if t is None else (t - self.speech_end_ns) / 1e6
-        return {"asr_final": rel(self.asr_final_ns), "first_token": rel(self.first_token_ns),
-                "first_audio": rel(self.first_audio_ns)}
+        return {"asr_final": rel(self.asr_final_ns), "llm_start": rel(self.llm_start_ns),
+                "first_token": rel(self.first_token_ns), "first_audio": rel(self.first_audio_ns)}
 
 
 _ids = itertools.count()

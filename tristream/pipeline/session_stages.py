@@ -141,6 +141,7 @@ class LlmStage(Stage):
             rec.scene = scene_text
         messages = s.conversation.prompt(turn.text, scene_text)
         s.conversation.add_user(turn.text)
+        rec.llm_start_ns = s.clock.now_ns()
         async with contextlib.aclosing(s.llm.stream(messages, s.config.max_tokens)) as deltas:  # type: ignore[type-var]
             async for delta in deltas:
                 if rec.first_token_ns is None:
@@ -160,6 +161,8 @@ class TtsStage(Stage):
         self.gen = 0
         self._job_gen = 0
         self._lock = threading.Lock()
+        self._acc = ""
+        self._first_cut = False
 
     def _job(self, gen: int, text: str | None) -> list[Any]:
         stream = self.s.tts
@@ -177,15 +180,31 @@ class TtsStage(Stage):
 
     async def process(self, item: Any) -> None:
         loop = asyncio.get_running_loop()
-        text = item.text if type(item) is TextOut else None
+        text = None
+        if type(item) is TextOut:
+            text = item.text
+            k = self.s.config.tts_first_words
+            if not self._first_cut and k and text[:1].isspace() and len(self._acc.split()) >= k:
+                # first audio sooner: speak the first words as a piece of their own
+                text = "\n" + text
+                self._first_cut = True
+            self._acc += item.text
         events = await loop.run_in_executor(self.s.pool, self._job, self.gen, text)
+        if events:
+            self._first_cut = True
         for ev in events:
             self.emit(ev)
         if type(item) is ReplyEnd:
+            self._reset_reply()
             self.emit(item)
+
+    def _reset_reply(self) -> None:
+        self._acc = ""
+        self._first_cut = False
 
     def on_interrupt(self, reason: str) -> None:
         self.gen += 1
+        self._reset_reply()
 
 
 class PlayoutStage(Stage):

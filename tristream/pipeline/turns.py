@@ -191,10 +191,15 @@ class Conversation:
     messages: list[dict[str, str]] = field(default_factory=list)
 
     def prompt(self, user_text: str, scene: str | None = None) -> list[dict[str, str]]:
-        """Messages for a new answer: history (last `max_turns` exchanges) plus this turn."""
-        sys = self.system if not scene else f"{self.system}\nWhat the camera sees now: {scene}."
+        """Messages for a new answer: history (last `max_turns` exchanges) plus this turn.
+
+        The scene goes with the new user message, not into the system prompt, so that the
+        system prompt and history stay an unchanged prefix (the engine's prefix cache skips
+        their prefill).
+        """
         hist = self.messages[-2 * self.max_turns:]
-        return [{"role": "system", "content": sys}, *hist, {"role": "user", "content": user_text}]
+        content = user_text if not scene else f"({scene})\n{user_text}"
+        return [{"role": "system", "content": self.system}, *hist, {"role": "user", "content": content}]
 
     def add_user(self, text: str) -> None:
         """Record the user's turn."""
