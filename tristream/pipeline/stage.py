@@ -170,6 +170,7 @@ class Stage:
         record = self.timing.record
         perf = time.perf_counter_ns
         blocking = [d for d in self.downstream if d.policy is OverflowPolicy.BLOCK]
+        create_future = asyncio.get_running_loop().create_future
         try:
             await self.on_start()
             while True:
@@ -185,7 +186,10 @@ class Stage:
                         await self.on_control(c)
                         continue
                     if not data:
-                        await inbox.wait_item()
+                        # inline wait (no coroutine per wait): one future, woken by put_*
+                        fut = create_future()
+                        inbox._waiter = fut
+                        await fut
                         continue
                     item = data.popleft()
                     if inbox._space_waiters:
