@@ -68,11 +68,13 @@ class TimeIndexedRing:
         self.channels = int(channels)
         self.lateness_ns = int(lateness_ns)
         self.snap = max(0, round(snap_ns / self.period_ns))
+        self._snap_lo = -(self.snap + 1) * self.period_ns
+        self._snap_hi = self.snap * self.period_ns
         shape = (2 * self.capacity,) if channels == 1 else (2 * self.capacity, channels)
         self._buf = np.zeros(shape, dtype=dtype)
         self._acap = max(16, int(anchors))
-        self._at = np.zeros(2 * self._acap, dtype=np.int64)
-        self._ai = np.zeros(2 * self._acap, dtype=np.int64)
+        self._at: list[int] = []  # anchor times (ref ns), ascending; live range [_a0, _a1)
+        self._ai: list[int] = []  # anchor sample indices
         self._a0 = 0
         self._a1 = 0
         self._last_t = 0
@@ -84,7 +86,6 @@ class TimeIndexedRing:
         self.high_water = 0.0
         self._ndim = 1 if channels == 1 else 2
         self.anchor_tol_ns = self.period_ns / 4
-        self._evicted = 0
         self._overrun = 0
         self._counts = DropCounter(name)
 
@@ -94,8 +95,8 @@ class TimeIndexedRing:
         """Counters by reason: evicted, overrun, late, overlap, gap_samples, filled_late (samples)."""
         out = DropCounter(self.name)
         out.merge(self._counts)
-        if self._evicted:
-            out.add("evicted", self._evicted)
+        if self.head > self.capacity:  # every slot that left the ring (gap zeros included)
+            out.add("evicted", self.head - self.capacity)
         if self._overrun:
             out.add("overrun", self._overrun)
         return out
@@ -128,9 +129,8 @@ class TimeIndexedRing:
             raise InvalidPacket(f"{self.name}: ring is empty; append a chunk first")
         if index >= self._last_i:
             return self._last_t + round((index - self._last_i) * self.period_ns)
-        k = int(np.searchsorted(self._ai[self._a0 : self._a1], index, side="right")) - 1 + self._a0
-        k = max(k, self._a0)
-        return int(self._at[k]) + round((index - int(self._ai[k])) * self.period_ns)
+        k = max(bisect.bisect_right(self._ai, index, self._a0, self._a1) - 1, self._a0)
+        return self._at[k] + round((index - self._ai[k]) * self.period_ns)
 
     def index_at(self, t_ns: int) -> int:
         """Absolute index of the first sample whose time is >= `t_ns`."""
@@ -138,23 +138,22 @@ class TimeIndexedRing:
             raise InvalidPacket(f"{self.name}: ring is empty; append a chunk first")
         if t_ns >= self._last_t:
             return self._last_i + math.ceil((t_ns - self._last_t) / self.period_ns - 1e-9)
-        k = int(np.searchsorted(self._at[self._a0 : self._a1], t_ns, side="right")) - 1 + self._a0
-        k = max(k, self._a0)
-        return int(self._ai[k]) + math.ceil((t_ns - int(self._at[k])) / self.period_ns - 1e-9)
+        k = max(bisect.bisect_right(self._at, t_ns, self._a0, self._a1) - 1, self._a0)
+        return self._ai[k] + math.ceil((t_ns - self._at[k]) / self.period_ns - 1e-9)
 
     def _add_anchor(self, t_ns: int, index: int) -> None:
-        if self._a1 == 2 * self._acap:
-            keep = self._acap // 2
-            self._at[:keep] = self._at[self._a1 - keep : self._a1]
-            self._ai[:keep] = self._ai[self._a1 - keep : self._a1]
-            self._a0, self._a1 = 0, keep
-        self._at[self._a1] = t_ns
-        self._ai[self._a1] = index
+        self._at.append(t_ns)
+        self._ai.append(index)
         self._a1 += 1
         self._last_t = t_ns
         self._last_i = index
-        while self._a1 - self._a0 > self._acap:
+        if self._a1 - self._a0 > self._acap:
             self._a0 += 1
+            if self._a0 >= self._acap:  # amortised O(1) compaction
+                del self._at[: self._a0]
+                del self._ai[: self._a0]
+                self._a1 -= self._a0
+                self._a0 = 0
 
     # ------------------------------------------------------------------ writing
     def _write(self, pos: int, data: np.ndarray) -> None:
@@ -169,13 +168,25 @@ class TimeIndexedRing:
             self._buf[:rest] = data[first:]
             self._buf[cap : cap + rest] = data[first:]
 
+    def _after_advance(self, old_head: int) -> None:
+        """Bookkeeping of the hot path once `head` moved on from `old_head`."""
+        cap = self.capacity
+        tail = self.head - cap if self.head > cap else 0
+        if self._reader and self.read_index < tail:
+            self._overrun += tail - max(self.read_index, old_head - cap if old_head > cap else 0)
+            self.read_index = tail
+        fill = self.fill_ratio
+        if fill > self.high_water:
+            self.high_water = fill
+        if self._gaps:
+            self._settle_gaps()
+
     def _advance_head(self, new_head: int) -> None:
         cap = self.capacity
         old_tail = self.head - cap if self.head > cap else 0
         self.head = new_head
         evicted = (new_head - cap if new_head > cap else 0) - old_tail
         if evicted > 0:
-            self._evicted += evicted
             if self._reader and self.read_index < self.tail:
                 self._overrun += min(evicted, self.tail - self.read_index)
                 self.read_index = self.tail
@@ -205,39 +216,30 @@ class TimeIndexedRing:
         late chunk fills it within `lateness_ns`); an earlier one fills gaps only (the rest is
         counted as `overlap`).
         """
-        data = samples if type(samples) is np.ndarray else np.asarray(samples)
-        n = data.shape[0] if data.ndim == self._ndim else 0
-        if n and self._a1 != self._a0 and t_ns >= self._last_t and (self._ndim == 1 or data.shape[1] == self.channels):
-            # Hot path: in-order chunk that continues the stream contiguously.
+        # Hot path: an in-order chunk that continues the stream contiguously (within snap).
+        if type(samples) is np.ndarray and samples.ndim == self._ndim and self._a1 and t_ns >= self._last_t:
             head = self.head
             exact = self._last_t + (head - self._last_i) * self.period_ns
-            pos = head + math.ceil((t_ns - exact) / self.period_ns - 1e-9)
-            if -self.snap <= pos - head <= self.snap and n <= self.capacity:
-                cap = self.capacity
+            d = t_ns - exact
+            n = samples.shape[0]
+            cap = self.capacity
+            if self._snap_lo < d <= self._snap_hi and 0 < n <= cap and (
+                self._ndim == 1 or samples.shape[1] == self.channels
+            ):
                 buf = self._buf
                 p = head % cap
                 if p + n <= cap:
-                    buf[p : p + n] = data
-                    buf[p + cap : p + cap + n] = data
+                    buf[p : p + n] = samples
+                    buf[p + cap : p + cap + n] = samples
                 else:
-                    self._write(head, data)
-                if abs(t_ns - exact) > self.anchor_tol_ns:
+                    self._write(head, samples)
+                if d > self.anchor_tol_ns or d < -self.anchor_tol_ns:
                     self._add_anchor(int(t_ns), head)
-                new_head = head + n
-                self.head = new_head
-                if new_head > cap:
-                    self._evicted += min(n, new_head - cap)
-                    if self._reader and self.read_index < new_head - cap:
-                        self._overrun += new_head - cap - self.read_index
-                        self.read_index = new_head - cap
-                if self._reader or new_head <= cap:
-                    fill = self.fill_ratio
-                    if fill > self.high_water:
-                        self.high_water = fill
-                if self._gaps:
-                    self._settle_gaps()
+                self.head = head + n
+                if self._reader or self._gaps or head + n <= cap:
+                    self._after_advance(head)
                 return head
-        return self._append_checked(t_ns, data)
+        return self._append_checked(t_ns, samples if isinstance(samples, np.ndarray) else np.asarray(samples))
 
     def _append_checked(self, t_ns: int, data: np.ndarray) -> int:
         if data.ndim == 0 or (self.channels == 1 and data.ndim != 1) or (
@@ -320,15 +322,17 @@ class TimeIndexedRing:
         if self._a1 == self._a0:
             return RingWindow(self._buf[:0], int(t0_ns), 0, 0, True)
         i0, i1 = self.index_at(t0_ns), self.index_at(t1_ns)
-        c0, c1 = max(i0, self.tail), min(i1, self.head)
-        clipped = c0 != i0 or c1 != i1
+        head = self.head
+        tail = head - self.capacity if head > self.capacity else 0
+        c0 = i0 if i0 > tail else tail
+        c1 = i1 if i1 < head else head
         if c1 <= c0:
             return RingWindow(self._buf[:0], int(t0_ns), c0, 0, True)
         missing = 0
         for g in self._gaps:
             missing += max(0, min(g[1], c1) - max(g[0], c0))
-        view = self.window_index(c0, c1)
-        return RingWindow(view, self.time_at(c0), c0, missing, clipped)
+        p = c0 % self.capacity
+        return RingWindow(self._buf[p : p + (c1 - c0)], self.time_at(c0), c0, missing, c0 != i0 or c1 != i1)
 
     def latest_at_or_before(self, t_ns: int) -> tuple[int, np.ndarray] | None:
         """(time, sample view) of the newest held sample captured at or before `t_ns`."""
