@@ -121,25 +121,31 @@ def bench_vad(vad: SileroVAD, tracks: dict) -> dict:
         k = min(len(peer["probs"]), len(mine.probabilities))
         out["peer_silero_onnxwrapper_ms_per_window"] = peer["ms_per_window"]
         out["max_abs_prob_diff_vs_peer"] = float(np.max(np.abs(np.asarray(peer["probs"][:k]) - mine.probabilities[:k])))
-    s = vad.stream("one")
     n_win = pcm.shape[0] // 512
-    t0 = time.perf_counter()
-    for i in range(0, n_win * 512, 512):
-        s.push(pcm[i:i + 512], i * 62_500)
-    dt = time.perf_counter() - t0
-    out["single_ms_per_window"] = 1000 * dt / n_win
-    out["batched"] = {}
-    rounds = 150
-    for n in (1, 4, 16, 64):
-        streams = [vad.stream(f"b{k}", batched=True) for k in range(n)]
-        offs = [(k * 7919) % (pcm.shape[0] - rounds * 512) for k in range(n)]
+    reps: list[float] = []
+    for _ in range(5):  # best of 5 passes: the box is shared, the minimum is the uncontended cost
+        s = vad.stream("one")
         t0 = time.perf_counter()
-        for r in range(rounds):
-            for k, st in enumerate(streams):
-                st.push(pcm[offs[k] + r * 512: offs[k] + (r + 1) * 512], r * 32_000_000)
-            vad.run(streams)
-        dt = time.perf_counter() - t0
-        out["batched"][str(n)] = {"ms_per_call": 1000 * dt / rounds, "ms_per_session_window": 1000 * dt / rounds / n}
+        for i in range(0, n_win * 512, 512):
+            s.push(pcm[i:i + 512], i * 62_500)
+        reps.append(1000 * (time.perf_counter() - t0) / n_win)
+    out["single_ms_per_window"] = min(reps)
+    out["single_ms_per_window_median_pass"] = pct(reps, 50)
+    out["batched"] = {}
+    rounds = 100
+    for n in (1, 4, 16, 64):
+        per_round: list[float] = []
+        for _ in range(3):
+            streams = [vad.stream(f"b{k}", batched=True) for k in range(n)]
+            offs = [(k * 7919) % (pcm.shape[0] - rounds * 512) for k in range(n)]
+            t0 = time.perf_counter()
+            for r in range(rounds):
+                for k, st in enumerate(streams):
+                    st.push(pcm[offs[k] + r * 512: offs[k] + (r + 1) * 512], r * 32_000_000)
+                vad.run(streams)
+            per_round.append(1000 * (time.perf_counter() - t0) / rounds)
+        dt = min(per_round)
+        out["batched"][str(n)] = {"ms_per_call": dt, "ms_per_session_window": dt / n}
     edges: dict = {}
     for name, tr in tracks.items():
         st = vad.stream(name)
@@ -195,7 +201,7 @@ def bench_asr(vad: SileroVAD, tracks: dict) -> dict:
                 # speech end → final: VAD decision time past the true end + decode time
                 lat.append((t.decided_ns / 1e9 - sg.end / 16000) + t.compute_s)
         res = {"load_s": load_s, "wer": wer(refs, hyps), "per_voice": per_voice,
-               "final_decode_s_p50": pct(comp, 50), "final_decode_s_max": max(comp),
+               "final_decode_s_min": min(comp), "final_decode_s_p50": pct(comp, 50), "final_decode_s_max": max(comp),
                "end_of_speech_to_final_s_p50": pct(lat, 50), "end_of_speech_to_final_s_p90": pct(lat, 90),
                "utterances": len(hyps)}
         if name in ("whisper_base_audio_window", "pocketsphinx_no_second_pass"):
@@ -219,7 +225,7 @@ def bench_tts(engines: dict) -> dict:
         tts.synthesize("Warm up.")
         firsts: list[float] = []
         rtfs: list[float] = []
-        for _ in range(3):
+        for _ in range(5):
             s = tts.stream("t")
             for tok in tokens:  # tokens arrive instantly: measures synthesis, not the LLM
                 s.push(tok, 0)
@@ -227,7 +233,8 @@ def bench_tts(engines: dict) -> dict:
             pieces = s.poll()
             firsts.append(float(s.first_audio_s or 0.0))
             rtfs.append(sum(p.compute_s for p in pieces) / sum(p.duration_s for p in pieces))
-        out[name] = {"first_audio_s_p50": pct(firsts, 50), "first_audio_s_max": max(firsts),
+        out[name] = {"first_audio_s_min": min(firsts), "first_audio_s_p50": pct(firsts, 50),
+                     "first_audio_s_max": max(firsts), "rtf_min": min(rtfs),
                      "rtf_p50": pct(rtfs, 50), "first_piece_text": pieces[0].text,
                      "pieces": len(pieces), "audio_s": sum(p.duration_s for p in pieces)}
     return out
@@ -259,7 +266,8 @@ def bench_vision() -> dict:
             r = s.describe(f, i)
             times.append(r.compute_s * 1000)
             hits += len(r.faces) == 1
-        out[name] = {"ms_per_frame_p50": pct(times, 50), "ms_per_frame_p90": pct(times, 90),
+        out[name] = {"ms_per_frame_min": min(times), "ms_per_frame_p50": pct(times, 50),
+                     "ms_per_frame_p90": pct(times, 90),
                      "frames_with_one_face": hits, "frames": len(frames), "example": r.text}
     return out
 
@@ -296,16 +304,18 @@ def main() -> None:
     for name, e in v["edges"].items():
         print(f"     edges {name}: {e['found']}/{e['segments']} found, start err p50/max {e['start_err_ms_p50']:.0f}/"
               f"{e['start_err_ms_max']:.0f} ms, end err p50/max {e['end_err_ms_p50']:.0f}/{e['end_err_ms_max']:.0f} ms")
-    print(f"\n{'ASR engine':36s} {'WER':>6s} {'decode p50':>11s} {'EoS→final p50':>14s} {'p90':>6s}")
+    print(f"\n{'ASR engine':36s} {'WER':>6s} {'decode min/p50':>15s} {'EoS→final p50':>14s} {'p90':>6s}")
     for name, a in results["asr"].items():
-        print(f"{name:36s} {a['wer']:6.3f} {a['final_decode_s_p50']:10.3f}s {a['end_of_speech_to_final_s_p50']:13.3f}s "
-              f"{a['end_of_speech_to_final_s_p90']:5.2f}s")
-    print(f"\n{'TTS':20s} {'first audio p50':>16s} {'RTF':>6s}")
+        print(f"{name:36s} {a['wer']:6.3f} {a['final_decode_s_min']:6.3f}/{a['final_decode_s_p50']:.3f}s "
+              f"{a['end_of_speech_to_final_s_p50']:13.3f}s {a['end_of_speech_to_final_s_p90']:5.2f}s")
+    print(f"\n{'TTS':20s} {'first audio min/p50':>20s} {'RTF min/p50':>12s}")
     for name, t in results["tts"].items():
-        print(f"{name:20s} {t['first_audio_s_p50']:15.3f}s {t['rtf_p50']:6.3f}")
-    print(f"\n{'vision':28s} {'ms/frame p50':>13s} {'faces found':>12s}")
+        print(f"{name:20s} {t['first_audio_s_min']:12.3f}/{t['first_audio_s_p50']:.3f}s "
+              f"{t['rtf_min']:6.3f}/{t['rtf_p50']:.3f}")
+    print(f"\n{'vision':28s} {'ms/frame min/p50':>17s} {'faces found':>12s}")
     for name, x in results["vision"].items():
-        print(f"{name:28s} {x['ms_per_frame_p50']:13.1f} {x['frames_with_one_face']:>6d}/{x['frames']}")
+        print(f"{name:28s} {x['ms_per_frame_min']:8.1f}/{x['ms_per_frame_p50']:.1f} "
+              f"{x['frames_with_one_face']:>6d}/{x['frames']}")
     print(f"load average (1 min) at start/end: {results['load_avg_1m_start']:.1f}/{results['load_avg_1m_end']:.1f}")
     path = write_results("stages", results, extra_modules=(
         "onnxruntime", "ctranslate2", "faster_whisper", "pocketsphinx", "cv2", "soxr"))
