@@ -170,3 +170,31 @@ def test_run_demo_with_a_wav_file_writes_answer_audio(models, say, tmp_path: Pat
     assert res.out_wav == out and out.is_file()
     audio, rate = read_wav(out)
     assert rate == 22050 and abs(audio.shape[0] - res.answer_seconds * rate) <= 1
+
+
+def test_session_with_llm_url_pointing_at_our_engine_behind_an_openai_endpoint(models, say) -> None:
+    """--llm-url path: the LLM stage streams over HTTP/SSE from our engine served on loopback."""
+    import dataclasses
+
+    from tristream.pipeline.llm import OpenAIChatBackend
+    from tristream.pipeline.openai_server import OpenAICompatServer
+
+    async def main() -> tuple[Session, AudioCollector, int]:
+        server = OpenAICompatServer(models.llm)
+        await server.start()
+        client = OpenAIChatBackend(server.url)
+        remote = dataclasses.replace(models, llm=client)
+        try:
+            session, sink = await run_session(remote, [say("What is the capital of France?")],
+                                              list(demo_frames(seconds=4)), realtime=False,
+                                              config=SessionConfig(max_tokens=12), timeout_s=90)
+        finally:
+            await client.aclose()
+            await server.close()
+        return session, sink, server.requests
+
+    session, sink, requests = asyncio.run(main())
+    assert requests == 1
+    assert len(session.records) == 1 and session.records[0].answer.strip()
+    assert session.records[0].first_token_ns is not None
+    assert sink.samples > 0
