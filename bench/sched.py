@@ -36,7 +36,7 @@ from tristream.sched.trace import TraceConfig  # noqa: E402
 from tristream.sched.types import Tier  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
-SCHEDULERS = ("ours", "static_priority", "fifo")
+SCHEDULERS = ("ours", "ours_tier_local", "static_priority", "fifo")
 
 
 def _clean(x: Any) -> Any:
@@ -61,8 +61,19 @@ def run_one(args: tuple[str, int, float, int, float]) -> dict[str, Any]:
     shed: dict[str, int] = {}
     for (reason, _t, _k), n in sched.ledger.shed.items():
         shed[reason.value] = shed.get(reason.value, 0) + n
+    service = {}
+    for t in Tier:
+        tn = t.name.lower()
+        dt = sched.stats[f"{tn}/decode_tokens"]
+        service[tn] = {
+            "decode_tokens": dt,
+            "decode_late_fraction": sched.stats[f"{tn}/decode_late"] / dt if dt else math.nan,
+            "frames_encoded": sched.stats[f"{tn}/frames_encoded"],
+            "frame_encode_p99_ms": percentile(sched.vision_latency_ms[t], 99),
+        }
     return {
         "scheduler": name,
+        "service": service,
         "sessions": sessions,
         "tiers": {t.name.lower(): s.to_dict() for t, s in tiers.items()},
         "all_served_p50_ms": percentile(served, 50),
@@ -122,16 +133,23 @@ def simulate_all(args: argparse.Namespace) -> None:
         results = list(ex.map(run_one, jobs))
     for r, (_, _, _, _, _), f in zip(results, jobs, [f for f in loads for _ in SCHEDULERS], strict=True):
         r["load_x_capacity"] = f
-    hdr = f"{'load':>5} {'sched':>15} | " + " | ".join(f"{t:^23}" for t in ("gold ≤50", "silver ≤150", "bronze ≤500"))
+    hdr = f"{'load':>5} {'sched':>16} | " + " | ".join(f"{t:^23}" for t in ("gold ≤50", "silver ≤150", "bronze ≤500"))
     print(hdr + " | shed  refused lvl")
-    print(f"{'':>5} {'':>15} | " + " | ".join(f"{'att':>5} {'p50':>7} {'p99':>8}" for _ in range(3)))
+    print(f"{'':>5} {'':>16} | " + " | ".join(f"{'att':>5} {'p50':>7} {'p99':>8}" for _ in range(3)))
     for r in results:
         cells = []
         for t in ("gold", "silver", "bronze"):
             s = r["tiers"][t]
             cells.append(f"{s['attainment']:5.2f} {s['p50_ms']:7.1f} {s['p99_ms']:8.1f}")
-        print(f"{r['load_x_capacity']:4.2f}x {r['scheduler']:>15} | " + " | ".join(cells)
+        print(f"{r['load_x_capacity']:4.2f}x {r['scheduler']:>16} | " + " | ".join(cells)
               + f" | {sum(r['shed_by_reason'].values()):5d} {r['refused_sessions']:7d} {r['final_level']:3d}")
+    print("\nanswer pace (share of decode tokens after their 50 ms/token pace deadline) and frame encode P99 (ms)")
+    print(f"{'load':>5} {'sched':>16} | {'late g':>6} {'late s':>6} {'late b':>6} | {'vis g':>6} {'vis s':>6} {'vis b':>6}")
+    for r in results:
+        sv = r["service"]
+        print(f"{r['load_x_capacity']:4.2f}x {r['scheduler']:>16} | "
+              + " ".join(f"{sv[t]['decode_late_fraction']:6.2f}" for t in ("gold", "silver", "bronze")) + " | "
+              + " ".join(f"{sv[t]['frame_encode_p99_ms']:6.0f}" for t in ("gold", "silver", "bronze")))
     top = [r for r in results if r["load_x_capacity"] == max(loads) and r["scheduler"] == "ours"][0]
     check = {
         "load_x_capacity": max(loads),
@@ -172,7 +190,9 @@ def main() -> None:
     p.add_argument("--fit", action="store_true", help="refit the step-time model and exit")
     p.add_argument("--real", action="store_true", help="drive the real GPU engine (see tristream/sched/real.py)")
     p.add_argument("--sessions", type=int, default=64)
-    p.add_argument("--model", default="", help="--real: HF folder or config name of the LLM")
+    p.add_argument("--model", default="", help="--real: HF folder / GGUF, or a preset (llama-3.2-1b, tiny-random)")
+    p.add_argument("--device", default="cuda", help="--real: cuda or cpu")
+    p.add_argument("--no-encoders", action="store_true", help="--real: LLM only (no SigLIP / Whisper steps)")
     args = p.parse_args()
     if args.fit:
         print(json.dumps(refit(), indent=2))
@@ -181,11 +201,16 @@ def main() -> None:
         from tristream.sched.real import bench_real
 
         res = bench_real(sessions=args.sessions, duration_s=args.duration, seed=args.seed, model=args.model,
-                         warmup_s=args.warmup)
-        path = write_results("sched_real", _clean(res))
+                         warmup_s=args.warmup, device=args.device, encoders=not args.no_encoders)
+        res["command"] = "python bench/sched.py " + " ".join(sys.argv[1:])
+        for name, r in res["runs"].items():
+            print(f"{name:>16}: response P50 {r['response_p50_ms']:.1f} ms  P99 {r['response_p99_ms']:.1f} ms  "
+                  f"(sim predicted {r['simulator_prediction']['response_p50_ms']:.1f} / "
+                  f"{r['simulator_prediction']['response_p99_ms']:.1f})  turns {r['turns_served']}  "
+                  f"steps {r['steps']}  step P50 {r['step_ms_p50']:.2f} ms  {r['consistency']}")
+        path = write_results("sched_real" if args.device.startswith("cuda") else "sched_real_cpu_smoke", _clean(res))
         print(f"wrote {path}")
         return
-    _ = Tier  # tiers are named in the output
     simulate_all(args)
 
 

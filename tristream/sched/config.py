@@ -35,7 +35,8 @@ class SchedulerConfig:
 
 
 def ours_config(**overrides: object) -> SchedulerConfig:
-    """Tier-major priorities with EDF and aging, preemption, AIMD step budget, degradation."""
+    """Ends of turn first, then tier-major (tier, modality) classes with EDF and aging;
+    preemption, AIMD step budget, degradation ladder."""
     return replace(SchedulerConfig(), **overrides)  # type: ignore[arg-type]
 
 
@@ -73,4 +74,15 @@ def static_priority_config(**overrides: object) -> SchedulerConfig:
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 
-PRESETS = {"ours": ours_config, "fifo": fifo_config, "static_priority": static_priority_config}
+def ours_tier_local_config(**overrides: object) -> SchedulerConfig:
+    """Ours, but an end of turn only ranks first within its own tier (gold work, then silver...)."""
+    base = ours_config(name="ours_tier_local", policy=PolicyConfig(global_turn_ends=False))
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+PRESETS = {
+    "ours": ours_config,
+    "ours_tier_local": ours_tier_local_config,
+    "fifo": fifo_config,
+    "static_priority": static_priority_config,
+}

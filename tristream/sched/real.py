@@ -1,0 +1,278 @@
+"""Drive the real engine with the same scheduler: `RealEngineBackend` and `bench_real`.
+
+Mapping of a plan onto `tristream.engine.LLMEngine` (whose `step()` picks its own batch):
+each session's current turn is one engine context (`add_request(generate=False)` with a
+shared system prefix, so prefix caching serves it); a planned PREFILL / TURN_END chunk is
+appended as that many token ids just before the step; a TURN_END that completes calls
+`start_generation(max_tokens=answer)` so the chunk's logits give the first token in this
+very step; planned DECODEs are the only generating sequences the engine can see. Until the
+engine exposes a plan-driven step, the sequences the plan leaves out are *hidden* from
+`engine.seqs` for the duration of `step()` and put back (their KV blocks stay allocated):
+that is how a step-boundary preemption of a decode is enforced. Planned images run a
+SigLIP-B/16 tower and planned ASR windows a Whisper-tiny encoder (random weights), in the
+same step, so the measured step time covers every modality the simulator models.
+
+Every step's composition and measured time is kept (`samples`) so the step-time model can
+be refitted to the device (`bench/sched.py --real` writes them to its JSON).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tristream.sched.backend import StepResult, WallClock
+from tristream.sched.batcher import BatchPlan
+from tristream.sched.types import Kind
+
+
+@dataclass(slots=True)
+class RealStats:
+    """Consistency counters between the plan and what the engine did."""
+
+    steps: int = 0
+    first_tokens: int = 0
+    decode_tokens: int = 0
+    missing_first_token: int = 0
+    unplanned_tokens: int = 0
+    cancelled: int = 0
+    samples: list[tuple[int, int, int, int, float]] = field(default_factory=list)
+
+
+class RealEngineBackend:
+    """EngineBackend over an `LLMEngine` (+ optional vision tower and Whisper encoder)."""
+
+    def __init__(self, engine: Any, vision: Any | None = None, whisper: Any | None = None,
+                 prefix_tokens: int = 64, seed: int = 0, mel_frames: int = 3000) -> None:
+        self.engine = engine
+        self.vision = vision
+        self.whisper = whisper
+        self.mel_frames = mel_frames
+        self.rng = random.Random(seed)
+        vocab = int(engine.model.cfg.vocab_size)
+        self._lo, self._hi = min(10, vocab - 1), vocab - 1
+        self.prefix = [self.rng.randint(self._lo, self._hi) for _ in range(prefix_tokens)]
+        self.seq_of: dict[int, int] = {}
+        """session → engine sequence of its current turn."""
+        self.generating: set[int] = set()
+        self._to_cancel: list[int] = []
+        self.stats = RealStats()
+
+    def _tokens(self, n: int) -> list[int]:
+        return [self.rng.randint(self._lo, self._hi) for _ in range(n)]
+
+    def _cancel(self, sid: int) -> None:
+        seq = self.seq_of.pop(sid, None)
+        self.generating.discard(sid)
+        if seq is not None:
+            self.engine.cancel(seq)
+            self._to_cancel.append(seq)
+            self.stats.cancelled += 1
+
+    def release(self, session_id: int) -> None:
+        """Session closed: free its context."""
+        self._cancel(session_id)
+
+    def execute(self, plan: BatchPlan, now_ns: int) -> StepResult:
+        """Run the plan on the GPU (or CPU) and time it."""
+        import torch
+
+        from tristream.engine.sequence import SamplingParams
+
+        eng = self.engine
+        t0 = time.perf_counter_ns()
+        budget = 0
+        want_first: dict[int, int] = {}
+        decode_seqs: set[int] = set()
+        for e in plan.entries:
+            it, sid = e.item, e.item.session_id
+            if it.kind in (Kind.PREFILL, Kind.TURN_END):
+                if sid in self.generating:  # the user barged in: the old answer's context goes
+                    self._cancel(sid)
+                seq = self.seq_of.get(sid)
+                if seq is None:
+                    seq = eng.add_request(self.prefix + self._tokens(e.tokens), generate=False, priority=1)
+                    self.seq_of[sid] = seq
+                    budget += len(self.prefix)
+                elif e.tokens > 0:
+                    eng.append(seq, token_ids=self._tokens(e.tokens))
+                budget += e.tokens
+                if it.kind is Kind.TURN_END and e.completes:
+                    answer = max(1, int(it.meta.get("answer", 1)))
+                    eng.start_generation(seq, SamplingParams(max_tokens=answer, ignore_eos=True))
+                    self.generating.add(sid)
+                    want_first[seq] = it.item_id
+            elif it.kind is Kind.DECODE and sid in self.seq_of:
+                decode_seqs.add(self.seq_of[sid])
+        planned = set(want_first) | decode_seqs | {self.seq_of[e.item.session_id] for e in plan.entries
+                                                   if e.item.kind in (Kind.PREFILL, Kind.TURN_END)}
+        keep = set(self._to_cancel) | planned
+        hidden = {k: s for k, s in eng.seqs.items() if k not in keep}
+        for k in hidden:
+            del eng.seqs[k]
+        eng.config.max_batch = max(1, len(decode_seqs))
+        eng.config.max_prefill_tokens = max(1, budget)
+        try:
+            if plan.images and self.vision is not None:
+                p = next(self.vision.parameters())
+                self.vision(torch.randn(plan.images, 3, self.vision.cfg.image_size, self.vision.cfg.image_size,
+                                        device=p.device, dtype=p.dtype))
+            if plan.asr_units and self.whisper is not None:
+                p = next(self.whisper.parameters())
+                self.whisper.encode(torch.randn(plan.asr_units, self.whisper.dims.n_mels, self.mel_frames,
+                                                device=p.device, dtype=p.dtype))
+            outs = eng.step() if (planned or self._to_cancel) else []
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+        finally:
+            eng.seqs.update(hidden)
+        self._to_cancel = []
+        dur = time.perf_counter_ns() - t0
+        finished: set[int] = set()
+        by_seq = {s: sid for sid, s in self.seq_of.items()}
+        got_first = set()
+        for o in outs:
+            if o.token_id is None:
+                continue
+            if o.seq_id in want_first:
+                self.stats.first_tokens += 1
+                got_first.add(o.seq_id)
+            elif o.seq_id in decode_seqs:
+                self.stats.decode_tokens += 1
+            else:
+                self.stats.unplanned_tokens += 1
+            if o.finished:
+                owner = by_seq.get(o.seq_id)
+                if owner is not None:
+                    self.seq_of.pop(owner, None)
+                    self.generating.discard(owner)
+        self.stats.missing_first_token += len(set(want_first) - got_first)
+        self.stats.steps += 1
+        self.stats.samples.append((plan.decode, plan.prefill_tokens, plan.images, plan.asr_units, dur / 1e6))
+        return StepResult(duration_ns=max(1, dur), finished_sessions=finished)
+
+
+def random_llama(name_or_cfg: Any, device: str, dtype: Any) -> Any:
+    """A Llama of a preset name (or ModelConfig) with random weights (N(0, 0.02); norms at 1)."""
+    import torch
+
+    from tristream.engine.config import preset
+    from tristream.engine.models.llama import LlamaModel
+
+    torch.manual_seed(0)
+    cfg = preset(name_or_cfg) if isinstance(name_or_cfg, str) else name_or_cfg
+    m = LlamaModel(cfg, dtype=dtype, device=device, max_positions=4096)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            elif "norm" in n:
+                p.fill_(1.0)
+    return m
+
+
+def build_engine(model: str, device: str, kv_bytes: int) -> Any:
+    """Engine from an HF folder / GGUF path, or from a preset name with random weights."""
+    import torch
+
+    from tristream.engine.engine import EngineConfig, LLMEngine
+
+    cfg = EngineConfig(kv_cache_bytes=kv_bytes, max_model_len=4096, use_graphs=device.startswith("cuda"))
+    if model and ("/" in model or model.endswith(".gguf")):
+        return LLMEngine.from_path(model, device=device, config=cfg)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    spec: Any = model or "llama-3.2-1b"
+    if spec == "tiny-random":  # smoke tests of the --real path on a CPU
+        from tristream.engine.config import ModelConfig
+
+        spec = ModelConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+                           num_kv_heads=2, max_position=4096)
+    eng = LLMEngine(random_llama(spec, device, dtype), None, cfg)
+    eng.runner.capture()
+    return eng
+
+
+def build_encoders(device: str) -> tuple[Any, Any]:
+    """SigLIP-B/16 tower and Whisper-tiny with random weights (fp16 on GPU)."""
+    import torch
+
+    from tristream.engine.speech.config import preset as whisper_preset
+    from tristream.engine.speech.whisper import Whisper
+    from tristream.engine.vision.vit import VisionTower, VisionTowerConfig
+
+    dt = torch.float16 if device.startswith("cuda") else torch.float32
+    vt = VisionTower(VisionTowerConfig("siglip", 768, 3072, 12, 12, 224, 16)).to(device=device, dtype=dt).eval()
+    wh = Whisper(whisper_preset("tiny")).to(device=device, dtype=dt).eval()
+    return vt, wh
+
+
+def _summary(sched: Any, res: Any, backend: RealEngineBackend, warmup_s: float) -> dict[str, Any]:
+    from tristream.sched.metrics import percentile, summarize
+
+    since = int(warmup_s * 1e9)
+    served = [r.latency_ms for r in res.turns if r.turn_end_ns >= since and math.isfinite(r.latency_ms)]
+    st = backend.stats
+    ms = [s[4] for s in st.samples]
+    return {
+        "tiers": {t.name.lower(): s.to_dict() for t, s in summarize(res.turns, since).items()},
+        "response_p50_ms": percentile(served, 50),
+        "response_p99_ms": percentile(served, 99),
+        "turns_served": len(served),
+        "shed": sched.ledger.to_dict(),
+        "steps": res.steps,
+        "step_ms_p50": percentile(ms, 50),
+        "step_ms_p99": percentile(ms, 99),
+        "busy_fraction": res.busy_ns / max(1, res.end_ns),
+        "consistency": {"first_tokens": st.first_tokens, "decode_tokens": st.decode_tokens,
+                        "missing_first_token": st.missing_first_token, "unplanned_tokens": st.unplanned_tokens,
+                        "cancelled": st.cancelled},
+        "samples": [list(s) for s in st.samples],
+    }
+
+
+def bench_real(sessions: int = 64, duration_s: float = 20.0, seed: int = 0, model: str = "",
+               warmup_s: float = 4.0, device: str = "cuda", schedulers: tuple[str, ...] = ("ours", "fifo"),
+               encoders: bool = True, kv_bytes: int | None = None) -> dict[str, Any]:
+    """Run each scheduler over the same seeded trace on the real engine, one after the other."""
+    import torch
+
+    from tristream.sched.config import PRESETS
+    from tristream.sched.driver import run
+    from tristream.sched.scheduler import Scheduler
+    from tristream.sched.sim import simulate
+    from tristream.sched.trace import TraceConfig, generate_trace
+
+    torch.set_grad_enabled(False)
+    t0 = time.perf_counter()
+    eng = build_engine(model, device, kv_bytes or ((8 << 30) if device.startswith("cuda") else (64 << 20)))
+    vt, wh = build_encoders(device) if encoders else (None, None)
+    load_s = time.perf_counter() - t0
+    trace = TraceConfig(sessions=sessions, duration_s=duration_s, seed=seed)
+    out: dict[str, Any] = {"sessions": sessions, "duration_s": duration_s, "seed": seed,
+                           "model": model or "llama-3.2-1b (random weights)", "device": device,
+                           "encoders": "SigLIP-B/16 + Whisper-tiny encoder (random weights)" if encoders else None,
+                           "load_s": load_s, "runs": {}}
+    warm = RealEngineBackend(eng, vt, wh, seed=seed)  # warm-up: kernels, allocator, graphs
+    for _ in range(3):
+        s = Scheduler(PRESETS["ours"]())
+        run(s, warm, WallClock(), generate_trace(TraceConfig(sessions=8, duration_s=1.0, seed=seed + 99)), int(1e9))
+    for sid in list(warm.seq_of):
+        warm.release(sid)
+    for name in schedulers:
+        backend = RealEngineBackend(eng, vt, wh, seed=seed)
+        sched = Scheduler(PRESETS[name]())
+        res = run(sched, backend, WallClock(), generate_trace(trace), int(duration_s * 1e9))
+        for sid in list(backend.seq_of):
+            backend.release(sid)
+        eng.step()
+        out["runs"][name] = _summary(sched, res, backend, warmup_s)
+        _, sim = simulate(PRESETS[name](), trace)
+        from tristream.sched.metrics import percentile
+
+        lat = [r.latency_ms for r in sim.turns if r.turn_end_ns >= warmup_s * 1e9 and math.isfinite(r.latency_ms)]
+        out["runs"][name]["simulator_prediction"] = {"response_p50_ms": percentile(lat, 50),
+                                                     "response_p99_ms": percentile(lat, 99)}
+    return out
