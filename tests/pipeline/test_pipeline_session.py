@@ -198,3 +198,12 @@ def test_session_with_llm_url_pointing_at_our_engine_behind_an_openai_endpoint(m
     assert len(session.records) == 1 and session.records[0].answer.strip()
     assert session.records[0].first_token_ns is not None
     assert sink.samples > 0
+
+
+def test_models_are_loaded_once_per_process(models) -> None:
+    from tristream.pipeline.models import load_models
+
+    again = load_models(asr="whisper", tts="piper", vision=True)
+    assert again is models
+    a, b = Session(models, clock=VirtualClock()), Session(models, clock=VirtualClock())
+    assert a.models.llm is b.models.llm and a.vad is not b.vad and a.tts is not b.tts
