@@ -130,5 +130,7 @@ def test_errors() -> None:
         clock.to_ref(0)
     with pytest.raises(InvalidPacket, match="before it starts"):
         clock.observe_span(10, 5, 100)
+    with pytest.raises(InvalidPacket, match="integer ns"):
+        clock.observe(float("nan"), 5)
     with pytest.raises(ValueError):
         SourceClock("x", window_ns=0)

@@ -124,4 +124,5 @@ def _print(con, streams, online, offline, report, warmup) -> None:  # type: igno
                 cells.append("-")
         t.add_row(str(k), *cells, f"{w.skew_ns / 1e6:.2f} ms", ",".join(w.missing) or "-")
     con.print(t)
-    con.print(f"online replay took {report['online_seconds']:.2f} s for {report['recording']['packets']} packets")
+    con.print(f"online replay (clocks + rings + synchroniser) used {report['online_seconds']:.2f} s of CPU for "
+              f"{report['recording']['packets']} packets")

@@ -159,13 +159,20 @@ class SourceClock:
 
         Returns the reference time of `start` (an audio chunk's first sample).
         """
+        try:
+            start_src_ns, end_src_ns, arrival_ns = int(start_src_ns), int(end_src_ns), int(arrival_ns)
+        except (TypeError, ValueError, OverflowError):
+            raise InvalidPacket(
+                f"{self.source_id}: times must be integer ns, got start={start_src_ns!r} end={end_src_ns!r} "
+                f"arrival={arrival_ns!r}"
+            ) from None
         if end_src_ns < start_src_ns:
             raise InvalidPacket(
                 f"{self.source_id}: span ends ({end_src_ns}) before it starts ({start_src_ns})"
             )
-        ep = self._update(int(end_src_ns), int(arrival_ns))
+        ep = self._update(end_src_ns, arrival_ns)
         self.last_epoch = ep
-        return self._map(ep, int(start_src_ns))
+        return self._map(ep, start_src_ns)
 
     def map_packet(self, pkt: Packet) -> int:
         """Observe `pkt` (its end of capture against its arrival) and set `pkt.ref_ns`."""
@@ -308,6 +315,7 @@ class SourceClock:
                 q=self.q,
                 slope_bound=self.slope_bound,
                 guess=self._d if self._slope_fitted else None,
+                guess_width=max(2e-6, 20.0 * self._slope_se),
             )
             self._slope_fitted = True
             if fit.at_bound:
