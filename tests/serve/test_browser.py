@@ -68,7 +68,7 @@ def test_browser_page_end_to_end(tmp_path: Path) -> None:
         assert state["connected"] and not state["errors"]
         assert state["transcripts"][0].startswith("speech ")
         voiced_ms = int(state["transcripts"][0].split()[1])
-        assert 500 <= voiced_ms <= 700
+        assert 400 <= voiced_ms <= 800  # a 600 ms tone; capture timing in a loaded browser varies
         assert state["answers"][0].startswith(f"echo: speech {voiced_ms} ms")
         assert state["framesSent"] >= 1 and "frames" in state["answers"][0]
         assert state["audioSamplesPlayed"] > 0

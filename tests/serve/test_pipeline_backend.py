@@ -37,8 +37,12 @@ class RepeatChat:
     name = "repeat"
 
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
-        seen = " (camera seen)" if "camera sees now" in messages[0]["content"] else ""
-        words = ("You said: " + messages[-1]["content"] + seen).split(" ")
+        # The pipeline prefixes the user message with the aligned scene: "(<scene>)\n<text>".
+        lines = messages[-1]["content"].splitlines()
+        has_scene = len(lines) > 1 and lines[0].startswith("(") and lines[0].endswith(")")
+        seen = " (camera seen)" if has_scene else ""
+        user = " ".join(lines[1:] if has_scene else lines)
+        words = ("You said: " + user + seen).split(" ")
         for i, w in enumerate(words[:max_tokens]):
             await asyncio.sleep(0)
             yield w if i == 0 else " " + w
@@ -92,16 +96,34 @@ def test_twenty_clients_real_pipeline_transcripts(models: object) -> None:
     frames = _frames()
 
     async def go() -> None:
-        srv = RealtimeServer(lambda: PipelineBackend(models), port=0, tokens=[TOKEN],
-                             limits=ServerLimits(max_sessions=n))
+        from tristream.serve.pipeline_backend import STAGE_TOTALS
+
+        def factory() -> PipelineBackend:
+            return PipelineBackend(models)
+
+        factory.collect = STAGE_TOTALS.families  # type: ignore[attr-defined]
+        live: list[str] = []
+
+        def scrape(ev: dict) -> None:  # /metrics while sessions are live: per-stage families present
+            if ev["type"] == "response.done" and not live:
+                live.append(srv.metrics.render())
+
+        srv = RealtimeServer(factory, port=0, tokens=[TOKEN], limits=ServerLimits(max_sessions=n))
         await srv.start()
         try:
             res = await asyncio.gather(*(
                 stream_media(url(srv), TOKEN, audio[i % len(SENTENCES)], 24_000, frames=frames, pace=1.0,
-                             expect_turns=1, tail_silence_s=0.5, answer_timeout_s=150)
+                             expect_turns=1, tail_silence_s=0.5, answer_timeout_s=150, on_event=scrape)
                 for i in range(n)))
+            await asyncio.sleep(0.1)
+            closed = srv.metrics.render()
         finally:
             await srv.stop(grace_s=0.0)
+        for fam in ("tristream_stage_process_seconds{", "tristream_stage_queue_depth{",
+                    "tristream_frame_ring_fill_ratio{"):
+            assert fam in live[0], fam
+        assert 'tristream_stage_closed_process_seconds{quantile="0.99",stage="asr"}' in closed
+        assert live[0].count("# TYPE tristream_stage_queue_depth ") == 1
         for i, r in enumerate(res):
             want = words(SENTENCES[i % len(SENTENCES)])
             assert len(r) == 1, (i, r)

@@ -8,6 +8,7 @@ cheap enough for 20 ms chunks, and good enough for VAD and ASR (not for music).
 from __future__ import annotations
 
 import base64
+from functools import lru_cache
 
 import numpy as np
 
@@ -22,6 +23,7 @@ def encode_pcm16_b64(pcm: np.ndarray) -> str:
     return base64.b64encode(np.asarray(pcm, dtype="<i2").tobytes()).decode("ascii")
 
 
+@lru_cache(maxsize=16)
 def _lowpass_kernel(cutoff: float, taps: int = 31) -> np.ndarray:
     n = np.arange(taps) - (taps - 1) / 2
     h = np.sinc(2 * cutoff * n) * np.hamming(taps)

@@ -81,9 +81,13 @@ class ServeMetrics:
                 lines.append(f'{name}{{quantile="{q / 100:g}"}} {h.percentile(q) / 1e9:.6f}')
             lines.append(f"{name}_sum {h.sum / 1e9:.6f}")
             lines.append(f"{name}_count {h.count}")
-        families = [fam for fn in self.collectors for fam in fn()]
-        families.extend(_gpu_memory())
-        for name, typ, help_, samples in families:
+        merged: dict[str, tuple[str, str, list[Sample]]] = {}
+        for name, typ, help_, samples in [fam for fn in self.collectors for fam in fn()] + _gpu_memory():
+            if name in merged:  # one HELP/TYPE per family even when many sessions report it
+                merged[name][2].extend(samples)
+            else:
+                merged[name] = (typ, help_, list(samples))
+        for name, (typ, help_, samples) in merged.items():
             lines.append(f"# HELP {name} {help_}")
             lines.append(f"# TYPE {name} {typ}")
             lines.extend(f"{n}{_labels(lab)} {v:g}" for n, lab, v in samples)

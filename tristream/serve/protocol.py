@@ -18,6 +18,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tristream.pipeline.turns import DEFAULT_HANGOVER_MS
+
 # Error codes (the `error.code` field). Stable: clients may switch on them.
 E_INVALID_JSON = "invalid_json"
 E_INVALID_EVENT = "invalid_event"
@@ -64,7 +66,7 @@ class TurnDetection:
 
     threshold: float = 0.5
     prefix_padding_ms: int = 300
-    silence_duration_ms: int = 250  # the pipeline's tuned hangover (OpenAI's default is 500)
+    silence_duration_ms: int = int(DEFAULT_HANGOVER_MS)  # the pipeline's measured hangover (OpenAI: 500)
     create_response: bool = True
     interrupt_response: bool = True
 

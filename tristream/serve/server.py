@@ -230,6 +230,9 @@ class RealtimeServer:
             gauges = getattr(c.session.backend, "gauges", None)
             if gauges is not None:
                 fams.extend(gauges())
+        collect = getattr(self.factory, "collect", None)  # process-wide totals of a backend family
+        if collect is not None:
+            fams.extend(collect())
         return fams
 
     # ------------------------------------------------------------ sessions
