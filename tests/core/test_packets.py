@@ -102,3 +102,14 @@ def test_other_packets() -> None:
         ControlEvent(session_id="s", source_id="sys", ts=0, arrival_ns=0, kind="")
     with pytest.raises(InvalidPacket, match="negative"):
         VideoFrame(session_id="s", source_id="c", ts=0, arrival_ns=0, width=-1)
+
+
+def test_rtp_unwrapper() -> None:
+    from tristream.core.units import RtpUnwrapper
+
+    u = RtpUnwrapper()
+    wrap = 1 << 32
+    seq = [wrap - 3000, wrap - 1500, 10, 5, 1510, 3010]  # wrap-around, then one reordered packet
+    assert [u(v) for v in seq] == [wrap - 3000, wrap - 1500, wrap + 10, wrap + 5, wrap + 1510, wrap + 3010]
+    with pytest.raises(InvalidPacket):
+        u(-1)

@@ -16,7 +16,7 @@ from tristream.core.packets import (
     TextDelta,
     VideoFrame,
 )
-from tristream.core.units import TimeUnit, parse_unit, samples_at
+from tristream.core.units import RtpUnwrapper, TimeUnit, parse_unit, samples_at
 
 __all__ = [
     "AudioChunk",
@@ -27,6 +27,7 @@ __all__ = [
     "Modality",
     "OutOfOrder",
     "Packet",
+    "RtpUnwrapper",
     "SensorSample",
     "TextDelta",
     "TimeCoreError",

@@ -54,7 +54,7 @@ class TimeIndexedRing:
         dtype: np.dtype | type = np.float32,
         lateness_ns: int = 200_000_000,
         snap_ns: int = 5_000_000,
-        anchors: int = 4096,
+        anchors: int | None = None,
         name: str = "ring",
     ) -> None:
         if not (rate_hz > 0 and math.isfinite(rate_hz)):
@@ -72,7 +72,8 @@ class TimeIndexedRing:
         self._snap_hi = self.snap * self.period_ns
         shape = (2 * self.capacity,) if channels == 1 else (2 * self.capacity, channels)
         self._buf = np.zeros(shape, dtype=dtype)
-        self._acap = max(16, int(anchors))
+        # One anchor per chunk at worst (noisy timestamps); by default enough for chunks of 64+ samples.
+        self._acap = max(16, int(anchors) if anchors is not None else self.capacity // 64 + 16)
         self._at: list[int] = []  # anchor times (ref ns), ascending; live range [_a0, _a1)
         self._ai: list[int] = []  # anchor sample indices
         self._a0 = 0

@@ -121,3 +121,30 @@ RTP90K = parse_unit("rtp90k")
 def samples_at(rate: int) -> TimeUnit:
     """The `samples@RATE` unit for a fixed-rate stream."""
     return parse_unit(f"samples@{rate}")
+
+
+class RtpUnwrapper:
+    """Extends 32-bit RTP timestamps (e.g. `rtp90k`) into a monotonic 64-bit tick count.
+
+    RTP timestamps wrap every 2**32 ticks (13.3 h at 90 kHz); each value is placed in the wrap
+    cycle that puts it closest to the newest one seen, so wrap-around and reordering both work.
+    """
+
+    __slots__ = ("_newest",)
+
+    WRAP = 1 << 32
+
+    def __init__(self) -> None:
+        self._newest: int | None = None
+
+    def __call__(self, ts32: int) -> int:
+        if not isinstance(ts32, int) or not 0 <= ts32 < self.WRAP:
+            raise InvalidPacket(f"RTP timestamp {ts32!r} is not a 32-bit unsigned integer")
+        if self._newest is None:
+            self._newest = ts32
+            return ts32
+        base = self._newest - self._newest % self.WRAP
+        best = min((base + ts32 + k * self.WRAP for k in (-1, 0, 1)), key=lambda v: abs(v - self._newest))  # type: ignore[operator]
+        if best > self._newest:
+            self._newest = best
+        return best
