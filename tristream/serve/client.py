@@ -181,7 +181,17 @@ async def stream_media(
     results: list[TurnResult] = []
     transcripts: list[str] = []
     cur = TurnResult()
-    state = {"last_voiced": 0.0, "eos": 0.0, "responses_open": 0, "sent_all": False}
+    # Without expect_turns the stream is over when the server has acknowledged a sync marker
+    # sent after the last chunk (so every turn end was detected) and each detected turn has
+    # been answered.
+    state = {"last_voiced": 0.0, "eos": 0.0, "responses_open": 0, "stopped": 0, "updated": 0, "synced": False}
+
+    def check_done() -> None:
+        if expect_turns is not None:
+            if len(results) >= expect_turns:
+                done.set()
+        elif state["synced"] and state["responses_open"] <= 0 and len(results) >= state["stopped"]:
+            done.set()
     done = asyncio.Event()
 
     async def reader() -> None:
@@ -192,6 +202,12 @@ async def stream_media(
             t, now = ev["type"], time.perf_counter()
             if t == "input_audio_buffer.speech_stopped":
                 state["eos"] = state["last_voiced"]
+                state["stopped"] += 1
+            elif t == "session.updated":
+                state["updated"] += 1
+                if state["updated"] == 2:  # the sync marker's reply
+                    state["synced"] = True
+                    check_done()
             elif t == "conversation.item.input_audio_transcription.completed":
                 transcripts.append(ev["transcript"])
             elif t == "response.created":
@@ -212,10 +228,7 @@ async def stream_media(
                 results.append(cur)
                 cur = TurnResult()
                 state["eos"] = 0.0
-                if expect_turns is not None and len(results) >= expect_turns:
-                    done.set()
-                elif expect_turns is None and state["sent_all"] and state["responses_open"] <= 0:
-                    done.set()
+                check_done()
             elif t == "error" and ev["error"]["code"] != P.E_SHUTTING_DOWN:
                 raise ClientError(f"server error {ev['error']['code']}: {ev['error']['message']}")
 
@@ -239,11 +252,8 @@ async def stream_media(
                 state["last_voiced"] = time.perf_counter()
             if rtask.done():
                 break
-        state["sent_all"] = True
-        if expect_turns is None and state["responses_open"] <= 0 and not rtask.done():
-            await asyncio.sleep(0.2 if pace > 0 else 0.05)  # a turn end may still be in flight
-            if state["responses_open"] <= 0:
-                done.set()
+        if not rtask.done():
+            await client.send({"type": "session.update", "session": {}})  # sync marker
         waiter = asyncio.get_running_loop().create_task(done.wait())
         await asyncio.wait({waiter, rtask}, timeout=answer_timeout_s, return_when=asyncio.FIRST_COMPLETED)
         waiter.cancel()

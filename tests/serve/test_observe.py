@@ -1,0 +1,103 @@
+"""Metrics exposition, turn spans, and the `top` / `client` commands against a live server."""
+
+from __future__ import annotations
+
+import asyncio
+import wave
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from tests.serve.helpers import TOKEN, run, running_server, tone_turns, url
+from tristream.cli import app
+from tristream.commands.top import parse_prometheus
+from tristream.observe.tracing import TurnTracer
+from tristream.serve.client import stream_media
+from tristream.serve.metrics import ServeMetrics
+from tristream.serve.session import TurnTiming
+
+
+def test_prometheus_text_is_well_formed() -> None:
+    m = ServeMetrics()
+    m.inc("tristream_x_total", reason='a"b')
+    m.inc("tristream_x_total", 2, reason="c")
+    m.set("tristream_g", 3)
+    for v in (1_000_000, 2_000_000, 50_000_000):
+        m.observe_ns("tristream_lat_seconds", v)
+    m.add_collector(lambda: [("tristream_f", "gauge", "f", [("tristream_f", {"s": "1"}, 1.0)])])
+    m.add_collector(lambda: [("tristream_f", "gauge", "f", [("tristream_f", {"s": "2"}, 2.0)])])
+    text = m.render()
+    assert text.count("# TYPE tristream_f gauge") == 1  # merged across collectors
+    parsed = parse_prometheus(text)
+    assert parsed['tristream_x_total{reason="a\\"b"}'] == 1
+    assert parsed['tristream_x_total{reason="c"}'] == 2
+    assert parsed["tristream_lat_seconds_count"] == 3
+    assert 0.049 < parsed['tristream_lat_seconds{quantile="0.99"}'] <= 0.0505
+    for line in text.splitlines():
+        assert line.startswith("#") or len(line.rsplit(" ", 1)) == 2
+
+
+def test_turn_spans() -> None:
+    tr = TurnTracer(keep=10)
+    t = TurnTiming(speech_started=1_000, speech_stopped=5_000, transcript_done=6_000, response_started=6_500,
+                   first_text=7_000, first_audio=8_000, done=20_000, status="completed")
+    spans = tr.record_turn("s1", t)
+    names = [s.name for s in spans]
+    assert names == ["turn", "user.speech", "asr.final", "response.first_text", "response.first_audio",
+                     "response.stream"]
+    assert spans[0].start_ns == 1_000 and spans[0].end_ns == 20_000
+    assert {s.parent for s in spans[1:]} == {"turn"}
+    assert spans[4].duration_ms == (8_000 - 5_000) / 1e6
+    assert tr.record_turn("s1", TurnTiming()) == []  # an unfinished turn makes no span
+
+
+def test_server_records_turn_spans_and_top_shows_latency() -> None:
+    async def go() -> tuple[int, str]:
+        async with running_server() as srv:
+            await stream_media(url(srv), TOKEN, tone_turns([300]), 24_000, pace=0, expect_turns=1)
+            assert any(s.name == "response.first_audio" for s in srv.tracer.spans)
+            loop = asyncio.get_running_loop()
+            res = await loop.run_in_executor(None, lambda: CliRunner().invoke(
+                app, ["top", "--once", "--url", f"http://127.0.0.1:{srv.port}/metrics"], env={"COLUMNS": "160"}))
+            return res.exit_code, res.output
+    code, out = run(go())  # type: ignore[misc]
+    assert code == 0, out
+    assert "eos_to_first_audio" in out and "sessions" in out
+
+
+def test_client_command_prints_turns(tmp_path: Path) -> None:
+    wav = tmp_path / "in.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(tone_turns([400], rate=16_000).tobytes())
+
+    async def go() -> tuple[int, str]:
+        async with running_server() as srv:
+            loop = asyncio.get_running_loop()
+            res = await loop.run_in_executor(None, lambda: CliRunner().invoke(app, [
+                "client", "--wav", str(wav), "--url", url(srv), "--token", TOKEN, "--pace", "0"],
+                env={"COLUMNS": "200"}))
+            return res.exit_code, res.output
+    code, out = run(go())  # type: ignore[misc]
+    assert code == 0, out
+    assert "speech 400 ms" in out and "completed" in out
+
+
+def test_client_command_reports_auth_failure(tmp_path: Path) -> None:
+    wav = tmp_path / "in.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16_000)
+        w.writeframes(tone_turns([300], rate=16_000).tobytes())
+
+    async def go() -> tuple[int, str]:
+        async with running_server() as srv:
+            loop = asyncio.get_running_loop()
+            res = await loop.run_in_executor(None, lambda: CliRunner().invoke(app, [
+                "client", "--wav", str(wav), "--url", url(srv), "--token", "nope", "--pace", "0"]))
+            return res.exit_code, res.output
+    code, out = run(go())  # type: ignore[misc]
+    assert code == 1 and "401" in out
