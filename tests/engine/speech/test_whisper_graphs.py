@@ -29,3 +29,22 @@ def test_graph_replay_equals_eager_for_every_bucket(dtype: torch.dtype, make_whi
             assert (g.batch_bucket, g.audio_bucket_s) == (bb, ab)
             np.testing.assert_array_equal(g.tokens, e.tokens)
             np.testing.assert_array_equal(g.frames, e.frames)
+
+
+@pytest.mark.gpu
+def test_device_audio_store_pass_equals_host_pass(make_whisper) -> None:  # type: ignore[no-untyped-def]
+    from tristream.engine.speech.audio_store import AudioStore
+
+    model = make_whisper().to("cuda", torch.float16)
+    r = WhisperRunner(model, TOKENS, batch_buckets=(1, 4), audio_buckets_s=(2.0,), max_new_tokens=8, chunk=4,
+                      early_stop=False)
+    store = AudioStore(4, 32000, "cuda")
+    rng = np.random.default_rng(1)
+    audio = [(0.1 * rng.standard_normal(12000 + 3000 * i)).astype(np.float32) for i in range(3)]
+    slots = [store.acquire() for _ in audio]
+    for s, a in zip(slots, audio, strict=True):
+        for k in range(0, a.size, 2560):  # pinned async uploads, chunk by chunk
+            store.append(s, a[k : k + 2560])
+    a_res, b_res = r.run_store(store, slots), r.run(audio)
+    np.testing.assert_array_equal(a_res.tokens, b_res.tokens)
+    np.testing.assert_array_equal(a_res.frames, b_res.frames)

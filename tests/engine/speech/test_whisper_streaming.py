@@ -102,3 +102,28 @@ def test_streaming_many_streams_emit_timed_words(tiny_whisper: Whisper) -> None:
             assert t0 <= w.start_ns <= w.end_ns <= t0 + 4 * NS + NS // 10
     with pytest.raises(ValueError, match="not open"):
         asr.push("zzz", np.zeros(10, np.float32))
+
+
+def test_audio_store_append_trim_and_store_pass_equals_host_pass(tiny_whisper: Whisper) -> None:
+    from tristream.engine.speech.audio_store import AudioStore
+
+    store = AudioStore(slots=3, max_samples=80000)
+    a, b = _audio(1.5, 7), _audio(2.5, 8)
+    sa, sb = store.acquire(), store.acquire()
+    for k in range(0, a.size, 4000):
+        store.append(sa, a[k : k + 4000])
+    store.append(sb, b)
+    np.testing.assert_array_equal(store.host_copy(sa), a)
+    store.trim(sb, 8000)
+    np.testing.assert_array_equal(store.host_copy(sb), b[8000:])
+    assert float(store.buf[sb, b.size - 8000 :].abs().max()) == 0.0  # tail stays zero
+    r = _runner(tiny_whisper)
+    via_store = r.run_store(store, [sa, sb])
+    via_host = r.run([a, b[8000:]])
+    np.testing.assert_array_equal(via_store.tokens, via_host.tokens)
+    np.testing.assert_array_equal(via_store.frames, via_host.frames)
+    with pytest.raises(ValueError, match="trim it first"):
+        store.append(sa, np.zeros(80000, np.float32))
+    store.release(sa)
+    store.release(sb)
+    assert store.acquire() in (sa, sb)

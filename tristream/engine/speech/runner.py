@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.mel import LogMel
@@ -115,9 +116,7 @@ class WhisperRunner:
     def _views(self, bb: int, ab: float) -> tuple[torch.Tensor, DecoderCache]:
         n = int(round(ab * SAMPLE_RATE))
         t = n // SAMPLES_PER_POSITION
-        c = self.cache
-        return self.mel_buf[:bb, :, : n // HOP], DecoderCache(
-            c.k[:, :bb], c.v[:, :bb], c.xk[:, :bb, :, :t], c.xv[:, :bb, :, :t])
+        return self.mel_buf[:bb, :, : n // HOP], self.cache.rows(bb, t)
 
     # ---- the two captured regions ------------------------------------------------------------
     def _encode(self, bb: int, ab: float) -> None:
@@ -125,8 +124,8 @@ class WhisperRunner:
         m = self.model
         enc = m.encode(mel)
         m.fill_cross(enc, cache)
-        logits, _ = m.decode(self.prompt_ids.expand(bb, -1), self.prompt_pos, cache)
-        self.tok[:bb].copy_(logits[:, -1, : self.tokens.sot].argmax(-1))
+        logits, _ = m.decode(self.prompt_ids.expand(bb, -1), self.prompt_pos, cache, vocab_limit=self.tokens.sot)
+        self.tok[:bb].copy_(logits[:, -1].argmax(-1))
         self.out_tok[:bb, 0].copy_(self.tok[:bb])
         self.pos.copy_(self.out_base)
 
@@ -135,8 +134,8 @@ class WhisperRunner:
         m = self.model
         sot = self.tokens.sot
         for _ in range(self.chunk):
-            logits, align = m.decode(self.tok[:bb, None], self.pos, cache)
-            nxt = logits[:, 0, :sot].argmax(-1)
+            logits, align = m.decode(self.tok[:bb, None], self.pos, cache, vocab_limit=sot)
+            nxt = logits[:, 0].argmax(-1)
             j = self.pos - self.out_base
             self.out_frame[:bb].index_copy_(1, j, align[:, 0].argmax(-1, keepdim=True))
             self.out_tok[:bb].index_copy_(1, j + 1, nxt[:, None])
@@ -182,7 +181,7 @@ class WhisperRunner:
     # ---- one pass ----------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, audio: list[np.ndarray]) -> PassResult:
-        """Transcribe each buffer (float32 16 kHz mono, ≤ largest bucket) in one batched pass."""
+        """Transcribe each host buffer (float32 16 kHz mono, ≤ largest bucket) in one batched pass."""
         if not audio:
             raise AudioInputError("run() needs at least one audio buffer")
         bb = self.batch_bucket(len(audio))
@@ -197,6 +196,22 @@ class WhisperRunner:
         if self.device.type == "cuda":
             src = src.pin_memory()
         self.audio[:bb, :n].copy_(src, non_blocking=True)
+        return self._pass(len(audio), bb, ab)
+
+    @torch.inference_mode()
+    def run_store(self, store: AudioStore, slots: list[int]) -> PassResult:
+        """Transcribe device-resident rows of `store` in one batched pass (no host audio copy)."""
+        if not slots:
+            raise AudioInputError("run_store() needs at least one slot")
+        bb = self.batch_bucket(len(slots))
+        ab = self.audio_bucket(int(max(store.lengths[s] for s in slots)))
+        n = int(round(ab * SAMPLE_RATE))
+        idx = torch.tensor(slots, device=store.device)
+        self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, idx))
+        return self._pass(len(slots), bb, ab)
+
+    def _pass(self, n_real: int, bb: int, ab: float) -> PassResult:
+        n = int(round(ab * SAMPLE_RATE))
         self.mel_buf[:bb, :, : n // HOP].copy_(self.mel(self.audio[:bb, :n]))
         self.out_tok.fill_(self.tokens.eot)
         self._run("encode", bb, ab)
@@ -205,10 +220,10 @@ class WhisperRunner:
             self._run("steps", bb, ab)
             done += self.chunk
             if self.early_stop and done < self.k:
-                if bool((self.out_tok[: len(audio), : done + 1] == self.tokens.eot).any(1).all()):
+                if bool((self.out_tok[:n_real, : done + 1] == self.tokens.eot).any(1).all()):
                     break
-        toks = self.out_tok[: len(audio), : self.k].cpu().numpy().copy()
-        frames = self.out_frame[: len(audio), : self.k].cpu().numpy().copy()
+        toks = self.out_tok[:n_real, : self.k].cpu().numpy().copy()
+        frames = self.out_frame[:n_real, : self.k].cpu().numpy().copy()
         key = (bb, ab)
         self.stats.passes[key] = self.stats.passes.get(key, 0) + 1
         if not self.use_graphs:

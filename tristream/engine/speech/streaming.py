@@ -1,7 +1,8 @@
 """Many-stream streaming Whisper: per-stream audio buffers, one batched pass per update, LocalAgreement.
 
 Audio arrives per stream in chunks (160–500 ms) stamped with the reference-clock time of their
-first sample. `step()` takes every stream with at least `min_update_s` of new audio, runs them in
+first sample; each chunk is uploaded once (pinned, async) into the stream's device-resident row
+of an `AudioStore`. `step()` takes every stream with at least `min_update_s` of new audio, runs them in
 one `WhisperRunner` pass (one encoder call for all), turns tokens into words timed from the
 cross-attention frames on the reference clock, and feeds each stream's `LocalAgreement`. A
 buffer longer than `trim_after_s` is cut at the end of its last committed word (or, with nothing
@@ -11,10 +12,11 @@ committed, to its newest `keep_s` — counted in `stats.forced_trims`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.commit import LocalAgreement, Word
 from tristream.engine.speech.config import FRAME_S, SAMPLE_RATE
 from tristream.engine.speech.errors import AudioInputError
@@ -51,13 +53,14 @@ class StreamingStats:
 
 @dataclass(slots=True)
 class _Stream:
+    slot: int
     t0_ns: int
     agreement: LocalAgreement
-    audio: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
+    length: int = 0
     new_samples: int = 0
 
     def end_ns(self) -> int:
-        return self.t0_ns + self.audio.shape[0] * NS // SAMPLE_RATE
+        return self.t0_ns + self.length * NS // SAMPLE_RATE
 
 
 def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[int], str], eot: int,
@@ -91,7 +94,8 @@ class StreamingWhisper:
     """Streaming ASR over many streams sharing one batched, graphed Whisper pass per update."""
 
     def __init__(self, runner: WhisperRunner, text_of: Callable[[int], str], *, agreement_n: int = 2,
-                 min_update_s: float = 0.16, trim_after_s: float | None = None, keep_s: float = 2.0) -> None:
+                 min_update_s: float = 0.16, trim_after_s: float | None = None, keep_s: float = 2.0,
+                 max_streams: int = 256) -> None:
         self.runner = runner
         self.text_of = text_of
         self.agreement_n = agreement_n
@@ -101,29 +105,34 @@ class StreamingWhisper:
                               * SAMPLE_RATE)
         self.keep = int(keep_s * SAMPLE_RATE)
         self.streams: dict[str, _Stream] = {}
+        self.store = AudioStore(max_streams, self.max_samples, runner.device)
         self.stats = StreamingStats()
 
     def open(self, stream_id: str, t0_ns: int) -> None:
         """Start a stream whose first sample is at reference time `t0_ns`."""
         if stream_id in self.streams:
             raise AudioInputError(f"stream {stream_id!r} is already open")
-        self.streams[stream_id] = _Stream(t0_ns, LocalAgreement(self.agreement_n))
+        self.streams[stream_id] = _Stream(self.store.acquire(), t0_ns, LocalAgreement(self.agreement_n))
 
     def push(self, stream_id: str, samples: np.ndarray, t_ns: int | None = None) -> None:
         """Append mono float32 16 kHz samples; `t_ns` (first sample's reference time) checks continuity."""
         s = self._get(stream_id)
         if samples.ndim != 1 or samples.dtype != np.float32:
             raise AudioInputError(f"audio chunk must be 1-D float32 at 16 kHz; got {samples.dtype} {samples.shape}")
+        n = samples.shape[0]
+        if n > self.max_samples:
+            raise AudioInputError(f"chunk of {n} samples is longer than the largest audio bucket; send 160-500 ms chunks")
         if t_ns is not None and abs(t_ns - s.end_ns()) > NS // 100:
             self.stats.discontinuities += 1
-            if not s.audio.size:
+            if not s.length:
                 s.t0_ns = t_ns
-        s.audio = np.concatenate([s.audio, samples])
-        s.new_samples += samples.shape[0]
-        if s.audio.shape[0] > self.max_samples:
-            cut = s.audio.shape[0] - self.max_samples
+        if s.length + n > self.max_samples:
+            cut = s.length + n - self.max_samples
             self.stats.clipped_samples += cut
             self._trim(s, cut, forced=True)
+        self.store.append(s.slot, samples)
+        s.length += n
+        s.new_samples += n
 
     def ready(self) -> list[str]:
         """Streams with enough new audio for an update."""
@@ -144,6 +153,7 @@ class StreamingWhisper:
         if s.new_samples:
             self._pass([stream_id])
         res = s.agreement.flush()
+        self.store.release(s.slot)
         del self.streams[stream_id]
         return TranscriptEvent(stream_id, res.committed, [], final=True)
 
@@ -155,7 +165,9 @@ class StreamingWhisper:
             raise AudioInputError(f"stream {stream_id!r} is not open; call open() first") from None
 
     def _trim(self, s: _Stream, n: int, forced: bool) -> None:
-        s.audio = s.audio[n:]
+        n = max(0, min(n, s.length))
+        self.store.trim(s.slot, n)
+        s.length -= n
         s.t0_ns += n * NS // SAMPLE_RATE
         s.agreement.forget_before(s.t0_ns)
         self.stats.trims += 1
@@ -163,23 +175,23 @@ class StreamingWhisper:
 
     def _pass(self, ids: list[str]) -> list[TranscriptEvent]:
         streams = [self._get(i) for i in ids]
-        res = self.runner.run([s.audio for s in streams])
+        res = self.runner.run_store(self.store, [s.slot for s in streams])
         self.stats.passes += 1
         out: list[TranscriptEvent] = []
         for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
-            valid = int(np.ceil(s.audio.shape[0] / (FRAME_S * SAMPLE_RATE)))
+            valid = int(np.ceil(s.length / (FRAME_S * SAMPLE_RATE)))
             words = tokens_to_words(res.tokens[k].tolist(), res.frames[k].tolist(), self.text_of,
                                     self.runner.tokens.eot, s.t0_ns, valid)
             r = s.agreement.insert(words)
             s.new_samples = 0
             self.stats.updates += 1
             out.append(TranscriptEvent(sid, r.committed, r.partial))
-            if s.audio.shape[0] > self.trim_after:
+            if s.length > self.trim_after:
                 if s.agreement.committed and s.agreement.committed_end_ns > s.t0_ns:
                     cut = (s.agreement.committed_end_ns - s.t0_ns) * SAMPLE_RATE // NS
                     self._trim(s, int(cut), forced=False)
                 else:
-                    self._trim(s, s.audio.shape[0] - self.keep, forced=True)
+                    self._trim(s, s.length - self.keep, forced=True)
         return out
 
 

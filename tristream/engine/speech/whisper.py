@@ -72,32 +72,46 @@ class DecoderLayer(nn.Module):
         k, v = self.xkv(enc).view(b, t, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
-    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: torch.Tensor,
-                xk: torch.Tensor, xv: torch.Tensor, self_mask: torch.Tensor
-                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """x `[B, S, D]` at positions `pos` `[S]`; caches `[B, H, Tmax, hd]` are written in place."""
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, pos: torch.Tensor, xk: torch.Tensor,
+                xv: torch.Tensor, self_mask: torch.Tensor, want_align: bool
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x `[B, S, D]` at positions `pos` `[S]`; `kv_cache` `[2, B, H, Tmax, hd]` is written in place.
+
+        With `want_align` the cross-attention is computed explicitly and its head-averaged
+        probabilities `[B, S, T]` are returned (word timing); otherwise one fused SDPA call.
+        """
         b, s, d = x.shape
         h, hd = self.heads, d // self.heads
-        q, k, v = self.qkv(self.ln1(x)).view(b, s, 3, h, hd).permute(2, 0, 3, 1, 4).unbind(0)
-        k_cache.index_copy_(2, pos, k)
-        v_cache.index_copy_(2, pos, v)
-        a = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=self_mask)
+        qkv = self.qkv(self.ln1(x)).view(b, s, 3, h, hd).permute(2, 0, 3, 1, 4)
+        kv_cache.index_copy_(3, pos, qkv[1:])
+        a = F.scaled_dot_product_attention(qkv[0], kv_cache[0], kv_cache[1], attn_mask=self_mask)
         x = x + self.out(a.transpose(1, 2).reshape(b, s, d))
         q = self.xq(self.lnx(x)).view(b, s, h, hd).transpose(1, 2)
-        p = torch.softmax((q @ xk.transpose(-1, -2)) * (hd**-0.5), dim=-1)
-        x = x + self.xout((p @ xv).transpose(1, 2).reshape(b, s, d))
+        probs: torch.Tensor | None = None
+        if want_align:
+            p = torch.softmax((q @ xk.transpose(-1, -2)) * (hd**-0.5), dim=-1)
+            a = p @ xv
+            probs = p.mean(dim=1)
+        else:
+            a = F.scaled_dot_product_attention(q, xk, xv)
+        x = x + self.xout(a.transpose(1, 2).reshape(b, s, d))
         x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-        return x, p.mean(dim=1)
+        return x, probs
 
 
 @dataclass(slots=True)
 class DecoderCache:
-    """Static decoder buffers of one batch: self K/V `[L, B, H, Tmax, hd]`, cross K/V `[L, B, H, T, hd]`."""
+    """Static decoder buffers: self K/V `[L, 2, B, H, Tmax, hd]`, cross K/V `[L, B, H, T, hd]`, causal table."""
 
-    k: torch.Tensor
-    v: torch.Tensor
+    kv: torch.Tensor
     xk: torch.Tensor
     xv: torch.Tensor
+    causal: torch.Tensor  # [Tmax, Tmax] bool: row p allows positions <= p
+
+    def rows(self, batch: int, enc_len: int) -> DecoderCache:
+        """View of the first `batch` sequences and `enc_len` encoder positions (for shape buckets)."""
+        return DecoderCache(self.kv[:, :, :batch], self.xk[:, :batch, :, :enc_len], self.xv[:, :batch, :, :enc_len],
+                            self.causal)
 
 
 class Whisper(nn.Module):
@@ -116,8 +130,9 @@ class Whisper(nn.Module):
         self.dec_pos = nn.Parameter(torch.zeros(dims.max_target_positions, d))
         self.dec_layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.decoder_layers))
         self.dec_ln = nn.LayerNorm(d)
-        n = dims.decoder_layers
-        self.align_layers = tuple(range(n // 2, n))
+        # Word times come from one mid-late decoder layer's cross-attention (OpenAI's alignment heads
+        # sit in the second half); the other layers use fused attention.
+        self.align_layers: tuple[int, ...] = ((2 * dims.decoder_layers) // 3,)
 
     # ---- encoder ---------------------------------------------------------------------------
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
@@ -143,11 +158,12 @@ class Whisper(nn.Module):
         dims = self.dims
         device = device if device is not None else self.tok.device
         dtype = dtype or self.tok.dtype
-        shp = (dims.decoder_layers, batch, dims.heads, max_len, dims.head_dim)
+        shp = (dims.decoder_layers, 2, batch, dims.heads, max_len, dims.head_dim)
         xshp = (dims.decoder_layers, batch, dims.heads, enc_len, dims.head_dim)
         z = torch.zeros
-        return DecoderCache(z(shp, device=device, dtype=dtype), z(shp, device=device, dtype=dtype),
-                            z(xshp, device=device, dtype=dtype), z(xshp, device=device, dtype=dtype))
+        ar = torch.arange(max_len, device=device)
+        return DecoderCache(z(shp, device=device, dtype=dtype), z(xshp, device=device, dtype=dtype),
+                            z(xshp, device=device, dtype=dtype), ar[None, :] <= ar[:, None])
 
     def fill_cross(self, enc: torch.Tensor, cache: DecoderCache) -> None:
         """Write the cross-attention K/V of `enc` into `cache` (first `enc.shape[0]` rows)."""
@@ -157,23 +173,24 @@ class Whisper(nn.Module):
             cache.xk[i, :b, :, :t].copy_(k)
             cache.xv[i, :b, :, :t].copy_(v)
 
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache, vocab_limit: int | None = None
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Tokens `[B, S]` at positions `pos` `[S]` → logits `[B, S, V]`, alignment attention `[B, S, T]`.
 
         Writes the self-attention cache at `pos`; attends to cache positions ≤ each query's position.
+        `vocab_limit` keeps only the first ids' logits (text tokens), a smaller final matmul.
         """
-        t_max = cache.k.shape[3]
         x = F.embedding(tokens, self.tok) + self.dec_pos.index_select(0, pos).to(self.tok.dtype)
-        mask = torch.arange(t_max, device=tokens.device)[None, :] <= pos[:, None]
-        align = None
+        mask = cache.causal.index_select(0, pos)
+        align: torch.Tensor | None = None
         for i, layer in enumerate(self.dec_layers):
-            x, p = layer(x, cache.k[i], cache.v[i], pos, cache.xk[i], cache.xv[i], mask)
-            if i in self.align_layers:
+            x, p = layer(x, cache.kv[i], pos, cache.xk[i], cache.xv[i], mask, i in self.align_layers)
+            if p is not None:
                 align = p if align is None else align + p
         x = self.dec_ln(x)
         assert align is not None
-        return x @ self.tok.T, align
+        w = self.tok if vocab_limit is None else self.tok[:vocab_limit]
+        return x @ w.T, align
 
     def decode_full(self, tokens: torch.Tensor, enc: torch.Tensor) -> torch.Tensor:
         """Reference: logits of a whole token sequence `[B, S]` with fresh buffers (HF-comparable)."""
