@@ -171,3 +171,15 @@ def test_barge_in_cancels_the_running_answer() -> None:
     s.speech_start(1, now)
     assert not _queued(s, 1, Kind.DECODE)
     assert s.ledger.events["barge_in_cancelled_tokens"] == 49
+
+
+def test_second_end_of_turn_merges_into_the_queued_one() -> None:
+    s = Scheduler(ours_config(shape=WorkShape(vision_fps=0.0)))
+    s.open_session(1, Tier.GOLD, 0, camera_fps=0.0)
+    s.speech_start(1, 0)
+    s.turn_end(1, 100 * MS, tail_tokens=10, answer_tokens=30)
+    s.text_message(1, 120 * MS, tokens=7, answer_tokens=40)
+    te = _queued(s, 1, Kind.TURN_END)
+    assert len(te) == 1
+    assert te[0].tokens == 17 and te[0].turn_end_ns == 120 * MS and te[0].meta["answer"] == 40
+    assert s.ledger.events["turn_ends_merged"] == 1

@@ -137,6 +137,16 @@ class Scheduler:
             self.ledger.add(ShedReason.ANSWER_SHORTENED, s.tier, Kind.DECODE, answer - short)
             answer = short
         target_ns = int(self.config.tiers[s.tier].p99_target_ms * MS)
+        q = s.queued_turn_end
+        if q is not None:
+            # More input before the previous end of turn was served (e.g. a typed message right
+            # after speaking): one answer covers both, timed from the latest end of input.
+            q.tokens += max(1, tokens)
+            q.asr_units = max(q.asr_units, asr)
+            q.turn_end_ns, q.deadline_ns, q.turn_id = now_ns, now_ns + target_ns, s.turn_id
+            q.meta["answer"] = answer
+            self.ledger.note("turn_ends_merged")
+            return
         it = self._new_item(s, modality, Kind.TURN_END, now_ns, now_ns + target_ns, tokens=max(1, tokens),
                             asr_units=asr)
         it.turn_end_ns = now_ns
