@@ -89,3 +89,19 @@ def test_cli(recording: tuple[Path, dict], tmp_path: Path) -> None:  # type: ign
     assert res.exit_code == 2 and "line 1" in res.output
     res = runner.invoke(app, ["align", str(path), "-o", str(out), "--latency", "cam0"])
     assert res.exit_code != 0
+
+
+def test_offline_fit_rejects_too_early_packets() -> None:
+    from tristream.core.offline import fit_source
+    from tristream.core.synth import SourceSpec, generate_stream
+
+    spec = SourceSpec("mic", "audio", "samples@16000", 320, 320, drift_ppm=100.0, latency_ns=10_000_000,
+                      reset_at_s=30.0)
+    s = generate_stream(spec, 60.0, 4)
+    rng = np.random.default_rng(9)
+    bad = rng.random(len(s)) < 0.02
+    s.arrival_ns[bad] -= rng.integers(1_000_000, 9_000_000, int(bad.sum()))
+    f = fit_source("mic", s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=10_000_000)
+    assert 0 < f.summary["too_early"] <= bad.sum()
+    assert abs(f.summary["drift_ppm"] - 100.0) < 0.5
+    assert np.percentile(np.abs(f.ref_ns - s.true_ref_ns)[~bad], 99) < 0.1e6

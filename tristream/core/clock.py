@@ -20,6 +20,7 @@ delay (device/pipeline latency); it cannot be observed from timestamps alone.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ class _Epoch:
     packets: int = 0
     fitted: bool = False
     spread: float = 0.0
-    windows: OrderedDict[int, tuple[float, float]] = field(default_factory=OrderedDict)
+    # window key -> up to 4 least-delay points (z, x, y), ascending z = y - drift * x
+    windows: OrderedDict[int, list[tuple[float, float, float]]] = field(default_factory=OrderedDict)
 
     def y_of(self, src_ns: int, arrival_ns: int) -> tuple[float, float]:
         x = float(src_ns - self.s0)
@@ -76,12 +78,13 @@ class SourceClock:
         latency_ns: int = 0,
         window_ns: int = 500_000_000,
         history: int = 240,
-        q: float = 0.02,
+        q: float = 0.05,
         min_span_ns: int = 2_000_000_000,
         max_drift_ppm: float = 1000.0,
         reset_back_ns: int = 200_000_000,
         reset_ahead_ns: int = 100_000_000,
         reset_confirm: int = 3,
+        early_tolerance_ns: int = 1_000_000,
     ) -> None:
         if window_ns <= 0 or history < 4 or reset_confirm < 1:
             raise ValueError("window_ns must be > 0, history >= 4 and reset_confirm >= 1")
@@ -95,6 +98,7 @@ class SourceClock:
         self.reset_back_ns = int(reset_back_ns)
         self.reset_ahead_ns = int(reset_ahead_ns)
         self.reset_confirm = int(reset_confirm)
+        self.early_tolerance_ns = float(early_tolerance_ns)
         self.counts = DropCounter(f"clock:{source_id}")
         self._d = 0.0
         self._slope_fitted = False
@@ -279,20 +283,40 @@ class SourceClock:
                 self._last_src = src_ns
         x, y = ep.y_of(src_ns, arrival_ns)
         z = y - self._d * x
-        # While the fit's quantile is still the minimum (fewer than 1/q windows), the intercept
-        # is the running minimum, so follow it per packet instead of waiting for the next refit.
-        if ep.packets == 1 or (z < ep.c and (not ep.fitted or len(ep.windows) * self.q < 1.0)):
+        if ep.packets == 1:
             ep.c = z
         key = (src_ns - ep.s0) // self.window_ns
-        old = ep.windows.get(key)
-        if old is None:
-            ep.windows[key] = (x, y)
+        pts = ep.windows.get(key)
+        if pts is None:
+            ep.windows[key] = [(z, x, y)]
             self._nwin += 1
             self._evict()
             if len(ep.windows) >= 2:
                 self._refit()
-        elif z < old[1] - self._d * old[0]:
-            ep.windows[key] = (x, y)
+        elif len(pts) < 4 or z < pts[-1][0]:
+            bisect.insort(pts, (z, x, y))
+            del pts[4:]
+        else:
+            return
+        # While the fit's quantile is still the minimum (fewer than 1/q windows), the intercept
+        # is the lowest window representative, so follow it per packet instead of waiting for
+        # the next refit (this shortens the transient after a reset).
+        if not ep.fitted or len(ep.windows) * self.q < 1.0:
+            rep, confirmed = self._rep(ep.windows[key])
+            if confirmed and rep[0] < ep.c:
+                ep.c = rep[0]
+
+    def _rep(self, pts: list[tuple[float, float, float]]) -> tuple[tuple[float, float, float], bool]:
+        """A window's least-delay point, confirmed by a second one within `early_tolerance_ns`.
+
+        A packet that seems to arrive earlier than every other one of its window by more than
+        the tolerance (a timestamp stamped late, a clock glitch) is physically implausible and
+        must not drag the envelope down; without a confirmed pair the minimum is used.
+        """
+        for i in range(len(pts) - 1):
+            if pts[i + 1][0] - pts[i][0] <= self.early_tolerance_ns:
+                return pts[i], True
+        return pts[0], False
 
     def _evict(self) -> None:
         while self._nwin > self.history:
@@ -304,8 +328,9 @@ class SourceClock:
 
     def _refit(self) -> None:
         live = [ep for ep in self._epochs if ep.windows]
-        xs = [np.fromiter((w[0] for w in ep.windows.values()), float, len(ep.windows)) for ep in live]
-        ys = [np.fromiter((w[1] for w in ep.windows.values()), float, len(ep.windows)) for ep in live]
+        reps = [[self._rep(pts)[0] for pts in ep.windows.values()] for ep in live]
+        xs = [np.fromiter((r[1] for r in rs), float, len(rs)) for rs in reps]
+        ys = [np.fromiter((r[2] for r in rs), float, len(rs)) for rs in reps]
         slope_eps = [i for i, xe in enumerate(xs) if xe.size >= 3 and float(xe.max() - xe.min()) > 0]
         span = sum(float(xs[i].max() - xs[i].min()) for i in slope_eps)
         if slope_eps and span >= self.min_span_ns:

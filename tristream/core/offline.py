@@ -76,6 +76,31 @@ def parse_event(obj: Any) -> tuple[str, int, int, int]:
     return source, start, start + dur, arrival
 
 
+def _not_too_early(r: np.ndarray, early_ns: float) -> np.ndarray:
+    """Mask of points that are not isolated below the dense lower tail of residuals `r`.
+
+    Real minimum-delay points crowd just under the coarse line; a packet stamped late sits
+    alone further below. Scanning the lowest 5 % of residuals upwards, the last gap wider than
+    max(`early_ns` / 10, 20 x their median spacing) separates the two; everything under it (at
+    most 5 % of the points) is dropped from the fine fit. Points more than `early_ns` below
+    the coarse line are always dropped.
+    """
+    keep = r >= -early_ns
+    n = r.size
+    m = max(5, n // 20)
+    if n < 20:
+        return keep
+    low = np.sort(r[keep])[:m]
+    if low.size < 5:
+        return keep
+    gaps = np.diff(low)
+    tol = max(early_ns / 10.0, 20.0 * float(np.median(gaps)))
+    wide = np.flatnonzero(gaps > tol)
+    if wide.size:
+        keep &= r > low[wide[-1]]
+    return keep
+
+
 @dataclass(slots=True)
 class SourceFit:
     """The offline map of one source and what was seen on the way."""
@@ -95,6 +120,7 @@ def fit_source(
     latency_ns: int = 0,
     q: float = 0.002,
     late_ns: int = 100_000_000,
+    early_ns: int = 1_000_000,
     max_drift_ppm: float = 1000.0,
 ) -> SourceFit:
     """Fit one source over its whole recording; returns `ref_ns` per packet (input order)."""
@@ -113,11 +139,21 @@ def fit_source(
     used = [k for k in range(len(hist)) if np.any(label == k)]
     gaps = np.zeros(0)
     slope = 0.0
+    n_early = 0
     if used:
         sel = [np.flatnonzero(label == k) for k in used]
         xs = [(end_ns[ix] - hist[k].s0).astype(np.float64) for k, ix in zip(used, sel, strict=True)]
         ys = [(arrival_ns[ix] - hist[k].a0).astype(np.float64) - x for k, ix, x in zip(used, sel, xs, strict=True)]
-        fit = fit_lower_envelope(xs, ys, q=q, slope_bound=max_drift_ppm * 1e-6, guess=clock._d, guess_width=50e-6)
+        # Stage 1: a coarse fit at a higher quantile sits above a few too-early points; points more
+        # than `early_ns` below it are implausible (stamped late) and left out of stage 2.
+        coarse = fit_lower_envelope(xs, ys, q=0.05, slope_bound=max_drift_ppm * 1e-6, guess=clock._d,
+                                    guess_width=50e-6)
+        keep = [_not_too_early(y - c - coarse.slope * x, early_ns)
+                for x, y, c in zip(xs, ys, coarse.intercepts, strict=True)]
+        n_early = int(sum(int((~k).sum()) for k in keep))
+        fit = fit_lower_envelope([x[k] for x, k in zip(xs, keep, strict=True)],
+                                 [y[k] for y, k in zip(ys, keep, strict=True)],
+                                 q=q, slope_bound=max_drift_ppm * 1e-6, guess=coarse.slope, guess_width=50e-6)
         slope = fit.slope
         gap_parts = []
         for k, ix, x, y, c in zip(used, sel, xs, ys, fit.intercepts, strict=True):
@@ -135,6 +171,7 @@ def fit_source(
         "epochs": len(hist),
         "resets": clock.counts["reset"],
         "outliers": int(out_ix.size),
+        "too_early": n_early,
         "out_of_order": clock.counts["reordered"],
         "late": int(np.sum(gaps > late_ns)),
         "late_threshold_ms": late_ns / 1e6,
