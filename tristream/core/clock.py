@@ -5,9 +5,12 @@ time `ref = a0 + c + (1 + d) * (s - s0)` and arrived at `ref + latency + delay`,
 The fit runs along the lower envelope of (s, arrival) - the minimum-delay line - so heavy-tailed
 jitter, spikes and reordering only ever sit above it (see `envelope.py`).
 
-Online and bounded: each epoch keeps, per window of `window_ns` source time, the one point of
-least delay; the last `history` windows (over all epochs) are refitted whenever a new window
-opens (a few times a second), with one shared drift and one offset per epoch.
+Online and bounded: each epoch keeps, per window of `window_ns` source time, its few points of
+least delay; the window's representative is the lowest one confirmed by a second within
+`early_tolerance_ns` (so a packet stamped late, which looks impossibly early, is ignored). The
+last `history` windows (over all epochs) are refitted whenever a new window opens (twice a
+second by default): one shared drift and one offset per epoch, on the `q`-quantile of the
+representatives (5 %: a few contaminated windows cannot drag the line down).
 
 Resets: a packet whose source time jumps back more than `reset_back_ns` behind the newest one,
 or arrives more than `reset_ahead_ns` earlier than the current line allows, opens a candidate
