@@ -165,3 +165,18 @@ def to_events(streams: dict[str, SyntheticStream]) -> list[dict[str, Any]]:
                 ev["rate_hz"] = s.spec.samples * 1e9 / float(s.dur_ns[i])
         out.append(ev)
     return out
+
+
+def stamp_late(streams: dict[str, SyntheticStream], fraction: float, seed: int,
+               lo_ns: int = 1_000_000, hi_ns: int = 9_000_000) -> dict[str, np.ndarray]:
+    """Make `fraction` of packets look stamped late: they arrive 1-9 ms earlier than possible.
+
+    Modifies `arrival_ns` in place and returns the affected packets' mask per source.
+    """
+    rng = np.random.default_rng(seed)
+    masks = {}
+    for sid, s in streams.items():
+        bad = rng.random(len(s)) < fraction
+        s.arrival_ns[bad] -= rng.integers(lo_ns, hi_ns, int(bad.sum()))
+        masks[sid] = bad
+    return masks
