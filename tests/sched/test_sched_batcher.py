@@ -113,3 +113,16 @@ def test_plan_respects_budget_unless_single_head(kinds: list[str], budget: float
         (0, 0, 0, 1) if kinds[0] == "a" else (0, 64, 0, 0)))
     assert plan.est_ms <= max(budget, head_only) + 1e-9
     assert plan.tokens <= b.limits.token_budget
+
+
+def test_calibrated_model_learns_the_measured_ratio() -> None:
+    from tristream.sched.steptime import CalibratedStepTime
+
+    cal = CalibratedStepTime(StepTimeModel(), alpha=0.2)
+    for d in (1, 8, 32, 64):
+        for _ in range(20):
+            cal.observe(d, 64, 0, 0, 3.0 * StepTimeModel().step_ms(d, 64, 0, 0))
+    assert cal.ratio == pytest.approx(3.0, rel=0.01)
+    assert cal.step_ms(8, 64, 0, 0) == pytest.approx(3.0 * StepTimeModel().step_ms(8, 64, 0, 0), rel=0.01)
+    with pytest.raises(ValueError, match="alpha"):
+        CalibratedStepTime(alpha=0.0)

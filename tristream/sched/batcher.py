@@ -16,6 +16,7 @@ from tristream.sched.steptime import (
     ASR_BUCKETS,
     DECODE_BUCKETS,
     IMAGE_BUCKETS,
+    CalibratedStepTime,
     StepTimeModel,
     bucket_for,
 )
@@ -85,7 +86,7 @@ class BatchPlan:
 class Batcher:
     """Greedy packer over an already ordered candidate list."""
 
-    def __init__(self, model: StepTimeModel, limits: BatchLimits | None = None) -> None:
+    def __init__(self, model: StepTimeModel | CalibratedStepTime, limits: BatchLimits | None = None) -> None:
         self.model = model
         self.limits = limits or BatchLimits()
 

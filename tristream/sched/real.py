@@ -243,6 +243,7 @@ def bench_real(sessions: int = 64, duration_s: float = 20.0, seed: int = 0, mode
     from tristream.sched.driver import run
     from tristream.sched.scheduler import Scheduler
     from tristream.sched.sim import simulate
+    from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
     from tristream.sched.trace import TraceConfig, generate_trace
 
     torch.set_grad_enabled(False)
@@ -263,12 +264,14 @@ def bench_real(sessions: int = 64, duration_s: float = 20.0, seed: int = 0, mode
         warm.release(sid)
     for name in schedulers:
         backend = RealEngineBackend(eng, vt, wh, seed=seed)
-        sched = Scheduler(PRESETS[name]())
+        model_est = CalibratedStepTime(StepTimeModel())
+        sched = Scheduler(PRESETS[name](), model_est)
         res = run(sched, backend, WallClock(), generate_trace(trace), int(duration_s * 1e9))
         for sid in list(backend.seq_of):
             backend.release(sid)
         eng.step()
         out["runs"][name] = _summary(sched, res, backend, warmup_s)
+        out["runs"][name]["measured_over_model_ratio"] = model_est.ratio
         _, sim = simulate(PRESETS[name](), trace)
         from tristream.sched.metrics import percentile
 

@@ -27,7 +27,7 @@ from tristream.sched.config import SchedulerConfig
 from tristream.sched.controller import TierControllers
 from tristream.sched.policy import PriorityPolicy
 from tristream.sched.session import AnswerState, SessionState
-from tristream.sched.steptime import StepTimeModel
+from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
 from tristream.sched.types import MS, Kind, Modality, SessionRefused, Tier, UnknownSession, WorkItem
 
 _ASR, _VISION = 0, 1
@@ -49,14 +49,14 @@ class TurnRecord:
 class Scheduler:
     """Cross-session, step-level scheduler (ours or a baseline, per `SchedulerConfig`)."""
 
-    def __init__(self, config: SchedulerConfig, model: StepTimeModel | None = None) -> None:
+    def __init__(self, config: SchedulerConfig, model: StepTimeModel | CalibratedStepTime | None = None) -> None:
         self.config = config
         self.model = model or StepTimeModel()
         self.policy = PriorityPolicy(config.policy)
         self.batcher = Batcher(self.model, config.limits)
         # Floor of the step budget: a step must be able to carry every kind of work at once
         # (their fixed costs), or throughput collapses exactly when the load is highest.
-        self.budget_floor_ms = 1.1 * self.model.step_ms(1, config.limits.min_prefill_chunk, 1, 1)
+        self.budget_floor_ms = self._floor()
         aimd = config.aimd
         if aimd.min_limit_ms < self.budget_floor_ms:
             aimd = replace(aimd, min_limit_ms=self.budget_floor_ms,
@@ -176,6 +176,8 @@ class Scheduler:
             budget = self.controllers.step_budget_ms({t for t, n in self.open_tiers.items() if n > 0})
         else:
             budget = self.config.fixed_budget_ms
+        if isinstance(self.model, CalibratedStepTime):
+            budget = max(budget, self._floor())
         plan = self.batcher.build(ordered, budget, sticky)
         in_plan = {e.item.item_id for e in plan.entries}
         for it in running:
@@ -192,6 +194,8 @@ class Scheduler:
     def complete(self, plan: BatchPlan, result: StepResult, now_ns: int) -> None:
         """Apply the outcome of an executed step at `now_ns` (its end)."""
         sh = self.config.shape
+        if isinstance(self.model, CalibratedStepTime):
+            self.model.observe(plan.decode, plan.prefill_tokens, plan.images, plan.asr_units, result.duration_ns / MS)
         for e in plan.entries:
             it = e.item
             if it.item_id not in self.items:
@@ -246,6 +250,10 @@ class Scheduler:
         return self.ladder.level
 
     # ------------------------------------------------------------------ internals
+    def _floor(self) -> float:
+        """Smallest step budget: one step carrying every kind of work (their fixed costs)."""
+        return 1.1 * self.model.step_ms(1, self.config.limits.min_prefill_chunk, 1, 1)
+
     def _session(self, sid: int) -> SessionState:
         try:
             return self.sessions[sid]

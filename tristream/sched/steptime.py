@@ -124,3 +124,34 @@ def read_samples_csv(text: str) -> list[StepSample]:
         c, d, p, i, a, ms, src = parts
         out.append(StepSample(c.strip(), int(d), int(p), int(i), int(a), float(ms), src.strip()))
     return out
+
+
+class CalibratedStepTime:
+    """A step-time model corrected online by the measured/predicted ratio (EWMA).
+
+    Used against the real engine, whose step times differ from the fitted model (other
+    kernels, other shapes): plans and step budgets then stay in real milliseconds.
+    """
+
+    def __init__(self, base: StepTimeModel | None = None, alpha: float = 0.05,
+                 bounds: tuple[float, float] = (0.1, 20.0)) -> None:
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.base = base or StepTimeModel()
+        self.alpha = alpha
+        self.bounds = bounds
+        self.ratio = 1.0
+        self.observations = 0
+
+    def step_ms(self, decode: int, prefill_tokens: int, images: int, asr_units: int) -> float:
+        """Base prediction times the learned ratio."""
+        return self.base.step_ms(decode, prefill_tokens, images, asr_units) * self.ratio
+
+    def observe(self, decode: int, prefill_tokens: int, images: int, asr_units: int, measured_ms: float) -> None:
+        """Fold one measured step into the ratio."""
+        pred = self.base.step_ms(decode, prefill_tokens, images, asr_units)
+        if pred <= 0 or measured_ms <= 0:
+            return
+        r = min(self.bounds[1], max(self.bounds[0], measured_ms / pred))
+        self.ratio += self.alpha * (r - self.ratio)
+        self.observations += 1
