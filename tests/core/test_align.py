@@ -187,3 +187,28 @@ def test_asof_join() -> None:
     assert out[-1].missing == ("video",)
     with pytest.raises(KeyError):
         j.push_left(1, "x", 0) and j.q.push("audio", 1, None, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 1000), unique=True, max_size=40), st.lists(st.integers(0, 1000), max_size=15),
+       st.randoms())
+def test_asof_join_matches_brute_force_any_order(frames: list[int], queries: list[int], rnd: random.Random) -> None:
+    lateness = 300
+
+    def run(order: list[tuple[str, int]]) -> list[tuple[int, int | None]]:
+        j = AsOfJoin("video", tolerance_ns=50, lateness_ns=lateness, idle_timeout_ns=10**12)
+        out: list[AlignedWindow] = []
+        for k, (kind, t) in enumerate(order):
+            out += j.push_left(t, t, now_ns=k) if kind == "q" else j.push(t, t, now_ns=k)
+        out += j.flush()
+        return sorted((w.anchor_ns, w.members["video"][0][0] if "video" in w.members else None) for w in out)
+
+    events = sorted([("f", t) for t in frames] + [("q", t) for t in queries], key=lambda e: e[1])
+    # every event may arrive up to `lateness` after its time-ordered slot
+    shuffled = sorted(events, key=lambda e: e[1] + rnd.uniform(0, lateness * 0.99))
+    expect = []
+    for q in queries:
+        before = [f for f in frames if f <= q and q - f <= 50]
+        expect.append((q, max(before) if before else None))
+    assert run(events) == sorted(expect)
+    assert run(shuffled) == sorted(expect)

@@ -159,19 +159,28 @@ class AsOfJoin:
     """For each `left` event at t, the latest `right` item at or before t (within `tolerance_ns`).
 
     A left event completes once the right watermark passes t (no earlier frame can still come);
-    its window has skew t - frame time, or the right stream listed as missing.
+    its window has skew t - frame time, or the right stream listed as missing. Frames are kept
+    while a pending or still-possible query could pick them, and at most `retention_ns`.
     """
 
     def __init__(self, right: str = "video", *, tolerance_ns: int = 100_000_000,
-                 lateness_ns: int = 100_000_000, idle_timeout_ns: int = 500_000_000) -> None:
+                 retention_ns: int = 30_000_000_000, lateness_ns: int = 100_000_000, idle_timeout_ns: int = 500_000_000) -> None:
         self.right = right
         self.tolerance_ns = int(tolerance_ns)
+        self.retention_ns = int(retention_ns)
         self.q = _Queues([right], lateness_ns, idle_timeout_ns, "asof_join")
         self.counts = self.q.counts
         self._left: list[tuple[int, Any]] = []
+        self._left_wm = WatermarkTracker(lateness_ns, idle_timeout_ns)
 
     def push_left(self, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
-        """Add a query event (e.g. a token or a speech end) at `ref_ns`."""
+        """Add a query event (e.g. a token or a speech end) at `ref_ns`.
+
+        Queries may arrive out of order within the lateness bound; an older one is still
+        answered but counted as `late:query` (its frame may already be released).
+        """
+        if not self._left_wm.observe("query", ref_ns, now_ns):
+            self.counts.add("late:query")
         bisect.insort(self._left, (ref_ns, item), key=lambda x: x[0])
         self.q.now = max(self.q.now, now_ns)
         return self._emit()
@@ -205,7 +214,8 @@ class AsOfJoin:
                 win.missing = (self.right,)
             out.append(win.finish())
         if h < POS_INF:  # frames stay reusable: release only those no pending query can pick
-            floor = (self._left[0][0] if self._left else h) - self.tolerance_ns
+            floor = min(self._left[0][0] if self._left else h, self._left_wm.combined(self.q.now)) - self.tolerance_ns
+            floor = max(floor, h - self.retention_ns)  # bounded memory even if no query ever comes
             k = bisect.bisect_left(ts, floor) - 1
             if k > 0:
                 del ts[:k]
