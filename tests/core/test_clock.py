@@ -148,3 +148,14 @@ def test_robust_to_packets_stamped_too_early(seed: int) -> None:
     assert abs(clock.drift_ppm - 100.0) < 1.0
     late = (s.true_ref_ns > s.true_ref_ns[0] + 10e9) & ~bad
     assert np.percentile(np.abs(refs - s.true_ref_ns)[late], 99) < 1e6
+
+
+def test_long_delayed_packet_is_mapped_by_its_timestamp() -> None:
+    spec = SourceSpec("s", "video", "ns", 20_000_000, 0, drift_ppm=0.0, jitter_scale_ns=1e6, reorder_prob=0.0,
+                      spike_prob=0.0)
+    s = generate_stream(spec, 10.0, 5)
+    s.arrival_ns[300] += 700_000_000  # one packet held up for 0.7 s (behind 35 newer ones)
+    clock = SourceClock("s", latency_ns=spec.latency_ns)
+    refs = _run(clock, s)
+    assert clock.counts["delayed"] == 1 and clock.counts["outlier"] == 1 and clock.counts["reset"] == 0
+    assert abs(refs[300] - s.true_ref_ns[300]) < 1e6

@@ -17,7 +17,8 @@ or arrives more than `reset_ahead_ns` earlier than the current line allows, open
 epoch. `reset_confirm` consistent packets promote it (counted as `reset`; the drift estimate
 is kept, only the offset is new); if the old epoch goes on instead, the candidate's packets are
 counted as `outlier`. Packets of the previous epoch that arrive late after a reset are mapped
-with that epoch (`previous_epoch`). `latency_ns` is the source's known fixed capture-to-arrival
+with that epoch (`previous_epoch`); a packet that only looks like a jump back because it was
+held up (up to `max_delay_ns`) is mapped with the current line (`delayed`). `latency_ns` is the source's known fixed capture-to-arrival
 delay (device/pipeline latency); it cannot be observed from timestamps alone.
 """
 
@@ -88,6 +89,7 @@ class SourceClock:
         reset_ahead_ns: int = 100_000_000,
         reset_confirm: int = 3,
         early_tolerance_ns: int = 1_000_000,
+        max_delay_ns: int = 2_000_000_000,
     ) -> None:
         if window_ns <= 0 or history < 4 or reset_confirm < 1:
             raise ValueError("window_ns must be > 0, history >= 4 and reset_confirm >= 1")
@@ -102,6 +104,7 @@ class SourceClock:
         self.reset_ahead_ns = int(reset_ahead_ns)
         self.reset_confirm = int(reset_confirm)
         self.early_tolerance_ns = float(early_tolerance_ns)
+        self.max_delay_ns = float(max_delay_ns)
         self.counts = DropCounter(f"clock:{source_id}")
         self._d = 0.0
         self._slope_fitted = False
@@ -236,7 +239,14 @@ class SourceClock:
             ):
                 self.counts.add("previous_epoch")
                 return prev
-        return self._candidate(src_ns, arrival_ns)
+        cand = self._candidate(src_ns, arrival_ns)
+        if cand is not self._epochs[-1] and 0.0 <= self._gap(ep, src_ns, arrival_ns) <= self.max_delay_ns:
+            # Most likely a packet that was merely held up (its source time is consistent with
+            # the line, it just arrived late): map it with the current epoch until a reset is
+            # confirmed. It still counts towards a reset candidate in case it is the first of many.
+            self.counts.add("delayed")
+            return ep
+        return cand
 
     def _candidate(self, src_ns: int, arrival_ns: int) -> _Epoch:
         cand = self._cand
