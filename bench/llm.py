@@ -165,7 +165,7 @@ def hf_model(name: str):
     cfg.pop("architectures", None)
     hc = LlamaConfig(**cfg)
     with torch.device("cuda"):
-        m = LlamaForCausalLM._from_config(hc, torch_dtype=torch.bfloat16)
+        m = LlamaForCausalLM._from_config(hc, dtype=torch.bfloat16)
     m.eval()
     m.generation_config.pad_token_id = 0
     return m
@@ -245,7 +245,10 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
         d = ours_decode(model)
         r["ours_ms_per_token"] = d["ms_per_step"]
         r["ours_graph_replay_ms"] = d.get("graph_replay_ms")
-        r["graph_capture_s"] = _ENGINES[id(model)].capture_s
+        eng0 = _ENGINES[id(model)]
+        r["graph_capture_s"] = eng0.capture_s
+        r["small_bucket_kernels_ms"] = eng0.runner.decoder.choice_ms
+        r["small_bucket_fused"] = eng0.runner.decoder.fused
         log(f"ours bs1 {d['ms_per_step']:.3f} ms/token, graph alone {d.get('graph_replay_ms', 0):.3f} ms "
             f"(floor {r['hbm_floor_ms']:.3f})")
         r["ours_ttft_512_ms"] = ours_ttft(model)

@@ -30,9 +30,10 @@ def _model(dtype: torch.dtype, qwen: bool = False) -> LlamaModel:
     return m
 
 
-def _running_engine(model: LlamaModel, n: int) -> LLMEngine:
+def _running_engine(model: LlamaModel, n: int, kernels: str = "auto") -> LLMEngine:
     eng = LLMEngine(model, None, EngineConfig(block_size=16, num_blocks=1024, max_model_len=1024,
-                                              graph_buckets=BUCKETS, max_prefill_tokens=4096))
+                                              graph_buckets=BUCKETS, max_prefill_tokens=4096,
+                                              decode_kernels=kernels))
     eng.runner.capture()
     g = torch.Generator().manual_seed(1)
     for _ in range(n):
@@ -42,12 +43,15 @@ def _running_engine(model: LlamaModel, n: int) -> LLMEngine:
     for _ in range(3):
         eng.step()
     assert all(s.is_decode for s in eng.seqs.values()) and len(eng.seqs) == n
+    for s in eng.seqs.values():  # the pending token's block, as a step would allocate it
+        assert eng._ensure_blocks(s, len(s.keys), set())
     return eng
 
 
-def test_graph_replay_equals_eager_at_every_bucket() -> None:
+@pytest.mark.parametrize("kernels", ["fused", "cublas"])
+def test_graph_replay_equals_eager_at_every_bucket(kernels: str) -> None:
     model = _model(torch.bfloat16)
-    eng = _running_engine(model, BUCKETS[-1])
+    eng = _running_engine(model, BUCKETS[-1], kernels)
     dec = eng.runner.decoder
     assert dec is not None and set(dec.graphs) == set(BUCKETS)
     seqs = list(eng.seqs.values())
@@ -60,10 +64,11 @@ def test_graph_replay_equals_eager_at_every_bucket() -> None:
         assert torch.equal(graph, eager), f"bucket for {n} rows differs"
 
 
+@pytest.mark.parametrize("kernels", ["fused", "cublas"])
 @pytest.mark.parametrize("qwen", [False, True])
-def test_triton_decode_equals_torch_reference(qwen: bool) -> None:
+def test_triton_decode_equals_torch_reference(qwen: bool, kernels: str) -> None:
     model = _model(torch.float32, qwen)
-    eng = _running_engine(model, 5)
+    eng = _running_engine(model, 5, kernels)
     seqs = list(eng.seqs.values())
     got = eng.runner.decoder.run(seqs).clone()
     ref = eng.runner.prefill([PrefillChunk(s, len(s.keys) - 1, 1, True) for s in seqs])
@@ -71,3 +76,28 @@ def test_triton_decode_equals_torch_reference(qwen: bool) -> None:
     err = float((got - ref).abs().max() / ref.abs().max())
     assert err < 1e-4
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_gemv_matches_torch(dtype: torch.dtype) -> None:
+    import torch.nn.functional as F
+
+    from tristream.engine.kernels.gemv import fused_gemv
+    from tristream.engine.models.llama import rms_norm
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g, device="cuda").to(dtype)
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.float() - b.float()).norm() / b.float().norm())
+
+    for m, n, k in [(1, 960, 576), (3, 2048, 8192), (16, 5000, 300)]:
+        x, w, b, r, nw = rnd(m, k), rnd(n, k), rnd(n), rnd(m, n), rnd(k)
+        assert rel(fused_gemv(x, w, bias=b, norm_weight=nw, eps=1e-5), F.linear(rms_norm(x, nw, 1e-5), w, b)) < tol
+        assert rel(fused_gemv(x, w, residual=r), r + F.linear(x, w)) < tol
+        gu = rnd(m, 2 * k)
+        ref = r + F.linear(F.silu(gu[:, :k]) * gu[:, k:], w)
+        assert rel(fused_gemv(gu, w, residual=r, silu=True), ref) < tol

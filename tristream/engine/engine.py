@@ -71,6 +71,7 @@ class EngineConfig:
     graph_buckets: tuple[int, ...] | None = None
     kv_dtype: torch.dtype | None = None  # default: the model's dtype
     triton_decode: bool | None = None  # default: on CUDA only (True on CPU needs TRITON_INTERPRET=1)
+    decode_kernels: str = "auto"  # small decode buckets: 'fused' GEMMs, 'cublas', or 'auto' (timed)
 
 
 @dataclasses.dataclass(slots=True)
@@ -112,7 +113,7 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_cache)
         self.runner = ModelRunner(model, self.cache, use_graphs=cfg.use_graphs,
                                   graph_buckets=cfg.graph_buckets, max_model_len=cfg.max_model_len,
-                                  triton_decode=cfg.triton_decode)
+                                  triton_decode=cfg.triton_decode, decode_kernels=cfg.decode_kernels)
         self.seqs: dict[int, Sequence] = {}
         self.detok: dict[int, IncrementalDetokenizer] = {}
         self.seeds: dict[int, int] = {}

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tristream.engine.kernels import triton_ops as K
+from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.sequence import Sequence
@@ -52,11 +53,35 @@ class TritonDecodeAttention:
         return o.view(q.shape[0], cfg.q_size)
 
 
+FUSED_MAX_ROWS = 16
+
+
+def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention) -> torch.Tensor:
+    """Decode forward with norms, SiLU and residual adds fused into skinny GEMMs (≤ 16 rows)."""
+    eps = model.cfg.rms_norm_eps
+    r = h
+    for i, layer in enumerate(model.layers):
+        qkv = fused_gemv(r, layer.qkv.weight, bias=layer.qkv.bias, norm_weight=layer.input_norm, eps=eps)
+        a = attention(i, qkv)
+        r = fused_gemv(a, layer.o.weight, residual=r)
+        gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps)
+        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True)
+    return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps).float()
+
+
 class DecodeGraphs:
     """Persistent decode inputs and one CUDA graph per batch bucket."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int,
-                 buckets: tuple[int, ...] | None = None, use_graphs: bool = True) -> None:
+                 buckets: tuple[int, ...] | None = None, use_graphs: bool = True,
+                 kernels: str = "auto") -> None:
+        """kernels: 'fused' (skinny fused GEMMs for buckets ≤ 16), 'cublas', or 'auto' (time both
+        per small bucket at capture and keep the faster)."""
+        if kernels not in ("auto", "fused", "cublas"):
+            raise ValueError(f"kernels must be auto, fused or cublas, not {kernels!r}")
+        self.kernels = kernels
+        self.fused: dict[int, bool] = {}
+        self.choice_ms: dict[int, dict[str, float]] = {}
         self.model = model
         self.cache = cache
         self.buckets = tuple(sorted(buckets or DEFAULT_BUCKETS))
@@ -85,14 +110,48 @@ class DecodeGraphs:
                 return b
         return None
 
-    def forward(self, b: int) -> torch.Tensor:
+    def use_fused(self, b: int) -> bool:
+        if b > FUSED_MAX_ROWS or self.kernels == "cublas":
+            return False
+        return self.fused.get(b, self.kernels == "fused" or self.model.device.type != "cuda")
+
+    def forward(self, b: int, fused: bool | None = None) -> torch.Tensor:
         """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]."""
         m = self.model
         splits = K.choose_splits(b, m.cfg.num_heads, self.num_sms)
         attn = TritonDecodeAttention(m, self.cache, self.positions[:b], self.slots[:b], self.block_tables[:b],
                                      self.ctx_lens[:b], splits)
         h = m.embed(self.ids[:b])
+        if self.use_fused(b) if fused is None else fused:
+            return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))
+
+    def _time_variant(self, b: int, fused: bool) -> float:
+        """Milliseconds per replay of a throw-away graph of bucket b in one kernel variant."""
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self.forward(b, fused)
+        for _ in range(3):
+            g.replay()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(20):
+            g.replay()
+        e.record()
+        e.synchronize()
+        del g
+        return s.elapsed_time(e) / 20
+
+    def _choose_kernels(self) -> None:
+        for b in self.buckets:
+            if b > FUSED_MAX_ROWS:
+                break
+            if self.kernels != "auto":
+                self.fused[b] = self.kernels == "fused"
+                continue
+            t_f, t_c = self._time_variant(b, True), self._time_variant(b, False)
+            self.choice_ms[b] = {"fused": t_f, "cublas": t_c}
+            self.fused[b] = t_f < t_c
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -106,8 +165,12 @@ class DecodeGraphs:
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: Triton compilation, cuBLAS handles
                 for b in reversed(self.buckets):
-                    self.forward(b)
+                    self.forward(b, False)
+                    if b <= FUSED_MAX_ROWS and self.kernels != "cublas":
+                        self.forward(b, True)
         torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        self._choose_kernels()
         torch.cuda.synchronize()
         for b in reversed(self.buckets):
             g = torch.cuda.CUDAGraph()

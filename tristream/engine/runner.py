@@ -39,7 +39,7 @@ class ModelRunner:
 
     def __init__(self, model: LlamaModel, cache: KVCache, use_graphs: bool = True,
                  graph_buckets: tuple[int, ...] | None = None, max_model_len: int = 4096,
-                 triton_decode: bool | None = None) -> None:
+                 triton_decode: bool | None = None, decode_kernels: str = "auto") -> None:
         self.model = model
         self.cache = cache
         self.device = model.device
@@ -50,7 +50,12 @@ class ModelRunner:
             from tristream.engine.graphs import DecodeGraphs
 
             self.decoder = DecodeGraphs(model, cache, max_model_len=max_model_len,
-                                        buckets=graph_buckets, use_graphs=use_graphs)
+                                        buckets=graph_buckets, use_graphs=use_graphs, kernels=decode_kernels)
+        self.ops = None
+        if self.device.type == "cuda":  # fused norm / SiLU kernels for prefill too: fewer launches
+            from tristream.engine.graphs import TritonOps
+
+            self.ops = TritonOps
 
     def capture(self) -> None:
         """Capture decode graphs now (at start-up, never while serving)."""
@@ -96,7 +101,7 @@ class ModelRunner:
         """Compute the chunks' K/V; float32 logits [n, vocab] for chunks with want_logits, in order."""
         h, meta = self._inputs(chunks)
         attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
-        out = self.model(h, attn)
+        out = self.model(h, attn, ops=self.ops)
         rows: list[int] = []
         q = 0
         for c in chunks:

@@ -1,0 +1,86 @@
+"""Fused skinny GEMM (decode, ≤ 16 rows) with the neighbouring elementwise work folded in.
+
+    y = W · prologue(x) (+ bias) (+ residual)
+
+where the prologue is nothing, an RMSNorm of each row (recomputed per program: the row is
+small and already in L2), or silu(gate) · up of a gate|up row. A decode layer then takes six
+kernels (norm+qkv, rope+store, attention, o+residual, norm+gate_up, silu+down+residual)
+instead of ten, which matters when a step is bound by launches rather than bytes.
+Rounding follows the torch path: the normalised row is cast to the weight dtype before the
+product, the product is rounded before the residual add.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x_stride, eps,
+                       NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = tl.arange(0, BLOCK_M)
+    mmask = rm < M
+    nmask = rn < N
+    dt = w_ptr.dtype.element_ty
+    if NORM:
+        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :],
+                         other=0.0).to(tl.float32)
+            ss += tl.sum(xv * xv, 1)
+        rstd = tl.rsqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        xm = mmask[:, None] & kmask[None, :]
+        if SILU:
+            g = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=xm, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + rm[:, None] * x_stride + K + rk[None, :], mask=xm, other=0.0)
+            xv = ((g / (1.0 + tl.exp(-g))).to(dt) * u).to(dt)
+        else:
+            xv = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=xm, other=0.0)
+            if NORM:
+                nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
+                xv = ((xv.to(tl.float32) * rstd[:, None]).to(dt) * nw[None, :]).to(dt)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        if IEEE:
+            acc += tl.dot(xv, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(xv, tl.trans(w))
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    y = acc.to(dt)
+    omask = mmask[:, None] & nmask[None, :]
+    if HAS_RES:
+        r = tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=omask, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
+
+
+def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
+               eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int = 128
+               ) -> torch.Tensor:
+    """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K]."""
+    m = x.shape[0]
+    n, k = w.shape
+    if m > 16:
+        raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
+    out = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    if block_n is None:
+        block_n = 64 if n >= 64 * 256 else 32 if n >= 32 * 128 else 16
+    dummy = out
+    _fused_gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
+        norm_weight if norm_weight is not None else dummy, out, m, n, k, x.stride(0), eps,
+        NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+        IEEE=w.dtype == torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+    )
+    return out
