@@ -25,6 +25,7 @@ delay (device/pipeline latency); it cannot be observed from timestamps alone.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -311,10 +312,10 @@ class SourceClock:
             del pts[4:]
         else:
             return
-        # While the fit's quantile is still the minimum (fewer than 1/q windows), the intercept
-        # is the lowest window representative, so follow it per packet instead of waiting for
-        # the next refit (this shortens the transient after a reset).
-        if not ep.fitted or len(ep.windows) * self.q < 1.0:
+        # In the first windows of an epoch the intercept is the lowest confirmed window
+        # representative: follow it per packet instead of waiting for the next refit (this
+        # shortens the transient after a reset).
+        if not ep.fitted or len(ep.windows) < 4:
             rep, confirmed = self._rep(ep.windows[key])
             if confirmed and rep[0] < ep.c:
                 ep.c = rep[0]
@@ -329,7 +330,7 @@ class SourceClock:
         for i in range(len(pts) - 1):
             if pts[i + 1][0] - pts[i][0] <= self.early_tolerance_ns:
                 return pts[i], True
-        return pts[0], False
+        return (pts[1] if len(pts) > 1 else pts[0]), False
 
     def _evict(self) -> None:
         while self._nwin > self.history:
@@ -341,7 +342,10 @@ class SourceClock:
 
     def _refit(self) -> None:
         live = [ep for ep in self._epochs if ep.windows]
-        reps = [[self._rep(pts)[0] for pts in ep.windows.values()] for ep in live]
+        # The newest window has only just opened: a lone (possibly stamped-late) point at the end
+        # of the range would act as a lever on the slope, so fit on closed windows only.
+        reps = [[self._rep(pts)[0] for pts in itertools.islice(ep.windows.values(), max(1, len(ep.windows) - 1))]
+                for ep in live]
         xs = [np.fromiter((r[1] for r in rs), float, len(rs)) for rs in reps]
         ys = [np.fromiter((r[2] for r in rs), float, len(rs)) for rs in reps]
         slope_eps = [i for i, xe in enumerate(xs) if xe.size >= 3 and float(xe.max() - xe.min()) > 0]
@@ -354,6 +358,7 @@ class SourceClock:
                 slope_bound=self.slope_bound,
                 guess=self._d if self._slope_fitted else None,
                 guess_width=max(2e-6, 20.0 * self._slope_se),
+                min_below=1,
             )
             self._slope_fitted = True
             if fit.at_bound:
@@ -364,7 +369,7 @@ class SourceClock:
             self._slope_se = spread / math.sqrt(sxx) if sxx > 0 else 0.0
             cur = xs[-1]
             self._x_mean = float(cur.mean())
-        fit = fit_lower_envelope(xs, ys, q=self.q, slope_bound=self.slope_bound, fixed_slope=self._d)
+        fit = fit_lower_envelope(xs, ys, q=self.q, slope_bound=self.slope_bound, fixed_slope=self._d, min_below=1)
         for ep, c, sp in zip(live, fit.intercepts, fit.spread, strict=True):
             ep.c = float(c)
             ep.spread = float(sp)

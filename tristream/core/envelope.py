@@ -33,17 +33,21 @@ class EnvelopeFit:
     spread: np.ndarray  # per epoch: median gap of the points above the line (envelope tightness)
 
 
-def _quantile_index(n: int, q: float) -> int:
-    return min(n - 1, int(math.floor(q * n)))
+def _quantile_index(n: int, q: float, min_below: int = 0) -> int:
+    k = int(math.floor(q * n))
+    if n >= 4 * (min_below + 1):
+        k = max(k, min_below)
+    return min(n - 1, k)
 
 
-def _profile(x: list[np.ndarray], y: list[np.ndarray], slope: float, q: float) -> tuple[float, list[float]]:
+def _profile(x: list[np.ndarray], y: list[np.ndarray], slope: float, q: float,
+             min_below: int = 0) -> tuple[float, list[float]]:
     total = 0.0
     cs: list[float] = []
     for xe, ye in zip(x, y, strict=True):
         z = ye - slope * xe
         n = z.size
-        k = _quantile_index(n, q)
+        k = _quantile_index(n, q, min_below)
         zp = np.partition(z, k)
         c = float(zp[k])
         # sum of rho_q(z - c) = q * sum(z - c) - sum over the k points below c of (z - c)
@@ -63,6 +67,7 @@ def fit_lower_envelope(
     guess: float | None = None,
     guess_width: float = 20e-6,
     tol: float = 1e-9,
+    min_below: int = 0,
 ) -> EnvelopeFit:
     """Fit a shared slope and per-epoch intercepts to the lower q-quantile of the points.
 
@@ -71,6 +76,8 @@ def fit_lower_envelope(
     slope_bound]; with `fixed_slope` only the intercepts are fitted. With `guess`, the search
     starts in [guess - guess_width, guess + guess_width] and widens to the full range only if
     the optimum lands on that bracket's edge (the objective is convex, so this is exact).
+    `min_below` lets at least that many points of an epoch with 4 * (min_below + 1) points or
+    more lie below its line, whatever q (robustness for short epochs).
     """
     if len(x) != len(y) or not x:
         raise ValueError("fit_lower_envelope needs one (x, y) pair of arrays per epoch")
@@ -84,32 +91,33 @@ def fit_lower_envelope(
         if guess is not None:
             lo = max(-slope_bound, guess - guess_width)
             hi = min(slope_bound, guess + guess_width)
-            slope = _golden(x, y, q, lo, hi, tol)
+            slope = _golden(x, y, q, lo, hi, tol, min_below)
             inner = (lo > -slope_bound and slope - lo < 2 * tol) or (hi < slope_bound and hi - slope < 2 * tol)
             if inner:
                 slope = math.nan
         if math.isnan(slope):
-            slope = _golden(x, y, q, -slope_bound, slope_bound, tol)
+            slope = _golden(x, y, q, -slope_bound, slope_bound, tol, min_below)
         at_bound = abs(abs(slope) - slope_bound) < 1e-3 * slope_bound
-    _, cs = _profile(x, y, slope, q)
+    _, cs = _profile(x, y, slope, q, min_below)
     spread = np.array(
         [float(np.median(np.maximum(ye - slope * xe - c, 0.0))) for xe, ye, c in zip(x, y, cs, strict=True)]
     )
     return EnvelopeFit(slope=slope, intercepts=np.array(cs), at_bound=at_bound, spread=spread)
 
 
-def _golden(x: list[np.ndarray], y: list[np.ndarray], q: float, lo: float, hi: float, tol: float) -> float:
+def _golden(x: list[np.ndarray], y: list[np.ndarray], q: float, lo: float, hi: float, tol: float,
+            min_below: int) -> float:
     a = hi - _GOLDEN * (hi - lo)
     b = lo + _GOLDEN * (hi - lo)
-    fa = _profile(x, y, a, q)[0]
-    fb = _profile(x, y, b, q)[0]
+    fa = _profile(x, y, a, q, min_below)[0]
+    fb = _profile(x, y, b, q, min_below)[0]
     while hi - lo > tol:
         if fa <= fb:
             hi, b, fb = b, a, fa
             a = hi - _GOLDEN * (hi - lo)
-            fa = _profile(x, y, a, q)[0]
+            fa = _profile(x, y, a, q, min_below)[0]
         else:
             lo, a, fa = a, b, fb
             b = lo + _GOLDEN * (hi - lo)
-            fb = _profile(x, y, b, q)[0]
+            fb = _profile(x, y, b, q, min_below)[0]
     return 0.5 * (lo + hi)
