@@ -82,6 +82,7 @@ class DecodeGraphs:
         self.kernels = kernels
         self.fused: dict[int, bool] = {}
         self.choice_ms: dict[int, dict[str, float]] = {}
+        self.fused_error: str | None = None
         self.model = model
         self.cache = cache
         self.buckets = tuple(sorted(buckets or DEFAULT_BUCKETS))
@@ -166,11 +167,22 @@ class DecodeGraphs:
             for _ in range(2):  # warm-up: Triton compilation, cuBLAS handles
                 for b in reversed(self.buckets):
                     self.forward(b, False)
-                    if b <= FUSED_MAX_ROWS and self.kernels != "cublas":
-                        self.forward(b, True)
         torch.cuda.current_stream().wait_stream(stream)
         torch.cuda.synchronize()
-        self._choose_kernels()
+        if self.kernels != "cublas":
+            try:
+                with torch.cuda.stream(stream):
+                    for _ in range(2):
+                        for b in self.buckets:
+                            if b <= FUSED_MAX_ROWS:
+                                self.forward(b, True)
+                torch.cuda.current_stream().wait_stream(stream)
+                torch.cuda.synchronize()
+                self._choose_kernels()
+            except Exception as exc:  # the fused kernels failed to build: keep the cuBLAS path, say why
+                self.fused_error = f"{type(exc).__name__}: {exc}"
+                self.kernels = "cublas"
+                self.fused = {}
         torch.cuda.synchronize()
         for b in reversed(self.buckets):
             g = torch.cuda.CUDAGraph()
