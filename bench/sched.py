@@ -192,6 +192,7 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--model", default="", help="--real: HF folder / GGUF, or a preset (llama-3.2-1b, tiny-random)")
     p.add_argument("--device", default="cuda", help="--real: cuda or cpu")
+    p.add_argument("--real-schedulers", default="ours,fifo,static_priority")
     p.add_argument("--no-encoders", action="store_true", help="--real: LLM only (no SigLIP / Whisper steps)")
     args = p.parse_args()
     if args.fit:
@@ -201,14 +202,22 @@ def main() -> None:
         from tristream.sched.real import bench_real
 
         res = bench_real(sessions=args.sessions, duration_s=args.duration, seed=args.seed, model=args.model,
-                         warmup_s=args.warmup, device=args.device, encoders=not args.no_encoders)
+                         warmup_s=args.warmup, device=args.device, encoders=not args.no_encoders,
+                         schedulers=tuple(args.real_schedulers.split(",")))
         res["command"] = "python bench/sched.py " + " ".join(sys.argv[1:])
         for name, r in res["runs"].items():
             print(f"{name:>16}: response P50 {r['response_p50_ms']:.1f} ms  P99 {r['response_p99_ms']:.1f} ms  "
                   f"(sim predicted {r['simulator_prediction']['response_p50_ms']:.1f} / "
                   f"{r['simulator_prediction']['response_p99_ms']:.1f})  turns {r['turns_served']}  "
                   f"steps {r['steps']}  step P50 {r['step_ms_p50']:.2f} ms  {r['consistency']}")
+        print("device fit:", json.dumps(_clean({k: v for k, v in res["device_fit"].items()}), indent=1))
         path = write_results("sched_real" if args.device.startswith("cuda") else "sched_real_cpu_smoke", _clean(res))
+        if args.device.startswith("cuda"):
+            rows = ["# measured by bench/sched.py --real (one row per engine step): decode,prefill,images,asr,ms",
+                    "decode,prefill_tokens,images,asr_units,ms"]
+            for r in res["runs"].values():
+                rows += [",".join(str(v) for v in smp) for smp in r["samples"]]
+            (DATA / "sched_steptime_h200_steps.csv").write_text("\n".join(rows) + "\n")
         print(f"wrote {path}")
         return
     simulate_all(args)

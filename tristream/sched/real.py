@@ -233,6 +233,35 @@ def _summary(sched: Any, res: Any, backend: RealEngineBackend, warmup_s: float) 
     }
 
 
+def fit_from_samples(samples: list[tuple[int, int, int, int, float]]) -> dict[str, Any]:
+    """Refit the step-time model to measured single-component steps; check it on mixed ones."""
+    from tristream.sched.metrics import percentile
+    from tristream.sched.steptime import StepSample, fit_step_time
+
+    rows: list[StepSample] = []
+    mixed: list[tuple[int, int, int, int, float]] = []
+    for d, p, i, a, ms in samples:
+        if i == 0 and a == 0 and (d or p):
+            rows.append(StepSample("llm", d, p, 0, 0, ms, "measured"))
+        elif i and not (d or p or a):
+            rows.append(StepSample("vision", 0, 0, i, 0, ms, "measured"))
+        elif a and not (d or p or i):
+            rows.append(StepSample("asr", 0, 0, 0, a, ms, "measured"))
+        else:
+            mixed.append((d, p, i, a, ms))
+    out: dict[str, Any] = {"pure_rows": len(rows), "mixed_rows": len(mixed)}
+    try:
+        m = fit_step_time(rows, "measured on the device by bench/sched.py --real")
+    except ValueError as e:  # not enough single-component steps of some kind
+        out["error"] = str(e)
+        return out
+    out["model"] = m.to_dict()
+    err = [abs(m.step_ms(d, p, i, a) - ms) / ms for d, p, i, a, ms in mixed if ms > 0]
+    out["mixed_rel_error_p50"] = percentile(err, 50)
+    out["mixed_rel_error_p99"] = percentile(err, 99)
+    return out
+
+
 def bench_real(sessions: int = 64, duration_s: float = 20.0, seed: int = 0, model: str = "",
                warmup_s: float = 4.0, device: str = "cuda", schedulers: tuple[str, ...] = ("ours", "fifo"),
                encoders: bool = True, kv_bytes: int | None = None) -> dict[str, Any]:
@@ -278,4 +307,6 @@ def bench_real(sessions: int = 64, duration_s: float = 20.0, seed: int = 0, mode
         lat = [r.latency_ms for r in sim.turns if r.turn_end_ns >= warmup_s * 1e9 and math.isfinite(r.latency_ms)]
         out["runs"][name]["simulator_prediction"] = {"response_p50_ms": percentile(lat, 50),
                                                      "response_p99_ms": percentile(lat, 99)}
+    allsamples = [tuple(x) for r in out["runs"].values() for x in r["samples"]]
+    out["device_fit"] = fit_from_samples(allsamples)  # type: ignore[arg-type]
     return out
