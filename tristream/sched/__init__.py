@@ -1,0 +1,42 @@
+"""Cross-session scheduler: what runs in the next engine step, for every session at once.
+
+Pieces: `policy` (tier / modality classes, EDF, aging with a proven bound, watermark
+weights), `batcher` (captured buckets, token budget, chunked prefill), `controller`
+(per-tier AIMD on the step budget), `admission` (Triton-like queue policies, degradation
+ladder, shed ledger), `scheduler` (sessions → work items → plans), `sim` + `trace` +
+`steptime` (deterministic simulator with a fitted step-time model) and `real` (the same
+scheduler driving `tristream.engine.LLMEngine`). `bench/sched.py` compares it with FIFO and
+a Triton-like static-priority batcher.
+"""
+
+from __future__ import annotations
+
+from tristream.sched.backend import EngineBackend, StepResult, VirtualClock, WallClock
+from tristream.sched.config import (
+    PRESETS,
+    SchedulerConfig,
+    fifo_config,
+    ours_config,
+    static_priority_config,
+)
+from tristream.sched.scheduler import Scheduler, TurnRecord
+from tristream.sched.types import Kind, Modality, SessionRefused, Tier, WorkItem
+
+__all__ = [
+    "PRESETS",
+    "EngineBackend",
+    "Kind",
+    "Modality",
+    "Scheduler",
+    "SchedulerConfig",
+    "SessionRefused",
+    "StepResult",
+    "Tier",
+    "TurnRecord",
+    "VirtualClock",
+    "WallClock",
+    "WorkItem",
+    "fifo_config",
+    "ours_config",
+    "static_priority_config",
+]
