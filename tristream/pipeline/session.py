@@ -35,6 +35,7 @@ from tristream.pipeline.session_stages import (
     PlayoutStage,
     TtsStage,
 )
+from tristream.pipeline.speculative_asr import SpeculativeRecognizer
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import (
     DEFAULT_HANGOVER_MS,
@@ -96,6 +97,8 @@ class SessionConfig:
     end_of_turn: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
     frame_ring: int = 64
     tts_first_words: int = 4
+    speculate_after_ms: float = 120.0
+    """Start the ASR final after this much silence, during the hangover (0: off; Whisper only)."""
     """Speak the first this-many words of an answer as their own piece (0: wait for a clause)."""
 
 
@@ -141,9 +144,17 @@ class Session:
         self.config = cfg = config or SessionConfig()
         self.clock: Clock = clock or MonotonicClock()
         self.sink: AudioSink = sink or AudioCollector()
-        self.pool = pool or ThreadPoolExecutor(max_workers=2, thread_name_prefix=f"session-{self.id}")
+        self.pool = pool or ThreadPoolExecutor(max_workers=3, thread_name_prefix=f"session-{self.id}")
         self.vad = models.vad.stream(self.id, VADOptions(min_silence_ms=cfg.hangover_ms))
-        self.asr = models.asr.stream(self.id, partial_every_s=None)
+        self.spec_asr: SpeculativeRecognizer | None = None
+        self.spec_after = int(cfg.speculate_after_ms * 16)
+        if cfg.speculate_after_ms > 0 and getattr(models.asr, "name", "") == "whisper":
+            from tristream.stages.asr import UtteranceStream
+
+            self.spec_asr = SpeculativeRecognizer(models.asr)
+            self.asr = UtteranceStream(self.spec_asr, self.id, partial_every_s=None)
+        else:
+            self.asr = models.asr.stream(self.id, partial_every_s=None)
         self.tts = models.tts.stream(self.id)
         self.scene_stream = models.vision.stream(self.id) if models.vision is not None else None
         self.llm = models.llm
@@ -264,6 +275,9 @@ class Session:
     def stats(self) -> dict[str, Any]:
         """Stage counters, session drops and stream counters."""
         return {"stages": [s.stats() for s in self.stages], "drops": self.drops.snapshot(),
+                "speculative_asr": ({"started": self.spec_asr.started, "hits": self.spec_asr.hits,
+                                     "misses": self.spec_asr.misses, "dropped": self.spec_asr.dropped}
+                                    if self.spec_asr is not None else None),
                 "vad": dict(self.vad.counters), "asr": dict(self.asr.counters), "tts": dict(self.tts.counters),
                 "frames": self.frames.counts.snapshot()}
 

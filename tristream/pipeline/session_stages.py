@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tristream.pipeline.inbox import OverflowPolicy
+from tristream.pipeline.speculative_asr import SilenceOnset, SpeechResumed
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import HeardText, UserTurn
 
@@ -60,6 +61,7 @@ class InputStage(Stage):
     def __init__(self, session: Session) -> None:
         super().__init__("input", capacity=256, policy=OverflowPolicy.DROP_OLDEST)
         self.s = session
+        self._silence_marked = False
 
     def process(self, item: Any) -> None:
         s = self.s
@@ -67,12 +69,28 @@ class InputStage(Stage):
             if not s.frames.append(item.ref_ns, item.image):
                 s.drops.add("frame_late_or_full")
             return
-        s.vad.push(item.pcm, item.ref_ns)
+        vad = s.vad
+        vad.push(item.pcm, item.ref_ns)
         self.emit(item)
-        for ev in s.vad.poll():
+        for ev in vad.poll():
             if ev.kind == "start" and s.assistant_active:
                 s.barge_in(ev.decided_ns)
             self.emit(ev)
+        if s.spec_asr is not None:
+            self._mark_silence(vad)
+
+    def _mark_silence(self, vad: Any) -> None:
+        # The VAD's silence-candidate start inside speech (VADStream keeps it private; no
+        # speculation happens if it is ever renamed).
+        temp_end = getattr(vad, "_temp_end", None)
+        if vad.speaking and temp_end is not None:
+            if not self._silence_marked and vad.clock.total - temp_end >= self.s.spec_after:
+                self._silence_marked = True
+                self.emit(SilenceOnset(int(temp_end), int(vad.clock.ns_at(temp_end))))
+        elif self._silence_marked:
+            self._silence_marked = False
+            if vad.speaking:
+                self.emit(SpeechResumed(int(vad.clock.total)))
 
 
 class AsrStage(Stage):
@@ -85,6 +103,8 @@ class AsrStage(Stage):
         # decoders that work on every chunk (pocketsphinx: ~15 ms per 20 ms on 2 cores) run in
         # a worker thread so that the event loop, and barge-in with it, never waits for them
         self._incremental = getattr(session.models.asr, "name", "") != "whisper"
+        self._segment_start: int | None = None
+        self._early_scene: Any = None
 
     async def process(self, item: Any) -> None:
         s = self.s
@@ -99,12 +119,29 @@ class AsrStage(Stage):
             if turn is not None:
                 self._send(turn)
             return
+        if type(item) is SilenceOnset:
+            u = s.spec_asr.current if s.spec_asr is not None else None
+            if u is not None and s.asr.in_utterance:
+                u.speculate(s.pool)
+                # the latest frame at the first silent sample is the one at the end of speech
+                self._early_scene = s.describe_scene(self._segment_start, item.t_ns)
+            return
+        if type(item) is SpeechResumed:
+            u = s.spec_asr.current if s.spec_asr is not None else None
+            if u is not None:
+                u.drop()
+            self._early_scene = None
+            return
         if item.kind == "start":
+            self._segment_start = item.t_ns
+            self._early_scene = None
             s.turns.on_speech_start(item.t_ns)
             s.asr.push(item)
             return
-        # END: the scene of this segment is described in parallel with the ASR final.
-        s.pending_scene = s.describe_scene(item.start_ns, item.t_ns)
+        # END: the scene of this segment is described in parallel with the ASR final (or was
+        # already started at the silence onset).
+        early, self._early_scene = self._early_scene, None
+        s.pending_scene = early if early is not None else s.describe_scene(item.start_ns, item.t_ns)
         self._final_pending = True
         await loop.run_in_executor(s.pool, s.asr.push, item)
         self._collect()
