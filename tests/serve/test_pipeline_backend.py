@@ -134,3 +134,43 @@ def test_twenty_clients_real_pipeline_transcripts(models: object) -> None:
             assert r[0].answer.startswith("You said:")
             assert r[0].answer.endswith("(camera seen)"), r[0].answer  # frames reached the aligner
     run(go(), timeout=240)
+
+
+def test_pipeline_record_replay_on_virtual_clock(models: object, tmp_path: object) -> None:
+    """A live pipeline session recorded to MCAP replays on the pipeline's virtual clock:
+    same transcript and answer text as live, and two replays are identical event for event."""
+    from pathlib import Path
+
+    from tristream.observe.record import read_recording
+    from tristream.serve.pipeline_backend import PipelineBackend, PipelineReplayDriver
+    from tristream.serve.replay import compare, replay_events
+
+    rec_dir = Path(str(tmp_path))
+    audio = _speech(models, SENTENCES[3])
+
+    async def live() -> None:
+        srv = RealtimeServer(lambda: PipelineBackend(models), port=0, tokens=[TOKEN], record_dir=rec_dir)
+        await srv.start()
+        try:
+            res = await stream_media(url(srv), TOKEN, audio, 24_000, frames=_frames(), pace=1.0, expect_turns=1,
+                                     tail_silence_s=0.5, answer_timeout_s=60)
+            assert res[0].status == "completed"
+        finally:
+            await srv.stop(grace_s=0.0)
+    run(live(), timeout=120)
+    events = read_recording(next(rec_dir.glob("*.mcap")))
+
+    async def replay() -> object:
+        return await replay_events(events, driver=PipelineReplayDriver(models), audio="ignore")
+    r1 = run(replay(), timeout=120)
+    r2 = run(replay(), timeout=120)
+
+    def texts(evs: list) -> list[tuple[str, str]]:
+        keys = ("transcript", "delta")
+        return [(e["type"], e[k]) for e in evs for k in keys
+                if k in e and e["type"] != "response.audio.delta"]
+    assert texts(r1.replayed) == texts(r1.recorded)  # type: ignore[attr-defined]
+    assert compare(r1.replayed, r2.replayed, audio="exact") == []  # type: ignore[attr-defined]
+    assert r1.replayed_turns[0].status == "completed"  # type: ignore[attr-defined]
+    lat = r1.replayed_turns[0].latencies_ms()  # type: ignore[attr-defined]
+    assert lat["eos_to_first_audio_ms"] >= 0

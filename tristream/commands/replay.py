@@ -14,6 +14,8 @@ def register(app: typer.Typer) -> None:
     def replay_cmd(
         file: Path = typer.Argument(..., exists=True, help="A recording from `tristream serve --record DIR`."),
         backend: str = typer.Option("echo", help="Backend to replay through (the one that served the session)."),
+        audio: str = typer.Option(None, help="'exact' compares answer audio bytes, 'ignore' skips them "
+                                  "(default: exact for echo, ignore for pipeline, whose live TTS adds noise)."),
     ) -> None:
         """Replay FILE deterministically; exit 1 if the outputs differ from the recording."""
         from rich.console import Console
@@ -25,7 +27,12 @@ def register(app: typer.Typer) -> None:
 
         console = Console()
         try:
-            res = replay_file(file, make_factory(backend, pace=0.0))
+            if backend == "pipeline":
+                from tristream.serve.pipeline_backend import PipelineReplayDriver, replay_models
+
+                res = replay_file(file, driver=PipelineReplayDriver(replay_models()), audio=audio or "ignore")
+            else:
+                res = replay_file(file, make_factory(backend, pace=0.0), audio=audio or "exact")
         except RecordingError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from exc
