@@ -207,3 +207,18 @@ def test_models_are_loaded_once_per_process(models) -> None:
     assert again is models
     a, b = Session(models, clock=VirtualClock()), Session(models, clock=VirtualClock())
     assert a.models.llm is b.models.llm and a.vad is not b.vad and a.tts is not b.tts
+
+
+def test_live_mode_without_devices_says_what_is_missing() -> None:
+    from tristream.pipeline.demo import check_devices
+
+    with pytest.raises(DemoInputError, match="--camera needs --mic"):
+        run_demo(camera=True, quiet=True)
+    try:
+        check_devices(mic=True, camera=True)
+    except DemoInputError as e:
+        assert re.search(r"--mic|--camera", str(e))
+        with pytest.raises(DemoInputError, match=re.escape(str(e))):
+            run_demo(mic=True, camera=True, quiet=True, seconds=0.1)
+    else:
+        pytest.skip("this machine has a microphone and a camera")

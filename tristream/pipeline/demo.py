@@ -195,8 +195,8 @@ async def _silence_until_done_after(session: Session, n_before: int, t0: int, of
     return await _feed(session, tail, t0, offset, realtime, frames, fi)
 
 
-async def _live(models: SharedModels, mic: bool, camera: bool, seconds: float) -> Session:
-    """Live microphone (sounddevice) and camera (OpenCV) for `seconds`."""
+def check_devices(mic: bool, camera: bool) -> tuple[Any, Any]:
+    """(sounddevice module, OpenCV capture) for a live run, or a `DemoInputError` saying what is missing."""
     if not mic:
         raise DemoInputError("--camera needs --mic too: turns are taken from speech")
     try:
@@ -215,6 +215,11 @@ async def _live(models: SharedModels, mic: bool, camera: bool, seconds: float) -
         cap = cv2.VideoCapture(0)
         if not cap.isOpened():
             raise DemoInputError("--camera: no camera could be opened (OpenCV device 0)")
+    return sd, cap
+
+
+async def _live(models: SharedModels, sd: Any, cap: Any, seconds: float) -> Session:
+    """Live microphone (sounddevice) and camera (OpenCV capture or None) for `seconds`."""
 
     class Speaker:
         def __init__(self) -> None:
@@ -287,9 +292,10 @@ def run_demo(wav: str | None = None, video: str | None = None, mic: bool = False
     """Run the demo end to end (see module docstring); returns the turn records and stats."""
     clips = [_load_wav(wav)] if wav else None
     frames = _video_frames(video) if video else None
+    devices = check_devices(mic, camera) if (mic or camera) else None
     models = load_models(asr=asr, tts=tts, vision=True, llm_url=llm_url)
-    if mic or camera:
-        session = asyncio.run(_live(models, mic, camera, seconds))
+    if devices is not None:
+        session = asyncio.run(_live(models, devices[0], devices[1], seconds))
         sink = None
     else:
         if clips is None:
