@@ -27,7 +27,12 @@ class TimeoutAction(StrEnum):
 
 
 class ShedReason(StrEnum):
-    """Why an item (or a part of one) was not served."""
+    """Why an item (or a part of one) was not served.
+
+    Units: work items for QUEUE_FULL / TIMEOUT / STALE_VIDEO, sampling ticks (frames) for
+    VISION_RATE, answer tokens for ANSWER_SHORTENED / ANSWER_ABORTED, sessions for
+    SESSION_REFUSED.
+    """
 
     QUEUE_FULL = "queue_full"
     TIMEOUT = "timeout"
