@@ -87,7 +87,7 @@ def test_caps_follow_captured_buckets() -> None:
     asr = [wi(Kind.ASR_CHUNK, asr=1, sid=i) for i in range(40)]
     dec = [wi(Kind.DECODE, 1, sid=i) for i in range(300)]
     plan = b.build(frames + asr + dec, budget_ms=1e9)
-    assert (plan.images, plan.asr_units, plan.decode) == (16, 8, 128)
+    assert (plan.images, plan.asr_units, plan.decode) == (32, 16, 128)
     assert plan.decode_bucket == 128
 
 

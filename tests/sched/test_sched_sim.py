@@ -11,9 +11,9 @@ from tristream.sched.sim import SimulatedEngine, simulate
 from tristream.sched.trace import EventKind, TraceConfig, generate_trace
 from tristream.sched.types import Tier
 
-# A heavier session (ASR every 80 ms, 6 encoded frames/s) so that overload is reached with
+# A heavier session (ASR every 40 ms, 15 encoded frames/s) so that overload is reached with
 # few sessions and the test stays fast; step times are the fitted H200 model.
-HEAVY = WorkShape(asr_interval_ms=80.0, vision_fps=6.0)
+HEAVY = WorkShape(asr_interval_ms=40.0, vision_fps=15.0)
 
 
 def test_trace_is_seeded_sorted_and_mixed() -> None:

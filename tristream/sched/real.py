@@ -9,8 +9,9 @@ very step; planned DECODEs are the only generating sequences the engine can see.
 engine exposes a plan-driven step, the sequences the plan leaves out are *hidden* from
 `engine.seqs` for the duration of `step()` and put back (their KV blocks stay allocated):
 that is how a step-boundary preemption of a decode is enforced. Planned images run a
-SigLIP-B/16 tower and planned ASR windows a Whisper-tiny encoder (random weights), in the
-same step, so the measured step time covers every modality the simulator models.
+SigLIP-B/16 tower (eager) and planned ASR windows a Whisper-tiny encoder over a 10 s window
+(eager, no decoder tokens), random weights, in the same step, so the measured step time covers
+every modality the simulator models (ASR is under-costed: the streaming runner also decodes).
 
 Every step's composition and measured time is kept (`samples`) so the step-time model can
 be refitted to the device (`bench/sched.py --real` writes them to its JSON).
@@ -46,7 +47,7 @@ class RealEngineBackend:
     """EngineBackend over an `LLMEngine` (+ optional vision tower and Whisper encoder)."""
 
     def __init__(self, engine: Any, vision: Any | None = None, whisper: Any | None = None,
-                 prefix_tokens: int = 64, seed: int = 0, mel_frames: int = 3000) -> None:
+                 prefix_tokens: int = 64, seed: int = 0, mel_frames: int = 1000) -> None:
         self.engine = engine
         self.vision = vision
         self.whisper = whisper

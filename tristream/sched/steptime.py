@@ -6,8 +6,9 @@
 
 Decode pads to the captured CUDA-graph bucket, so it is charged per bucket slot. The
 coefficients are a least-squares fit (`fit_step_time`) to the rows in
-`bench/data/sched_steptime.csv` — H200 figures measured in this workplace (ANCHORS.md) and,
-where no measurement exists, roofline-derived rows that say so; `bench/sched.py --fit`
+`bench/data/sched_steptime.csv` — H200 figures measured in this workplace (ANCHORS.md for the
+LLM, our graphed SigLIP / Whisper runners from `bench/results/encoders.json`) and, where no
+measurement exists, roofline-derived rows that say so; `bench/sched.py --fit`
 redoes the fit and writes `bench/data/sched_steptime_fit.json`. The scheduler uses the same
 model to estimate the cost of a plan; the simulator adds seeded jitter on top.
 """
@@ -22,8 +23,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
-IMAGE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
-ASR_BUCKETS: tuple[int, ...] = (1, 2, 4, 8)
+IMAGE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+ASR_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
 
 
 def bucket_for(n: int, buckets: Sequence[int]) -> int:
@@ -43,11 +44,11 @@ class StepTimeModel:
     c0: float = 1.81425
     c_dec: float = 0.0079861
     c_pf: float = 0.0064857
-    v0: float = 4.02571
-    v1: float = 0.0042857
-    a0: float = 5.83717
-    a1: float = 0.0628286
-    source: str = "fit to bench/data/sched_steptime.csv (ANCHORS.md H200 rows + roofline rows)"
+    v0: float = 0.704074
+    v1: float = 0.123307
+    a0: float = 5.98322
+    a1: float = 0.10608
+    source: str = "fit to bench/data/sched_steptime.csv (H200: ANCHORS LLM row, encoders.json, roofline rows)"
 
     def step_ms(self, decode: int, prefill_tokens: int, images: int, asr_units: int) -> float:
         """Modelled duration of one step (decode/images/asr are raw counts, padded here)."""
