@@ -66,7 +66,7 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
 
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-               eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int = 128
+               eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None
                ) -> torch.Tensor:
     """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K]."""
     m = x.shape[0]
@@ -74,6 +74,14 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if m > 16:
         raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
     out = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    num_warps = 4
+    if block_k is None and k <= 2048:
+        # One pass over K per program: no dependent round trips to memory inside the kernel.
+        block_k = triton.next_power_of_2(k)
+        block_n = block_n or 16
+        num_warps = 8 if block_k >= 1024 else 4
+    if block_k is None:
+        block_k = 128
     if block_n is None:
         block_n = 64 if n >= 64 * 256 else 32 if n >= 32 * 128 else 16
     dummy = out
@@ -81,6 +89,6 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
         norm_weight if norm_weight is not None else dummy, out, m, n, k, x.stride(0), eps,
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        IEEE=w.dtype == torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k,
+        IEEE=w.dtype == torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
     )
     return out
