@@ -58,3 +58,4 @@ def test_repetition_penalty() -> None:
     assert torch.equal(out, torch.tensor([[1.0, -4.0, 1.0, 0.5]]))
     b = batch([SamplingParams(repetition_penalty=10.0)], hist=[[0]])
     assert int(sample(logits, b)[0]) == 2
+

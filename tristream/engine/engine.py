@@ -129,17 +129,22 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
-                  config: EngineConfig | None = None, int8: bool = False) -> LLMEngine:
-        """Load a Hugging Face folder or GGUF file with its tokenizer."""
+                  config: EngineConfig | None = None, int8: bool = False, quant: str | None = None
+                  ) -> LLMEngine:
+        """Load a Hugging Face folder or GGUF file with its tokenizer.
+
+        quant: None, 'int8' or 'int4' weight-only quantisation (CPU); int8=True means 'int8'.
+        """
         from tristream.engine.loader import load_model
 
         cfg = config or EngineConfig()
         dt = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
         model = load_model(path, dtype=dt, device=device, max_positions=cfg.max_model_len)
-        if int8:
-            from tristream.engine.quantize import quantize_model_int8
+        quant = quant or ("int8" if int8 else None)
+        if quant:
+            from tristream.engine.quantize import quantize_model
 
-            quantize_model_int8(model)
+            quantize_model(model, quant)
         try:
             tok: Tokenizer | None = Tokenizer.from_path(path)
         except FileNotFoundError:

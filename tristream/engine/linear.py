@@ -28,6 +28,9 @@ class Linear(nn.Module):
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
         self.qweight: torch.Tensor | None = None
         self.scales: torch.Tensor | None = None
+        self.q4: torch.Tensor | None = None
+        self.q4_scales_zeros: torch.Tensor | None = None
+        self.q4_group = 32
 
     @classmethod
     def wrap(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
@@ -38,6 +41,9 @@ class Linear(nn.Module):
         lin.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
         lin.qweight = None
         lin.scales = None
+        lin.q4 = None
+        lin.q4_scales_zeros = None
+        lin.q4_group = 32
         return lin
 
     def quantize_int8(self, compute_dtype: torch.dtype = torch.bfloat16, keep_dense: bool = False) -> None:
@@ -52,7 +58,33 @@ class Linear(nn.Module):
         if not keep_dense:
             self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
+    def quantize_int4(self, group: int = 32) -> None:
+        """Asymmetric 4-bit weights, one (scale, min) per group of `group` inputs (CPU kernel).
+
+        On weights dequantised from GGUF Q4_1 (which sets each 32-block's min and max to
+        codes 0 and 15) this recovers the file's own grid, so no error is added beyond bf16 scales.
+        """
+        w = self.weight.detach().float()
+        n, k = w.shape
+        if k % group:
+            raise ValueError(f"in_features {k} is not a multiple of the int4 group size {group}")
+        wg = w.view(n, k // group, group)
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        scale = (hi - lo).clamp(min=1e-10) / 15
+        q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
+        self.q4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        self.q4_scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
+        self.q4_group = group
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.q4 is not None:
+            assert self.q4_scales_zeros is not None
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x.to(torch.bfloat16), self.q4, self.q4_group, self.q4_scales_zeros
+            ).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         if self.qweight is not None:
             assert self.scales is not None
             y = torch.ops.aten._weight_int8pack_mm(x.to(self.scales.dtype), self.qweight, self.scales).to(x.dtype)
