@@ -11,7 +11,7 @@
 3. Demo (`--demo`): the bundled conversation through the real pipeline in real time on
    this machine; per-turn end of speech → ASR final / first token / first audio.
 
-    .venv/bin/python bench/pipeline.py [--n 10000] [--rounds 3] [--demo] [--pipecat-python PATH]
+    .venv/bin/python bench/pipeline.py [--n 10000] [--rounds 3] [--demo] [--demo-only] [--pipecat-python PATH]
 """
 
 from __future__ import annotations
@@ -252,12 +252,18 @@ def bench_demo(runs: int) -> dict[str, Any]:
     turns = []
     for _ in range(runs):
         r = run_demo(realtime=True, out_wav=None, quiet=True)
-        for rec in r.records:
-            turns.append({"user": rec.user_text, "answer": rec.answer, "scene": rec.scene, **rec.latency_ms()})
+        for i, rec in enumerate(r.records):
+            true_end = r.clip_end_ns[i] if i < len(r.clip_end_ns) else None
+            turns.append({"user": rec.user_text, "answer": rec.answer, "scene": rec.scene, **rec.latency_ms(),
+                          "vad_edge_minus_true_end": None if true_end is None
+                          else round((rec.speech_end_ns - true_end) / 1e6, 1),
+                          "first_audio_from_true_end": None if true_end is None or rec.first_audio_ns is None
+                          else round((rec.first_audio_ns - true_end) / 1e6, 1)})
     def p50(k: str) -> float | None:
         xs = [t[k] for t in turns if t[k] is not None]
         return round(statistics.median(xs), 1) if xs else None
-    return {"runs": runs, "turns": turns, "p50_ms": {k: p50(k) for k in ("asr_final", "llm_start", "first_token", "first_audio")},
+    return {"runs": runs, "turns": turns, "p50_ms": {k: p50(k) for k in ("asr_final", "llm_start", "first_token", "first_audio",
+                                                      "first_audio_from_true_end", "vad_edge_minus_true_end")},
             "load_avg_1m": os.getloadavg()[0]}
 
 
@@ -270,15 +276,23 @@ def main() -> None:
     ap.add_argument("--demo-runs", type=int, default=2)
     ap.add_argument("--no-hangover", action="store_true")
     ap.add_argument("--pipecat-python", default=None)
+    ap.add_argument("--demo-only", action="store_true",
+                    help="run only the demo part and keep the other parts of the existing JSON")
     args = ap.parse_args()
     results: dict[str, Any] = {"load_avg_1m_start": os.getloadavg()[0]}
-    print(f"overhead: {args.stages} pass-through stages, {args.n} packets x {args.rounds} rounds")
-    results["overhead"] = ov = bench_overhead(args.n, args.rounds, args.stages, args.pipecat_python)
-    print(f"{'':18s}{'P50 µs':>10s}{'P99 µs':>10s}{'packets/s':>12s}")
-    for k in ("ours", "pipecat_default", "pipecat_lean"):
-        print(f"{k:18s}{ov[k]['p50_us']:10.1f}{ov[k]['p99_us']:10.1f}{ov[k]['packets_per_s']:12.0f}")
-    print(f"Pipecat / ours at P50: default {ov['ratio_p50_pipecat_default_over_ours']}x, "
-          f"lean {ov['ratio_p50_pipecat_lean_over_ours']}x")
+    if args.demo_only:
+        old = Path(ROOT / "bench" / "results" / "pipeline.json")
+        if old.is_file():
+            results = {**json.loads(old.read_text())["results"], **results}
+        args.demo, args.no_hangover = True, True
+    else:
+        print(f"overhead: {args.stages} pass-through stages, {args.n} packets x {args.rounds} rounds")
+        results["overhead"] = ov = bench_overhead(args.n, args.rounds, args.stages, args.pipecat_python)
+        print(f"{'':18s}{'P50 µs':>10s}{'P99 µs':>10s}{'packets/s':>12s}")
+        for k in ("ours", "pipecat_default", "pipecat_lean"):
+            print(f"{k:18s}{ov[k]['p50_us']:10.1f}{ov[k]['p99_us']:10.1f}{ov[k]['packets_per_s']:12.0f}")
+        print(f"Pipecat / ours at P50: default {ov['ratio_p50_pipecat_default_over_ours']}x, "
+              f"lean {ov['ratio_p50_pipecat_lean_over_ours']}x")
     if not args.no_hangover:
         print("hangover vs false end-of-turn (silero VAD, synthetic speech):")
         results["hangover"] = bench_hangover()

@@ -45,6 +45,8 @@ class DemoResult:
     out_wav: Path | None
     answer_seconds: float
     barge_ins: list[dict[str, Any]] = field(default_factory=list)
+    clip_end_ns: list[int] = field(default_factory=list)
+    """Real-time runs of the bundled clips: the true end of each question (its last sample)."""
 
 
 class FastClock(MonotonicClock):
@@ -173,6 +175,8 @@ async def run_session(models: SharedModels, clips: list[np.ndarray], frames: lis
     for k, clip in enumerate(clips):
         n_before = len(session.records)
         offset = await _feed(session, clip, t0, offset, realtime, frames, fi)
+        if realtime:  # the clip's last sample on the reference clock: the true end of speech
+            session.clip_end_ns.append(t0 + offset * 1_000_000_000 // SAMPLE_RATE)
         if wait_each or k == len(clips) - 1:
             offset = await _silence_until_done_after(session, n_before, t0, offset, realtime, frames, fi, timeout_s)
     await session.close()
@@ -316,4 +320,5 @@ def run_demo(wav: str | None = None, video: str | None = None, mic: bool = False
         print_report(session.records)
         if out_path is not None:
             print(f"answer audio: {out_path} ({seconds_out:.1f} s)")
-    return DemoResult(session.records, session.stats(), out_path, seconds_out, session.barge_ins)
+    return DemoResult(session.records, session.stats(), out_path, seconds_out, session.barge_ins,
+                      list(session.clip_end_ns))

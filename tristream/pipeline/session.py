@@ -167,6 +167,7 @@ class Session:
         self.assistant_active = False
         self.pending_scene: asyncio.Future[Any] | None = None
         self.barge_ins: list[dict[str, Any]] = []
+        self.clip_end_ns: list[int] = []  # known true ends of speech (file playback), for reports
         self.turn_done = asyncio.Event()
         self.input = InputStage(self)
         self.asr_stage = AsrStage(self)
