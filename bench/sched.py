@@ -185,7 +185,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loads", default="0.5,0.75,1.0,1.25,1.5,2.0")
     p.add_argument("--capacity", type=int, default=0, help="skip the search and use this many sessions as 1x")
-    p.add_argument("--cap-duration", type=float, default=12.0)
+    p.add_argument("--cap-duration", type=float, default=20.0, help="simulated seconds of each capacity probe")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--fit", action="store_true", help="refit the step-time model and exit")
     p.add_argument("--real", action="store_true", help="drive the real GPU engine (see tristream/sched/real.py)")

@@ -146,8 +146,12 @@ def _answering(s: Scheduler, sid: int, tier: Tier, now: int) -> int:
 @pytest.mark.parametrize("preset,preempted", [(ours_config, True), (static_priority_config, False)])
 def test_gold_end_of_turn_preempts_bronze_decode(preset, preempted: bool) -> None:
     from tristream.sched.batcher import BatchLimits
+    from tristream.sched.controller import AIMDConfig
 
-    cfg = preset(limits=BatchLimits(token_budget=40, min_prefill_chunk=1), shape=WorkShape(vision_fps=0.0))
+    # the step budget pinned to its floor; no "free" items: any decode that lengthens the step
+    # of a gold end of turn beyond the budget is left out of that step
+    cfg = preset(limits=BatchLimits(min_prefill_chunk=1, free_ms=0.0), shape=WorkShape(vision_fps=0.0),
+                 aimd=AIMDConfig(min_limit_ms=1.0, max_limit_ms=1.0))
     s = Scheduler(cfg)
     now = _answering(s, 1, Tier.BRONZE, 0)
     plan = s.plan(now)  # bronze decode runs this step
@@ -155,14 +159,17 @@ def test_gold_end_of_turn_preempts_bronze_decode(preset, preempted: bool) -> Non
     now += 2 * MS
     s.complete(plan, StepResult(2 * MS), now)
     s.open_session(2, Tier.GOLD, now, camera_fps=0.0)
-    s.text_message(2, now, tokens=40, answer_tokens=5)  # fills the whole token budget
-    plan = s.plan(now)
+    s.speech_start(2, now)
+    s.turn_end(2, now + MS, tail_tokens=400, answer_tokens=5)  # long final prefill + final ASR
+    plan = s.plan(now + MS)
     kinds = [(e.item.tier, e.item.kind) for e in plan.entries]
     if preempted:
         assert kinds == [(Tier.GOLD, Kind.TURN_END)]
         assert s.ledger.events["preempted_decode_bronze"] == 1
+        assert plan.est_ms > s.budget_floor_ms
     else:
         assert kinds[0] == (Tier.BRONZE, Kind.DECODE)
+        assert (Tier.GOLD, Kind.TURN_END) in kinds
 
 
 def test_barge_in_cancels_the_running_answer() -> None:

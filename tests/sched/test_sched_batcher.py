@@ -68,7 +68,7 @@ def test_token_budget_and_chunked_prefill() -> None:
     decodes = [wi(Kind.DECODE, 1, sid=i) for i in range(30)]
     long_prompt = wi(Kind.PREFILL, tokens=500, sid=99)
     plan = b.build(decodes + [long_prompt], budget_ms=1e9)
-    assert plan.decode == 30 and plan.prefill_tokens == 70 and plan.tokens == 100
+    assert plan.decode == 30 and plan.prefill_tokens == 100 and plan.tokens == 130  # decode slots are separate
     entry = plan.entries[-1]
     assert entry.item is long_prompt and not entry.completes
 
@@ -102,7 +102,7 @@ def test_sticky_items_go_first() -> None:
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.sampled_from(["d", "v", "a", "p"]), min_size=1, max_size=80), st.floats(2.0, 40.0))
 def test_plan_respects_budget_unless_single_head(kinds: list[str], budget: float) -> None:
-    b = Batcher(StepTimeModel())
+    b = Batcher(StepTimeModel(), BatchLimits(free_ms=0.0))
     mk = {"d": lambda: wi(Kind.DECODE, 1), "v": lambda: wi(Kind.VISION_FRAME, images=1),
           "a": lambda: wi(Kind.ASR_CHUNK, asr=1), "p": lambda: wi(Kind.PREFILL, tokens=64)}
     items = [mk[k]() for k in kinds]
@@ -112,7 +112,7 @@ def test_plan_respects_budget_unless_single_head(kinds: list[str], budget: float
         (1, 0, 0, 0) if kinds[0] == "d" else (0, 0, 1, 0) if kinds[0] == "v" else
         (0, 0, 0, 1) if kinds[0] == "a" else (0, 64, 0, 0)))
     assert plan.est_ms <= max(budget, head_only) + 1e-9
-    assert plan.tokens <= b.limits.token_budget
+    assert plan.prefill_tokens <= b.limits.token_budget
 
 
 def test_calibrated_model_learns_the_measured_ratio() -> None:

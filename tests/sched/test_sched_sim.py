@@ -11,9 +11,9 @@ from tristream.sched.sim import SimulatedEngine, simulate
 from tristream.sched.trace import EventKind, TraceConfig, generate_trace
 from tristream.sched.types import Tier
 
-# A heavier session (ASR every 40 ms, 15 encoded frames/s) so that overload is reached with
+# A heavier session (ASR every 40 ms, 8 encoded frames/s) so that overload is reached with
 # few sessions and the test stays fast; step times are the fitted H200 model.
-HEAVY = WorkShape(asr_interval_ms=40.0, vision_fps=15.0)
+HEAVY = WorkShape(asr_interval_ms=40.0, vision_fps=8.0, vision_tokens_per_frame=32)
 
 
 def test_trace_is_seeded_sorted_and_mixed() -> None:
@@ -69,7 +69,7 @@ def test_light_load_everyone_meets_target() -> None:
 
 
 def test_overload_gold_holds_target_while_bronze_sheds() -> None:
-    trace = TraceConfig(sessions=240, duration_s=8.0, seed=3)
+    trace = TraceConfig(sessions=400, duration_s=6.0, seed=3)
     since = 2_000_000_000
     ours, r_ours = simulate(ours_config(shape=HEAVY), trace)
     fifo, r_fifo = simulate(fifo_config(shape=HEAVY), trace)

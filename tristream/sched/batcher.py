@@ -1,7 +1,7 @@
 """Packs ordered work into one engine step that fits the captured buckets and the budgets.
 
-Limits: a per-step token budget (decode tokens + prefill tokens), the largest captured
-bucket per kind (decode 128, images 16, ASR windows 8), and the controller's step budget
+Limits: a per-step prefill-token budget, the largest captured bucket per kind (decode 128,
+images 32, ASR windows 16), and the controller's step budget
 in modelled milliseconds. The head item is always taken (clipped to the token budget) so
 every step makes progress on the most urgent work — the aging bound relies on it. Prefill
 is chunked: a long prompt takes what fits and stays queued with the rest.
@@ -28,10 +28,16 @@ class BatchLimits:
     """Hard per-step limits."""
 
     token_budget: int = 512
+    """Prefill tokens per step (the engine's `max_prefill_tokens`); decode slots are counted
+    by `max_decode` (the engine's `max_batch`), as the engine does."""
     max_decode: int = DECODE_BUCKETS[-1]
     max_images: int = IMAGE_BUCKETS[-1]
     max_asr: int = ASR_BUCKETS[-1]
     min_prefill_chunk: int = 16
+    free_ms: float = 0.1
+    """An item whose modelled marginal cost is at most this joins even a step already at its
+    budget (a decode slot inside the same bucket costs nothing): the budget bounds step time,
+    it must not starve near-free work behind big fixed costs."""
 
     def __post_init__(self) -> None:
         if self.max_decode > DECODE_BUCKETS[-1] or self.max_images > IMAGE_BUCKETS[-1] or self.max_asr > ASR_BUCKETS[-1]:
@@ -97,7 +103,7 @@ class Batcher:
         plan = BatchPlan(budget_ms=budget_ms)
         taken: set[int] = set()
         for it in sticky:
-            if plan.decode >= lim.max_decode or plan.tokens >= lim.token_budget:
+            if plan.decode >= lim.max_decode:
                 break
             self._add(plan, it, 1, 0, 0)
             taken.add(it.item_id)
@@ -106,21 +112,26 @@ class Batcher:
                 continue
             head = plan.empty
             d, pf, im, asr = plan.decode, plan.prefill_tokens, plan.images, plan.asr_units
-            room = lim.token_budget - plan.tokens
+            now_ms = m.step_ms(d, pf, im, asr)
+
+            def fits(new_ms: float, head: bool = head, now_ms: float = now_ms) -> bool:
+                return head or new_ms <= budget_ms or new_ms - now_ms <= lim.free_ms
+
+            room = lim.token_budget - plan.prefill_tokens
             if it.kind is Kind.DECODE:
-                if d >= lim.max_decode or room < 1:
+                if d >= lim.max_decode:
                     continue
-                if head or m.step_ms(d + 1, pf, im, asr) <= budget_ms:
+                if fits(m.step_ms(d + 1, pf, im, asr)):
                     self._add(plan, it, 1, 0, 0)
             elif it.kind is Kind.VISION_FRAME:
                 if im + it.images > lim.max_images:
                     continue
-                if head or m.step_ms(d, pf, im + it.images, asr) <= budget_ms:
+                if fits(m.step_ms(d, pf, im + it.images, asr)):
                     self._add(plan, it, 0, 0, it.images)
             elif it.kind is Kind.ASR_CHUNK:
                 if asr + it.asr_units > lim.max_asr:
                     continue
-                if head or m.step_ms(d, pf, im, asr + it.asr_units) <= budget_ms:
+                if fits(m.step_ms(d, pf, im, asr + it.asr_units)):
                     self._add(plan, it, 0, it.asr_units, 0)
             else:  # PREFILL / TURN_END: chunked
                 a = it.asr_units
