@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -134,13 +135,18 @@ async def bare_server(port: int) -> None:
 async def one_client(url: str, pcm: np.ndarray, turns: int, bare: bool, wait_s: float) -> dict[str, list[float]]:
     from websockets.asyncio.client import connect
 
-    out: dict[str, list[float]] = {"client": [], "server": [], "errors": []}
+    out: dict[str, list[float]] = {"client": [], "server": [], "errors": [], "cancelled": []}
     async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
                        max_size=None) as ws:
         json.loads(await ws.recv())
         if not bare:
             await ws.send(json.dumps({"type": "session.update", "session": {"input_audio_sample_rate": 24_000}}))
-        state = {"voiced": 0.0, "eos": 0.0, "done": 0}
+        # Each user turn's end (the last voiced chunk sent) is matched to its own response:
+        # turn ends queue up and each response.created takes the oldest, so an answer that
+        # arrives after the next turn ended (overload) is still timed from its own turn.
+        state = {"voiced": 0.0, "done": 0}
+        pending: deque[float] = deque()
+        by_resp: dict[str, float] = {}
         finished = asyncio.Event()
 
         async def reader() -> None:
@@ -148,14 +154,20 @@ async def one_client(url: str, pcm: np.ndarray, turns: int, bare: bool, wait_s: 
                 ev = json.loads(raw)
                 t = ev["type"]
                 if t == "input_audio_buffer.speech_stopped":
-                    state["eos"] = state["voiced"]
-                elif t == "response.audio.delta" and state["eos"]:
-                    out["client"].append((time.perf_counter() - state["eos"]) * 1000)
-                    state["eos"] = 0.0
+                    pending.append(state["voiced"])
+                elif t == "response.created" and pending:
+                    by_resp[ev["response"]["id"]] = pending.popleft()
+                elif t == "response.audio.delta":
+                    rid = ev.get("response_id")
+                    eos = (pending.popleft() if pending else None) if rid is None else by_resp.pop(rid, None)
+                    if eos:
+                        out["client"].append((time.perf_counter() - eos) * 1000)
                 elif t == "response.done":
                     lat = ev.get("x_tristream", {}).get("latency_ms", {}).get("eos_to_first_audio_ms")
                     if lat is not None:
                         out["server"].append(lat)
+                    if ev["response"].get("status") == "cancelled":
+                        out["cancelled"].append(1.0)
                     state["done"] += 1
                     if state["done"] >= turns:
                         finished.set()
@@ -201,6 +213,7 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
             if "ready" in line or "ws://" in line:
                 break
         url = f"ws://127.0.0.1:{port}/v1/realtime"
+        load0 = os.getloadavg()[0]
         cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
 
         async def all_clients() -> list[dict[str, list[float]]]:
@@ -224,11 +237,13 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
     return {
         "backend": backend, "clients": n, "turns_expected": n * turns, "turns_measured": int(client.size),
         "errors": int(sum(len(r["errors"]) for r in results)),
+        "responses_cancelled_by_barge_in": int(sum(len(r["cancelled"]) for r in results)),
         "eos_to_first_audio_client_ms": {"p50": pct(client, 50), "p99": pct(client, 99), "max": pct(client, 100)},
         "eos_to_first_audio_server_ms": {"p50": pct(server, 50), "p99": pct(server, 99)},
         "wall_s": round(wall, 2),
         "server_cpu_s": round(cpu1 - cpu0, 3),
         "server_cpu_per_session_pct": round(100 * (cpu1 - cpu0) / (n * wall), 3),
+        "loadavg_1m_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
     }
 
 

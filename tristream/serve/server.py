@@ -97,6 +97,7 @@ class RealtimeServer:
         self.draining = False
         self._server: Server | None = None
         self.turns: list[TurnTiming] = []
+        self._bg: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -248,8 +249,10 @@ class RealtimeServer:
                 c.slow = True
                 self.metrics.inc("tristream_events_dropped_total", reason="slow_client")
                 self.metrics.inc("tristream_sessions_closed_total", reason="slow_client")
-                asyncio.get_running_loop().create_task(
+                task = asyncio.get_running_loop().create_task(
                     c.ws.close(1008, f"{P.E_SLOW_CLIENT}: {self.limits.max_outbox_events} events unread"))
+                self._bg.add(task)  # the loop keeps only weak references to tasks
+                task.add_done_callback(self._bg.discard)
                 return
             c.outbox.put_nowait(P.dumps(event))
         return send
