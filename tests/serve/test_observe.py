@@ -51,6 +51,24 @@ def test_turn_spans() -> None:
     assert tr.record_turn("s1", TurnTiming()) == []  # an unfinished turn makes no span
 
 
+def test_turn_spans_export_to_opentelemetry() -> None:
+    import pytest
+
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exp = InMemorySpanExporter()
+    tr = TurnTracer(exporter=exp)
+    tr.record_turn("s9", TurnTiming(speech_started=10**9, speech_stopped=2 * 10**9, first_audio=2_300_000_000,
+                                    response_started=2_100_000_000, done=3 * 10**9, status="completed"))
+    spans = {s.name: s for s in exp.get_finished_spans()}
+    assert {"turn", "user.speech", "response.first_audio", "response.stream"} <= set(spans)
+    root, child = spans["turn"], spans["response.first_audio"]
+    assert child.parent is not None and child.parent.span_id == root.context.span_id
+    assert child.end_time - child.start_time == 300_000_000
+    assert root.attributes["session.id"] == "s9"
+
+
 def test_server_records_turn_spans_and_top_shows_latency() -> None:
     async def go() -> tuple[int, str]:
         async with running_server() as srv:

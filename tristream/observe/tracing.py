@@ -63,12 +63,12 @@ _STAGES = (
 class TurnTracer:
     """Turns -> spans; keeps the last ``keep`` spans and optionally exports them over OTLP."""
 
-    def __init__(self, keep: int = 4096, otlp_endpoint: str | None = None) -> None:
+    def __init__(self, keep: int = 4096, otlp_endpoint: str | None = None, exporter: Any = None) -> None:
         self.spans: deque[Span] = deque(maxlen=keep)
         self._wall_offset = time.time_ns() - time.monotonic_ns()
         self._otel: Any = None
-        if otlp_endpoint:
-            self._otel = _otel_tracer(otlp_endpoint)
+        if otlp_endpoint or exporter is not None:
+            self._otel = _otel_tracer(otlp_endpoint, exporter)
 
     def record_turn(self, session_id: str, turn: TurnLike) -> list[Span]:
         """Make the spans of one finished turn (skipping milestones never reached)."""
@@ -102,15 +102,22 @@ class TurnTracer:
         parent.end(end_time=root.end_ns + off)
 
 
-def _otel_tracer(endpoint: str) -> Any:
+def _otel_tracer(endpoint: str | None, exporter: Any = None) -> Any:
+    """An OpenTelemetry tracer exporting to ``exporter`` (tests) or OTLP/HTTP at ``endpoint``."""
     try:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
     except ImportError as exc:
-        raise TracingUnavailable("OTLP export needs `pip install opentelemetry-sdk "
+        raise TracingUnavailable("tracing export needs `pip install opentelemetry-sdk "
                                  "opentelemetry-exporter-otlp-proto-http`") from exc
     provider = TracerProvider(resource=Resource.create({"service.name": "tristream"}))
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    else:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as exc:
+            raise TracingUnavailable("OTLP export needs `pip install opentelemetry-exporter-otlp-proto-http`") from exc
+        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
     return provider.get_tracer("tristream.serve")
