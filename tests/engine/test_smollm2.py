@@ -42,3 +42,22 @@ def test_stop_string_cuts_the_text(engine: LLMEngine) -> None:
     text, reason = _answer(engine, SamplingParams(max_tokens=24, stop=("Paris",)))
     assert reason is FinishReason.STOP
     assert "Paris" not in text and text.strip().startswith("The capital")
+
+
+def test_chat_template_matches_transformers(engine: LLMEngine) -> None:
+    from transformers import AutoTokenizer
+
+    from tristream.engine.gguf_loader import cached_gguf_folder
+
+    tok = engine.tokenizer
+    assert tok is not None
+    hf = AutoTokenizer.from_pretrained(str(cached_gguf_folder(default_model_path())))
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"},
+            {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Café? ünïcödé"}]
+    ref = hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True)
+    if not isinstance(ref, list):
+        ref = ref["input_ids"]
+    assert tok.apply_chat_template(msgs) == list(ref)
+    ref_q = hf.apply_chat_template(QUESTION, add_generation_prompt=True, tokenize=True)
+    assert tok.apply_chat_template(QUESTION) == list(ref_q if isinstance(ref_q, list) else ref_q["input_ids"])
+    assert tok.eos_token_id == 2 and tok.decode(tok.encode("Paris is nice.")) == "Paris is nice."

@@ -135,18 +135,19 @@ class LLMEngine:
 
         quant: None, 'int8' or 'int4' weight-only quantisation (CPU); int8=True means 'int8'.
         """
-        from tristream.engine.loader import load_model
+        from tristream.engine.loader import load_hf_folder, resolve_folder
 
         cfg = config or EngineConfig()
         dt = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-        model = load_model(path, dtype=dt, device=device, max_positions=cfg.max_model_len)
+        folder = resolve_folder(path)
+        model = load_hf_folder(folder, dtype=dt, device=device, max_positions=cfg.max_model_len)
         quant = quant or ("int8" if int8 else None)
         if quant:
-            from tristream.engine.quantize import quantize_model
+            from tristream.engine.quantize import quantize_model_cached
 
-            quantize_model(model, quant)
+            quantize_model_cached(model, quant, folder)
         try:
-            tok: Tokenizer | None = Tokenizer.from_path(path)
+            tok: Tokenizer | None = Tokenizer.from_path(folder)
         except FileNotFoundError:
             tok = None
         eng = cls(model, tok, cfg)

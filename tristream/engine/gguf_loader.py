@@ -132,7 +132,7 @@ def read_gguf_tensors(reader: Any, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 def _cache_key(path: Path) -> str:
     st = path.stat()
-    h = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
+    h = hashlib.sha256(f"{path.name}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
     return f"{path.stem}-{h}"
 
 

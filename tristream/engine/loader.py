@@ -128,11 +128,8 @@ def load_hf_folder(
     return model
 
 
-def load_model(
-    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-    max_positions: int | None = None, cache_dir: Path | None = None,
-) -> LlamaModel:
-    """Load a model from a Hugging Face folder or a GGUF file (dequantised and cached)."""
+def resolve_folder(path: str | Path, cache_dir: Path | None = None) -> Path:
+    """The Hugging Face folder for a folder or .gguf path (converting the GGUF on first use)."""
     p = Path(path)
     if p.suffix == ".gguf":
         from tristream.engine.gguf_loader import cached_gguf_folder
@@ -140,4 +137,12 @@ def load_model(
         p = cached_gguf_folder(p, cache_dir=cache_dir)
     if not p.exists():
         raise WeightsNotFound(f"{path} does not exist")
-    return load_hf_folder(p, dtype=dtype, device=device, max_positions=max_positions)
+    return p
+
+
+def load_model(
+    path: str | Path, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    max_positions: int | None = None, cache_dir: Path | None = None,
+) -> LlamaModel:
+    """Load a model from a Hugging Face folder or a GGUF file (dequantised and cached)."""
+    return load_hf_folder(resolve_folder(path, cache_dir), dtype=dtype, device=device, max_positions=max_positions)

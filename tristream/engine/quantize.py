@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+from pathlib import Path
+
 import torch
 
+from tristream.engine.linear import Linear
 from tristream.engine.models.llama import LlamaModel
 
 
@@ -29,3 +33,54 @@ def quantize_model(model: LlamaModel, mode: str) -> None:
         for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
             lin.quantize_int4()
     model.head().quantize_int8(keep_dense=model.lm_head is not None)
+
+
+def _linears(model: LlamaModel) -> dict[str, Linear]:
+    out: dict[str, Linear] = {}
+    for i, layer in enumerate(model.layers):
+        for name in ("qkv", "o", "gate_up", "down"):
+            out[f"{i}.{name}"] = getattr(layer, name)
+    out["head"] = model.head()
+    return out
+
+
+def _state(lin: Linear) -> dict[str, torch.Tensor]:
+    if lin.q4 is not None and lin.q4_scales_zeros is not None:
+        return {"q4": lin.q4, "sz": lin.q4_scales_zeros}
+    if lin.qweight is not None and lin.scales is not None:
+        return {"qw": lin.qweight, "sc": lin.scales}
+    return {}
+
+
+def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
+    """`quantize_model`, reusing quantised tensors cached for this checkpoint (fast second load)."""
+    from safetensors.torch import load_file, save_file
+
+    from tristream.engine.gguf_loader import cache_root
+
+    files = sorted(source.glob("*.safetensors"))
+    stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+    key = hashlib.sha256(f"{stamp}|{mode}|v1".encode()).hexdigest()[:20]
+    path = cache_root() / "quant" / f"{key}.safetensors"
+    lins = _linears(model)
+    if path.exists():
+        try:
+            t = load_file(str(path))
+            for name, lin in lins.items():
+                if f"{name}.q4" in t:
+                    lin.q4, lin.q4_scales_zeros = t[f"{name}.q4"], t[f"{name}.sz"]
+                elif f"{name}.qw" in t:
+                    lin.qweight, lin.scales = t[f"{name}.qw"], t[f"{name}.sc"]
+                else:
+                    raise KeyError(name)
+                if name != "head" or model.lm_head is not None:
+                    lin.weight = torch.nn.Parameter(torch.empty(0, dtype=lin.weight.dtype), requires_grad=False)
+            return
+        except (KeyError, OSError, RuntimeError):
+            pass  # stale or partial cache: quantise again below
+    quantize_model(model, mode)
+    tensors = {f"{name}.{k}": v.contiguous() for name, lin in lins.items() for k, v in _state(lin).items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp))
+    tmp.replace(path)
