@@ -148,6 +148,7 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         self._buf_start = 0  # sample index of _buf[0]
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 128), dtype=np.float32)
+        self._x1 = np.zeros((1, CONTEXT + WINDOW), dtype=np.float32)
         self._speaking = False
         self._cand_start: int | None = None
         self._cand_speech = 0
@@ -182,7 +183,8 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         if not np.all(np.isfinite(pcm)):
             raise BadAudio(f"session {self.session_id}: audio chunk contains NaN or inf samples")
         self.clock.add(pcm.shape[0], ref_ns)
-        self._buf = np.concatenate([self._buf, pcm]) if self._buf.size else pcm.copy()
+        # arrays are never written in place (only sliced and replaced), so no defensive copy
+        self._buf = np.concatenate([self._buf, pcm]) if self._buf.size else pcm
         if not self.batched:
             self._run_own()
 
@@ -200,25 +202,27 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
 
     def reset(self) -> None:
         """Forget the model state and any open segment (e.g. after a long gap in the audio)."""
-        self._context[:] = 0.0
-        self._state[:] = 0.0
+        self._context = np.zeros(CONTEXT, dtype=np.float32)
+        self._state = np.zeros((2, 128), dtype=np.float32)
         self._speaking = False
         self._cand_start = None
         self._cand_speech = 0
         self._temp_end = None
 
     def _run_own(self) -> None:
+        x = self._x1
         while self.buffered >= WINDOW:
-            probs, state = self.model.infer(self._next_input()[None, :], self._state[:, None, :])
+            x[0, :CONTEXT] = self._context
+            x[0, CONTEXT:] = self._buf[:WINDOW]
+            probs, state = self.model.infer(x, self._state[:, None, :])
             self._accept(float(probs[0]), state[:, 0, :])
 
     def _next_input(self) -> np.ndarray:
         return np.concatenate([self._context, self._buf[:WINDOW]])
 
     def _accept(self, p: float, state: np.ndarray) -> None:
-        window = self._buf[:WINDOW]
-        self._context = window[-CONTEXT:].copy()
-        self._state = np.ascontiguousarray(state)
+        self._context = self._buf[WINDOW - CONTEXT:WINDOW]
+        self._state = np.ascontiguousarray(state)  # a view into a batched result is strided
         s = self._buf_start
         self._buf = self._buf[WINDOW:]
         self._buf_start += WINDOW
