@@ -245,16 +245,17 @@ def bench_hangover(candidates: tuple[float, ...] = (150, 200, 250, 300, 350, 400
     return res
 
 
-def bench_demo(runs: int) -> dict[str, Any]:
+def bench_demo(runs: int, tts: str = "piper") -> dict[str, Any]:
     """The bundled demo in real time; latencies from end of speech (ms)."""
     from tristream.pipeline.demo import run_demo
 
     turns = []
     for _ in range(runs):
-        r = run_demo(realtime=True, out_wav=None, quiet=True)
+        r = run_demo(realtime=True, out_wav=None, quiet=True, tts=tts)
         for i, rec in enumerate(r.records):
             true_end = r.clip_end_ns[i] if i < len(r.clip_end_ns) else None
             turns.append({"user": rec.user_text, "answer": rec.answer, "scene": rec.scene, **rec.latency_ms(),
+                          "first_piece": rec.first_piece, "first_piece_synth_ms": round(rec.first_piece_s * 1e3, 1),
                           "vad_edge_minus_true_end": None if true_end is None
                           else round((rec.speech_end_ns - true_end) / 1e6, 1),
                           "first_audio_from_true_end": None if true_end is None or rec.first_audio_ns is None
@@ -262,7 +263,7 @@ def bench_demo(runs: int) -> dict[str, Any]:
     def p50(k: str) -> float | None:
         xs = [t[k] for t in turns if t[k] is not None]
         return round(statistics.median(xs), 1) if xs else None
-    return {"runs": runs, "turns": turns, "p50_ms": {k: p50(k) for k in ("asr_final", "llm_start", "first_token", "first_audio",
+    return {"runs": runs, "tts": tts, "turns": turns, "p50_ms": {k: p50(k) for k in ("asr_final", "llm_start", "first_token", "first_audio",
                                                       "first_audio_from_true_end", "vad_edge_minus_true_end")},
             "load_avg_1m": os.getloadavg()[0]}
 
@@ -274,6 +275,7 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=5)
     ap.add_argument("--demo", action="store_true", help="also run the demo in real time (needs the models)")
     ap.add_argument("--demo-runs", type=int, default=2)
+    ap.add_argument("--demo-tts", default="piper,espeak", help="TTS engines to run the demo with")
     ap.add_argument("--no-hangover", action="store_true")
     ap.add_argument("--pipecat-python", default=None)
     ap.add_argument("--demo-only", action="store_true",
@@ -297,9 +299,11 @@ def main() -> None:
         print("hangover vs false end-of-turn (silero VAD, synthetic speech):")
         results["hangover"] = bench_hangover()
     if args.demo:
-        print("demo in real time:")
-        results["demo"] = d = bench_demo(args.demo_runs)
-        print(f"demo P50 from end of speech (ms): {d['p50_ms']}")
+        for tts, key in (("piper", "demo"), ("espeak", "demo_espeak")):
+            if tts in args.demo_tts.split(","):
+                print(f"demo in real time, {tts} TTS:")
+                results[key] = d = bench_demo(args.demo_runs, tts)
+                print(f"demo P50 from end of speech (ms), {tts}: {d['p50_ms']}")
     results["load_avg_1m_end"] = os.getloadavg()[0]
     path = write_results("pipeline", results, extra_modules=("onnxruntime", "faster_whisper", "httpx"))
     print(f"wrote {path}")

@@ -55,7 +55,22 @@ class EngineChatBackend:
         from tristream.engine.engine import EngineConfig, LLMEngine
 
         cfg = EngineConfig(use_graphs=False, max_model_len=2048, kv_cache_bytes=64 << 20)
-        return cls(LLMEngine.from_path(path, config=cfg), **kw)
+        backend = cls(LLMEngine.from_path(path, config=cfg), **kw)
+        backend.warm_up()
+        return backend
+
+    def warm_up(self) -> None:
+        """One tiny generation on the caller's thread before any session streams (first-call costs).
+
+        Only safe before the first `stream()`: the engine thread is idle until then.
+        """
+        from tristream.engine.sequence import SamplingParams
+
+        if self._routes:
+            return
+        self.engine.add_request(chat=[{"role": "user", "content": "Hi"}], params=SamplingParams(max_tokens=2))
+        while self.engine.has_work():
+            self.engine.step()
 
     def _loop(self) -> None:
         while True:

@@ -79,5 +79,18 @@ def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
         else:
             llm = EngineChatBackend.from_path(llm_path or smollm2_gguf())
         models = SharedModels(vad, asr_model, tts_model, vision_model, llm)
+        _warm_up(models)
         _CACHE[key] = models
         return models
+
+
+def _warm_up(models: SharedModels) -> None:
+    """Run each model once so that the first user turn does not pay first-call costs."""
+    import numpy as np
+
+    models.tts.synthesize("Hello there.")
+    transcribe = getattr(models.asr, "transcribe", None)
+    if transcribe is not None:
+        transcribe(np.zeros(16_000, dtype=np.float32))
+    if models.vision is not None:
+        models.vision.stream("warm-up").describe(np.zeros((240, 320, 3), dtype=np.uint8), 0)

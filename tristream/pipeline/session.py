@@ -115,6 +115,9 @@ class TurnRecord:
     first_token_ns: int | None = None
     first_audio_ns: int | None = None
     llm_done_ns: int | None = None
+    first_piece: str = ""
+    """Text of the first synthesised piece, and the seconds its synthesis took."""
+    first_piece_s: float = 0.0
     answer: str = ""
     heard: str = ""
     interrupted: bool = False

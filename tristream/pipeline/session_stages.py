@@ -279,6 +279,7 @@ class PlayoutStage(Stage):
             rec = s.current
             if rec is not None and rec.first_audio_ns is None:
                 rec.first_audio_ns = now
+                rec.first_piece, rec.first_piece_s = item.text, float(item.compute_s)
             s.sink.write(piece, item.sample_rate)
             self.written += piece.shape[0]
             self.play_until_ns = max(self.play_until_ns, now) + piece.shape[0] * 1_000_000_000 // item.sample_rate
