@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+PREFILL_ROWS = 8  # from this many rows on, a dense prefill copy (if kept) is used
+
 
 class Linear(nn.Module):
     """y = x W^T (+ b); W is [out, in] like torch.nn.Linear."""
@@ -31,6 +33,7 @@ class Linear(nn.Module):
         self.q4: torch.Tensor | None = None
         self.q4_scales_zeros: torch.Tensor | None = None
         self.q4_group = 32
+        self.prefill_weight: torch.Tensor | None = None
 
     @classmethod
     def wrap(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Linear:
@@ -44,7 +47,16 @@ class Linear(nn.Module):
         lin.q4 = None
         lin.q4_scales_zeros = None
         lin.q4_group = 32
+        lin.prefill_weight = None
         return lin
+
+    def keep_prefill_copy(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        """Keep a dense copy for many-row products (prefill), where quantised kernels are slow.
+
+        Call before quantising. bf16 GEMMs run on the AVX-512 BF16 units; decode keeps the
+        quantised weights, whose smaller size is what sets its speed.
+        """
+        self.prefill_weight = self.weight.detach().to(dtype).contiguous()
 
     def quantize_int8(self, compute_dtype: torch.dtype = torch.bfloat16, keep_dense: bool = False) -> None:
         """Add an int8 copy of the weight with one scale per output channel (symmetric).
@@ -79,6 +91,9 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.prefill_weight is not None and x.shape[0] >= PREFILL_ROWS:
+            y = F.linear(x.to(self.prefill_weight.dtype), self.prefill_weight).to(x.dtype)
+            return y if self.bias is None else y + self.bias
         if self.q4 is not None:
             assert self.q4_scales_zeros is not None
             y = torch.ops.aten._weight_int4pack_mm_for_cpu(

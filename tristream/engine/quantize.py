@@ -21,6 +21,13 @@ def quantize_model_int8(model: LlamaModel, include_head: bool = True,
         model.head().quantize_int8(compute_dtype, keep_dense=model.lm_head is not None)
 
 
+def keep_prefill_copies(model: LlamaModel) -> None:
+    """bf16 copies of the layer projections for prefill (see Linear.keep_prefill_copy)."""
+    for layer in model.layers:
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            lin.keep_prefill_copy()
+
+
 def quantize_model(model: LlamaModel, mode: str) -> None:
     """Weight-only quantisation for CPU decode: 'int8' (per channel) or 'int4' (groups of 32;
     the output head stays int8, as GGUF files keep their embeddings at 8 bits)."""
@@ -63,6 +70,7 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     key = hashlib.sha256(f"{stamp}|{mode}|v1".encode()).hexdigest()[:20]
     path = cache_root() / "quant" / f"{key}.safetensors"
     lins = _linears(model)
+    keep_prefill_copies(model)
     if path.exists():
         try:
             t = load_file(str(path))
