@@ -188,7 +188,10 @@ class Session:
             st.start()
 
     async def close(self) -> None:
-        """Stop every stage and release per-session streams."""
+        """Stop every stage (an answer in progress is cut, counted) and release per-session streams."""
+        if self.assistant_active:
+            for answer_stage in (self.llm_stage, self.tts_stage, self.playout):
+                answer_stage.interrupt("session_closed")
         for st in self.stages:
             st.inbox.put_control(_stop())
         for st in self.stages:
