@@ -1,0 +1,7 @@
+"""Sessions: asyncio stages wired by bounded two-lane inboxes, turn-taking and barge-in.
+
+- `stage.Stage`, `pipeline.Pipeline`, `inbox.Inbox`: the stage runtime.
+- `session.Session` over `models.load_models()`: VAD → ASR → turns → LLM → TTS → playout.
+- `llm.EngineChatBackend` / `llm.OpenAIChatBackend` (`--llm-url`), `openai_server.OpenAICompatServer`.
+- `demo.run_demo(...)`: `tristream demo`.
+"""
