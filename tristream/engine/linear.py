@@ -8,11 +8,26 @@ kernel's fast path on AVX-512 CPUs) and casts the result back to the model dtype
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-PREFILL_ROWS = 8  # from this many rows on, a dense prefill copy (if kept) is used
+_prefill_mode: contextvars.ContextVar[bool] = contextvars.ContextVar("prefill_mode", default=False)
+
+
+@contextlib.contextmanager
+def prefill_mode() -> Iterator[None]:
+    """Within this block, layers with a dense prefill copy use it (prefill chunks of any size),
+    so prefix-cache hits and chunking never change which weights computed a position."""
+    token = _prefill_mode.set(True)
+    try:
+        yield
+    finally:
+        _prefill_mode.reset(token)
 
 
 class Linear(nn.Module):
@@ -91,7 +106,7 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.prefill_weight is not None and x.shape[0] >= PREFILL_ROWS:
+        if self.prefill_weight is not None and _prefill_mode.get():
             y = F.linear(x.to(self.prefill_weight.dtype), self.prefill_weight).to(x.dtype)
             return y if self.bias is None else y + self.bias
         if self.q4 is not None:

@@ -13,6 +13,7 @@ import torch
 
 from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, causal_offset_mask
 from tristream.engine.kv_cache import KVCache
+from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.sequence import Sequence
 
@@ -99,6 +100,10 @@ class ModelRunner:
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
         """Compute the chunks' K/V; float32 logits [n, vocab] for chunks with want_logits, in order."""
+        with prefill_mode():
+            return self._forward(chunks)
+
+    def _forward(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
         h, meta = self._inputs(chunks)
         attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
         out = self.model(h, attn, ops=self.ops)
@@ -118,6 +123,6 @@ class ModelRunner:
         if self.decoder is not None:
             return self.decoder.run(seqs)
         chunks = [PrefillChunk(s, len(s.keys) - 1, 1, True) for s in seqs]
-        logits = self.prefill(chunks)
+        logits = self._forward(chunks)
         assert logits is not None
         return logits
