@@ -93,9 +93,10 @@ def run_one(args: tuple[str, int, float, int, float]) -> dict[str, Any]:
 
 
 def keeps_up(sessions: int, duration: float, seed: int) -> bool:
-    """FIFO (no shedding) keeps up if its backlog at the end stays under half a queued item per session."""
-    r = run_one(("fifo", sessions, duration, seed, 0.0))
-    return bool(r["backlog_at_end"] < 0.5 * sessions)
+    """FIFO keeps up if every tier's turns are answered within the loosest target (P99 <= 500 ms)."""
+    r = run_one(("fifo", sessions, duration, seed, 4.0))
+    p99 = r["all_served_p99_ms"]
+    return bool(p99 == p99 and p99 <= 500.0 and not r["shed_by_reason"])
 
 
 def find_capacity(duration: float, seed: int, lo: int = 50, hi: int = 1600, step: int = 25) -> int:
@@ -126,7 +127,7 @@ def refit() -> dict[str, Any]:
 def simulate_all(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     cap = args.capacity or find_capacity(args.cap_duration, args.seed)
-    print(f"capacity (largest N FIFO keeps up with): {cap} sessions  [{time.perf_counter() - t0:.1f}s]")
+    print(f"capacity (largest N that FIFO serves at P99 <= 500 ms): {cap} sessions  [{time.perf_counter() - t0:.1f}s]")
     loads = [float(x) for x in args.loads.split(",")]
     jobs = [(name, max(1, round(f * cap)), args.duration, args.seed, args.warmup) for f in loads for name in SCHEDULERS]
     with ProcessPoolExecutor(max_workers=args.jobs) as ex:
@@ -165,7 +166,7 @@ def simulate_all(args: argparse.Namespace) -> None:
         "what": "scheduler simulator: ours vs Triton-like static priority vs FIFO, loads relative to capacity",
         "command": "python bench/sched.py " + " ".join(sys.argv[1:]),
         "capacity_sessions": cap,
-        "capacity_rule": "largest N (multiple of 25) with FIFO backlog at end < 0.5*N",
+        "capacity_rule": "largest N (multiple of 25) at which FIFO answers all turns with P99 <= 500 ms, nothing shed",
         "trace": {k: getattr(TraceConfig(), k) for k in TraceConfig.__slots__ if k != "sessions"}
         | {"duration_s": args.duration, "seed": args.seed, "warmup_s": args.warmup},
         "tiers_ms": {t.name.lower(): s.p99_target_ms for t, s in PRESETS["ours"]().tiers.items()},

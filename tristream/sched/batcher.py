@@ -97,8 +97,13 @@ class Batcher:
         self.limits = limits or BatchLimits()
 
     def build(self, ordered: Iterable[WorkItem], budget_ms: float,
-              sticky: Iterable[WorkItem] = ()) -> BatchPlan:
-        """Pack `sticky` items (non-preemptible running decodes) first, then `ordered`."""
+              sticky: Iterable[WorkItem] = (), due_before_ns: int | None = None) -> BatchPlan:
+        """Pack `sticky` items (non-preemptible running decodes) first, then `ordered`.
+
+        Decode tokens due before `due_before_ns` (behind their answer's pace) are limited by
+        decode slots only, not by the step budget: a late answer token is a stall the user
+        hears, as much as a late first token.
+        """
         lim, m = self.limits, self.model
         plan = BatchPlan(budget_ms=budget_ms)
         taken: set[int] = set()
@@ -121,7 +126,8 @@ class Batcher:
             if it.kind is Kind.DECODE:
                 if d >= lim.max_decode:
                     continue
-                if fits(m.step_ms(d + 1, pf, im, asr)):
+                due = due_before_ns is not None and it.deadline_ns <= due_before_ns
+                if due or fits(m.step_ms(d + 1, pf, im, asr)):
                     self._add(plan, it, 1, 0, 0)
             elif it.kind is Kind.VISION_FRAME:
                 if im + it.images > lim.max_images:

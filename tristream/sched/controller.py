@@ -6,8 +6,10 @@ trades throughput (big steps amortise fixed costs) against the latency of urgent
 (which waits for the step in flight and then runs in a step of its own size). Each tier's
 controller watches that tier's measured response-latency P99 over a sliding window:
 above target → multiplicative decrease, below `low_water * target` → additive increase,
-in between → hold. The step budget in force is the minimum over tiers that currently have
-sessions, so the strictest active tier wins.
+in between → hold. The step budget in force is the minimum over tiers that have an end of
+turn waiting (the strictest wins); a step that carries no first token runs at full size, so
+a tier missing its target because of queueing (overload) cannot shrink every step and
+collapse throughput — overload is the degradation ladder's job.
 """
 
 from __future__ import annotations
@@ -135,6 +137,6 @@ class TierControllers:
         self.history.append((now_ns, {t: c.limit_ms for t, c in self.controllers.items()}))
 
     def step_budget_ms(self, active: set[Tier]) -> float:
-        """Budget in force: the strictest limit among tiers with live sessions."""
+        """Budget in force: the strictest limit among `active` tiers (max when none)."""
         lims = [self.controllers[t].limit_ms for t in active if t in self.controllers]
         return min(lims) if lims else self.config.max_limit_ms

@@ -67,8 +67,8 @@ class PolicyConfig:
     yield_ahead_of_pace: bool = True
     """A decode token due more than `pace_slack_ms` from now takes the last rank: an answer
     ahead of its reading/speaking pace has slack and yields to any end of turn."""
-    pace_slack_ms: float = 30.0
-    """How early a decode token regains its class rank (about two steps, so it is not late)."""
+    pace_slack_ms: float = 60.0
+    """How early a decode token regains its class rank (two to three steps, so it is not late)."""
     global_turn_ends: bool = True
     """Rank the ends of turn of *all* tiers (in tier order) above every other item: they are
     the cheapest work with the most user-visible latency, so under overload every tier keeps

@@ -82,6 +82,7 @@ class Scheduler:
         self._hash = hashlib.blake2b(digest_size=16)
         self._period_decode: Counter[tuple[Tier, bool]] = Counter()
         self._decode_hist: dict[Tier, deque[tuple[int, int]]] = {t: deque(maxlen=20) for t in Tier}
+        self._step_ewma_ms = self.model.step_ms(16, config.limits.token_budget, 0, 0)
 
     # ------------------------------------------------------------------ events
     def open_session(self, sid: int, tier: Tier, now_ns: int, camera_fps: float = 30.0) -> None:
@@ -173,12 +174,15 @@ class Scheduler:
         else:
             sticky = sorted(running, key=lambda it: (self._answer_start(it), it.item_id))
         if self.config.adaptive:
-            budget = self.controllers.step_budget_ms({t for t, n in self.open_tiers.items() if n > 0})
+            # Only a step that carries first tokens is capped, by the strictest tier waiting for
+            # one; other steps run at full size so throughput is not given away under load.
+            budget = self.controllers.step_budget_ms({it.tier for it in ordered if it.kind is Kind.TURN_END})
         else:
             budget = self.config.fixed_budget_ms
         if isinstance(self.model, CalibratedStepTime):
             budget = max(budget, self._floor())
-        plan = self.batcher.build(ordered, budget, sticky)
+        due = now_ns + int(self.config.policy.pace_slack_ms * MS)
+        plan = self.batcher.build(ordered, budget, sticky, due_before_ns=due)
         in_plan = {e.item.item_id for e in plan.entries}
         for it in running:
             if it.item_id not in in_plan:
@@ -194,6 +198,7 @@ class Scheduler:
     def complete(self, plan: BatchPlan, result: StepResult, now_ns: int) -> None:
         """Apply the outcome of an executed step at `now_ns` (its end)."""
         sh = self.config.shape
+        self._step_ewma_ms += 0.05 * (result.duration_ns / MS - self._step_ewma_ms)
         if isinstance(self.model, CalibratedStepTime):
             self.model.observe(plan.decode, plan.prefill_tokens, plan.images, plan.asr_units, result.duration_ns / MS)
         for e in plan.entries:
@@ -326,7 +331,10 @@ class Scheduler:
             s.queued_prefill.tokens += n
         else:
             dl = now_ns + int(self.config.shape.prefill_deadline_ms * MS)
-            it = self._new_item(s, Modality.TEXT, Kind.PREFILL, now_ns, dl, tokens=n)
+            # Incremental prefill of a spoken turn is speech work: it is what keeps the end of
+            # the turn small (and its first token fast) when the turn ends.
+            mod = Modality.SPEECH if s.speaking else Modality.TEXT
+            it = self._new_item(s, mod, Kind.PREFILL, now_ns, dl, tokens=n)
             if self._enqueue(it, now_ns):
                 s.queued_prefill = it
 
@@ -433,7 +441,19 @@ class Scheduler:
         self._period_decode.clear()
         if self.config.degrade:
             ps = [p for t in Tier if (p := self.pressure(t, now_ns)) is not None]
-            self.ladder.update(now_ns, max(ps) if ps else None)
+            ps.append(self.backlog_pressure())
+            self.ladder.update(now_ns, max(ps))
+
+    def backlog_pressure(self) -> float:
+        """Leading overload signal: time to drain the queued prefill at the per-step token
+        budget, over the tightest target among tiers the ladder may degrade (> 1: their next
+        ends of turn will miss unless work is shed now)."""
+        tokens = sum(it.tokens for it in self.items.values()
+                     if it.kind in (Kind.PREFILL, Kind.TURN_END) and not it.delayed)
+        steps = tokens / self.config.limits.token_budget
+        exempt = self.config.ladder.exempt
+        targets = [s.p99_target_ms for t, s in self.config.tiers.items() if t not in exempt]
+        return steps * self._step_ewma_ms / min(targets) if targets else 0.0
 
     def pressure(self, tier: Tier, now_ns: int) -> float | None:
         """How far `tier` is from its promises: max of response P99 / target and late-decode
