@@ -9,7 +9,8 @@ from /proc), connects N clients that stream the same speech-like WAV as live mic
   VAD hangover (``silence_duration_ms``, 300 ms by default) — what a user waits;
 - the same on the server's clock from its VAD decision (``x_tristream.latency_ms``): the
   processing part alone;
-- server CPU per session: server process CPU seconds / (sessions x wall seconds).
+- server CPU per session: server process CPU seconds / (sessions x wall seconds), and per
+  second of streamed audio (sessions x audio seconds), which late answers do not dilute.
 
 The baseline in the same run is a *bare* WebSocket server (``--bare-server``): the same
 energy VAD and echo answer with no validation, limits, metrics, recording or session state
@@ -243,6 +244,8 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
         "wall_s": round(wall, 2),
         "server_cpu_s": round(cpu1 - cpu0, 3),
         "server_cpu_per_session_pct": round(100 * (cpu1 - cpu0) / (n * wall), 3),
+        # Per second of user audio: not diluted by the wait for late answers at the end.
+        "server_cpu_pct_per_session_audio_s": round(100 * (cpu1 - cpu0) / (n * pcm.size / 24_000), 3),
         "loadavg_1m_before_after": [round(load0, 2), round(os.getloadavg()[0], 2)],
     }
 
