@@ -12,7 +12,7 @@
   };
   let ws = null, ctx = null, micStream = null, camStream = null, node = null, frameTimer = null;
   let lastVoicedAt = 0, eosAt = 0, firstText = null, firstAudio = null, playHead = 0;
-  let answerEl = null, pending = new Int16Array(0);
+  let answerEl = null, userEl = null, pending = new Int16Array(0);
 
   const setStatus = (text, cls) => { const el = $("status"); el.textContent = text; el.className = "status " + cls; };
   const addMsg = (who, text) => {
@@ -64,8 +64,13 @@
         playHead = 0; break;   // barge-in: the server cancels; we stop scheduling more
       case "input_audio_buffer.speech_stopped":
         eosAt = lastVoicedAt || now; firstText = firstAudio = null; break;
+      case "conversation.item.input_audio_transcription.delta":
+        if (!userEl) userEl = addMsg("user", "");
+        userEl.querySelector(".text").textContent = ev.delta; break;   // live partial transcript
       case "conversation.item.input_audio_transcription.completed":
-        S.transcripts.push(ev.transcript); addMsg("user", ev.transcript); break;
+        S.transcripts.push(ev.transcript);
+        if (!userEl) userEl = addMsg("user", "");
+        userEl.querySelector(".text").textContent = ev.transcript; userEl = null; break;
       case "response.created":
         answerEl = addMsg("assistant", ""); S.answers.push(""); break;
       case "response.text.delta": case "response.audio_transcript.delta":
