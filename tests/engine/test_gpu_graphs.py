@@ -86,7 +86,7 @@ def test_fused_gemv_matches_torch(dtype: torch.dtype) -> None:
     from tristream.engine.models.llama import rms_norm
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    tol = 1e-2 if dtype == torch.bfloat16 else 1e-5
+    tol = 2e-2 if dtype == torch.bfloat16 else 1e-5
 
     def rnd(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=g, device="cuda").to(dtype)

@@ -43,12 +43,12 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
         if SILU:
             g = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=xm, other=0.0).to(tl.float32)
             u = tl.load(x_ptr + rm[:, None] * x_stride + K + rk[None, :], mask=xm, other=0.0)
-            xv = ((g / (1.0 + tl.exp(-g))).to(dt) * u).to(dt)
+            xv = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
         else:
             xv = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=xm, other=0.0)
             if NORM:
                 nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
-                xv = ((xv.to(tl.float32) * rstd[:, None]).to(dt) * nw[None, :]).to(dt)
+                xv = ((xv.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32) * nw.to(tl.float32)[None, :]).to(dt)
         w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
         if IEEE:
             acc += tl.dot(xv, tl.trans(w), input_precision="ieee")
@@ -64,6 +64,46 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
     tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
 
 
+@triton.jit
+def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps,
+                        NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores."""
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    dt = w_ptr.dtype.element_ty
+    if NORM:
+        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + tl.arange(0, BLOCK_K)
+            xv = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+            ss += xv * xv
+        rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        kmask = rk < K
+        if SILU:
+            g = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+            u = tl.load(x_ptr + K + rk, mask=kmask, other=0.0)
+            xv = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
+        else:
+            xv = tl.load(x_ptr + rk, mask=kmask, other=0.0)
+            if NORM:
+                nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
+                xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
+    y = acc.to(dt)
+    if HAS_RES:
+        r = tl.load(res_ptr + rn, mask=nmask, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+    tl.store(out_ptr + rn, y, mask=nmask)
+
+
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None
@@ -74,6 +114,17 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     if m > 16:
         raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
     out = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    dummy = out
+    if m == 1:
+        bk = min(triton.next_power_of_2(k), 1024)
+        bn = 8 if bk >= 1024 else 16
+        _fused_gemv1_kernel[(triton.cdiv(n, bn),)](
+            x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
+            norm_weight if norm_weight is not None else dummy, out, n, k, eps,
+            NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
+            BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+        )
+        return out
     num_warps = 4
     if block_k is None and k <= 2048:
         # One pass over K per program: no dependent round trips to memory inside the kernel.
@@ -84,7 +135,6 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         block_k = 128
     if block_n is None:
         block_n = 64 if n >= 64 * 256 else 32 if n >= 32 * 128 else 16
-    dummy = out
     _fused_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
         norm_weight if norm_weight is not None else dummy, out, m, n, k, x.stride(0), eps,
