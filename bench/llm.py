@@ -304,17 +304,17 @@ torch.set_num_threads({threads})
 t0 = time.perf_counter()
 from tristream.engine.engine import LLMEngine
 t1 = time.perf_counter()
-eng = LLMEngine.from_path(sys.argv[1], int8={int8})
+eng = LLMEngine.from_path(sys.argv[1], quant={quant!r})
 t2 = time.perf_counter()
 print(t1 - t0, t2 - t1)
 """
 
 
-def cpu_ours(path: Path, prompt: list[int], steps: int, int8: bool) -> dict[str, float]:
+def cpu_ours(path: Path, prompt: list[int], steps: int, quant: str | None) -> dict[str, float]:
     from tristream.engine.engine import EngineConfig, LLMEngine
     from tristream.engine.sequence import SamplingParams
 
-    eng = LLMEngine.from_path(path, int8=int8, config=EngineConfig(max_prefill_tokens=1024))
+    eng = LLMEngine.from_path(path, quant=quant, config=EngineConfig(max_prefill_tokens=1024))
     p = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
     eng.generate([prompt[:32]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
     pre = []
@@ -384,8 +384,6 @@ print(json.dumps({"load_s": load, "prefill_tok_s": len(prompt) / pre, "decode_ms
 
 
 def cpu_main(args: argparse.Namespace) -> dict[str, Any]:
-    threads = args.threads
-    torch.set_num_threads(threads)
     path = gguf_path()
     from tristream.engine.gguf_loader import cached_gguf_folder
 
@@ -395,40 +393,44 @@ def cpu_main(args: argparse.Namespace) -> dict[str, Any]:
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, 40000, (200,), generator=gen).tolist()
     steps = args.steps
-    res: dict[str, Any] = {"threads": threads, "prompt_tokens": len(prompt), "decode_steps": steps,
-                           "gguf": str(path), "load_avg_start": os.getloadavg()}
-    res["gguf_convert_s_this_run"] = first
-    for int8 in (True, False):
-        out = subprocess.run([sys.executable, "-c", LOAD_SNIPPET.format(threads=threads, int8=int8), str(path)],
-                             capture_output=True, text=True, check=True).stdout.split()
-        res[f"ours_{'int8' if int8 else 'fp32'}_load_s"] = {"import_s": float(out[0]), "load_s": float(out[1])}
-    rounds: list[dict[str, Any]] = []
-    for _ in range(args.rounds):  # interleave peers so load changes hit all of them
-        r: dict[str, Any] = {}
-        r["ours_int8"] = cpu_ours(path, prompt, steps, True)
-        log("ours int8", r["ours_int8"])
-        if args.fp32:
-            r["ours_fp32"] = cpu_ours(path, prompt, steps, False)
-            log("ours fp32", r["ours_fp32"])
-        r["transformers_fp32"] = cpu_transformers(folder, prompt, steps)
-        log("transformers", r["transformers_fp32"])
-        if args.llama_cpp_python:
-            proc = subprocess.run([args.llama_cpp_python, "-c", LLAMA_CPP_SNIPPET, str(path), str(threads),
-                                   str(steps), json.dumps(prompt)], capture_output=True, text=True)
-            if proc.returncode == 0:
-                r["llama_cpp_python"] = json.loads(proc.stdout.strip().splitlines()[-1])
-            else:
-                r["llama_cpp_python"] = {"error": proc.stderr[-500:]}
-            log("llama.cpp", r["llama_cpp_python"])
-        r["load_avg"] = os.getloadavg()
-        rounds.append(r)
-    res["rounds"] = rounds
-    summary: dict[str, Any] = {}
-    for k in rounds[0]:
-        if k == "load_avg" or "error" in rounds[0][k]:
-            continue
-        summary[k] = {m: median([r[k][m] for r in rounds]) for m in rounds[0][k]}
-    res["median_over_rounds"] = summary
+    res: dict[str, Any] = {"prompt_tokens": len(prompt), "decode_steps": steps, "gguf": str(path),
+                           "gguf_convert_s_this_run": first, "by_threads": {}}
+    variants = ["int4", "int8"] + (["none"] if args.fp32 else [])
+    for threads in [int(x) for x in str(args.threads).split(",")]:
+        torch.set_num_threads(threads)
+        tr: dict[str, Any] = {"load_avg_start": os.getloadavg()}
+        for q in variants:  # run twice: the second load is the cached one we report
+            for _ in range(2):
+                snippet = LOAD_SNIPPET.format(threads=threads, quant=None if q == "none" else q)
+                out = subprocess.run([sys.executable, "-c", snippet, str(path)], capture_output=True, text=True,
+                                     check=True).stdout.split()
+            tr[f"ours_{q}_load"] = {"import_s": float(out[0]), "load_s": float(out[1])}
+        rounds: list[dict[str, Any]] = []
+        for _ in range(args.rounds):  # interleave peers so load changes hit all of them
+            r: dict[str, Any] = {}
+            for q in variants:
+                r[f"ours_{q}"] = cpu_ours(path, prompt, steps, None if q == "none" else q)
+                log(threads, f"ours {q}", r[f"ours_{q}"])
+            r["transformers_fp32"] = cpu_transformers(folder, prompt, steps)
+            log(threads, "transformers", r["transformers_fp32"])
+            if args.llama_cpp_python:
+                proc = subprocess.run([args.llama_cpp_python, "-c", LLAMA_CPP_SNIPPET, str(path), str(threads),
+                                       str(steps), json.dumps(prompt)], capture_output=True, text=True)
+                if proc.returncode == 0:
+                    r["llama_cpp_python"] = json.loads(proc.stdout.strip().splitlines()[-1])
+                else:
+                    r["llama_cpp_python"] = {"error": proc.stderr[-500:]}
+                log(threads, "llama.cpp", r["llama_cpp_python"])
+            r["load_avg"] = os.getloadavg()
+            rounds.append(r)
+        tr["rounds"] = rounds
+        summary: dict[str, Any] = {}
+        for k in rounds[0]:
+            if k == "load_avg" or "error" in rounds[0][k]:
+                continue
+            summary[k] = {m: median([r[k][m] for r in rounds]) for m in rounds[0][k]}
+        tr["median_over_rounds"] = summary
+        res["by_threads"][str(threads)] = tr
     return res
 
 
@@ -438,7 +440,8 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b,llama-3-8b")
     ap.add_argument("--no-compile", dest="compile", action="store_false")
     ap.add_argument("--no-compile-8b", dest="compile_8b", action="store_false")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", default="2", help="CPU threads, e.g. 2 or 1,2")
+    ap.add_argument("--name", default=None, help="results file name (default llm_gpu / llm_cpu)")
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fp32", action="store_true", help="also time our fp32 weights on CPU")
@@ -448,15 +451,25 @@ def main() -> None:
     if args.device == "cuda":
         res = gpu_main(args)
         print_gpu_table(res)
-        path = write_results("llm_gpu", res)
+        path = write_results(args.name or "llm_gpu", res)
     else:
         res = cpu_main(args)
-        print(json.dumps(res["median_over_rounds"], indent=1))
-        path = write_results("llm_cpu", res)
+        print_cpu_table(res)
+        path = write_results(args.name or "llm_cpu", res)
     log(f"wrote {path}")
     out = os.environ.get("OUT")
     if out:
         Path(out, path.name).write_text(path.read_text())
+
+
+def print_cpu_table(res: dict[str, Any]) -> None:
+    log(f"{'threads':>7} {'engine':22} {'decode ms/tok':>13} {'prefill tok/s':>13}")
+    for th, tr in res["by_threads"].items():
+        for k, v in tr["median_over_rounds"].items():
+            log(f"{th:>7} {k:22} {v['decode_ms_per_token']:13.1f} {v['prefill_tok_s']:13.0f}")
+        for k, v in tr.items():
+            if k.endswith("_load"):
+                log(f"{th:>7} {k:22} second load {v['load_s']:.2f} s (+ imports {v['import_s']:.2f} s)")
 
 
 def print_gpu_table(res: dict[str, Any]) -> None:
