@@ -71,7 +71,7 @@ class SpeechStopped:
 
 @dataclass(slots=True)
 class TranscriptDelta:
-    """Partial transcript text of the current user turn."""
+    """The transcript hypothesis so far (full text, not an increment) of the current user turn."""
 
     text: str
     ref_ns: int

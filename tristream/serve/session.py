@@ -101,6 +101,7 @@ class RealtimeSession:
         self._last_item_id: str | None = None
         self._response: _Response | None = None
         self._uncommitted_ms = 0.0
+        self._transcript_sent = ""
         self.turn = TurnTiming()
         self.turns: list[TurnTiming] = []
         self.started_ns = clock_ns()
@@ -240,9 +241,17 @@ class RealtimeSession:
             self.send(P.server_event("input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_ms, item_id=item))
             self._commit(item)
         elif isinstance(ev, TranscriptDelta):
-            self.send(P.server_event("conversation.item.input_audio_transcription.delta",
-                                     item_id=self._item_id or "", content_index=0, delta=ev.text))
+            # Backends report the hypothesis so far; the protocol's deltas are increments.
+            if ev.text.startswith(self._transcript_sent):
+                inc = ev.text[len(self._transcript_sent):]
+                if inc:
+                    self._transcript_sent = ev.text
+                    self.send(P.server_event("conversation.item.input_audio_transcription.delta",
+                                             item_id=self._item_id or "", content_index=0, delta=inc))
+            else:  # the ASR revised earlier words: the completed event carries the final text
+                self.metrics.inc("tristream_transcript_revisions_total")
         elif isinstance(ev, TranscriptDone):
+            self._transcript_sent = ""
             self.turn.transcript_done = now
             self.send(P.server_event("conversation.item.input_audio_transcription.completed",
                                      item_id=self._item_id or "", content_index=0, transcript=ev.text))

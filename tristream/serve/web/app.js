@@ -66,7 +66,7 @@
         eosAt = lastVoicedAt || now; firstText = firstAudio = null; break;
       case "conversation.item.input_audio_transcription.delta":
         if (!userEl) userEl = addMsg("user", "");
-        userEl.querySelector(".text").textContent = ev.delta; break;   // live partial transcript
+        userEl.querySelector(".text").textContent += ev.delta; break;   // live partial transcript
       case "conversation.item.input_audio_transcription.completed":
         S.transcripts.push(ev.transcript);
         if (!userEl) userEl = addMsg("user", "");

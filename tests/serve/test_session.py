@@ -1,0 +1,78 @@
+"""RealtimeSession without sockets: event mapping from backend events, on a virtual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+
+from tristream.serve.backend import (
+    AudioDelta,
+    ResponseDone,
+    ResponseStarted,
+    SpeechStarted,
+    SpeechStopped,
+    TextDelta,
+    TranscriptDelta,
+    TranscriptDone,
+)
+from tristream.serve.echo import EchoBackend
+from tristream.serve.replay import VirtualClock
+from tristream.serve.session import RealtimeSession
+
+
+def make() -> tuple[RealtimeSession, list[dict[str, Any]], VirtualClock]:
+    out: list[dict[str, Any]] = []
+    clock = VirtualClock(1_000)
+    s = RealtimeSession("s", EchoBackend(), out.append, clock)
+    asyncio.run(s.open())
+    return s, out, clock
+
+
+def test_transcript_deltas_are_increments_and_revisions_are_counted() -> None:
+    s, out, _ = make()
+    for ev in (SpeechStarted(0, 0), TranscriptDelta("turn on", 0), TranscriptDelta("turn on the", 0),
+               TranscriptDelta("turn of the", 0), TranscriptDelta("turn of the lights", 0),
+               TranscriptDone("turn off the lights", 0)):
+        s.on_backend_event(ev)
+    deltas = [e["delta"] for e in out if e["type"] == "conversation.item.input_audio_transcription.delta"]
+    assert deltas == ["turn on", " the"]
+    done = [e for e in out if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert done[0]["transcript"] == "turn off the lights"
+    assert s.metrics.count("tristream_transcript_revisions_total") == 2
+
+
+def test_turn_latencies_on_virtual_clock_and_response_done() -> None:
+    s, out, clock = make()
+    s.on_backend_event(SpeechStarted(100, 0))
+    clock.advance_to(2_000_000_000)
+    s.on_backend_event(SpeechStopped(900, 0))
+    clock.advance_to(2_150_000_000)
+    s.on_backend_event(TranscriptDone("hi", 0))
+    s.on_backend_event(ResponseStarted(0))
+    clock.advance_to(2_400_000_000)
+    s.on_backend_event(TextDelta("hello", 0))
+    clock.advance_to(2_500_000_000)
+    s.on_backend_event(AudioDelta(np.zeros(240, np.int16), 0))
+    clock.advance_to(3_000_000_000)
+    s.on_backend_event(ResponseDone("completed", 0))
+    done = out[-1]
+    assert done["type"] == "response.done" and done["response"]["status"] == "completed"
+    lat = done["x_tristream"]["latency_ms"]
+    assert lat == {"eos_to_transcript_done_ms": 150.0, "eos_to_first_text_ms": 400.0,
+                   "eos_to_first_audio_ms": 500.0, "eos_to_done_ms": 1000.0}
+    assert done["response"]["output"][0]["content"][0]["transcript"] == "hello"
+    types = [e["type"] for e in out]
+    assert types.index("input_audio_buffer.speech_stopped") < types.index("input_audio_buffer.committed")
+    assert s.metrics.latencies["tristream_eos_to_first_audio_seconds"].count == 1
+
+
+def test_events_without_a_response_are_counted_not_sent() -> None:
+    s, out, _ = make()
+    n = len(out)
+    s.on_backend_event(TextDelta("stray", 0))
+    s.on_backend_event(ResponseDone("completed", 0))
+    assert len(out) == n
+    assert s.metrics.count("tristream_events_dropped_total", reason="text_without_response") == 1
+    assert s.metrics.count("tristream_events_dropped_total", reason="done_without_response") == 1
