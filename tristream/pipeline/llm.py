@@ -65,10 +65,13 @@ class EngineChatBackend:
         Only safe before the first `stream()`: the engine thread is idle until then.
         """
         from tristream.engine.sequence import SamplingParams
+        from tristream.pipeline.turns import DEFAULT_SYSTEM
 
         if self._routes:
             return
-        self.engine.add_request(chat=[{"role": "user", "content": "Hi"}], params=SamplingParams(max_tokens=2))
+        # with the default system prompt, so that its KV blocks sit in the prefix cache
+        chat = [{"role": "system", "content": DEFAULT_SYSTEM}, {"role": "user", "content": "Hi"}]
+        self.engine.add_request(chat=chat, params=SamplingParams(max_tokens=2))
         while self.engine.has_work():
             self.engine.step()
 

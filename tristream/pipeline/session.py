@@ -39,15 +39,13 @@ from tristream.pipeline.speculative_asr import SpeculativeRecognizer
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import (
     DEFAULT_HANGOVER_MS,
+    DEFAULT_SYSTEM,
     Conversation,
     EndOfTurnDetector,
     SilenceEndOfTurn,
     TurnTaker,
     UserTurn,
 )
-
-DEFAULT_SYSTEM = ("You are a friendly voice assistant with a camera. Answer in one short sentence "
-                  "of plain spoken English.")
 
 
 class AudioSink(Protocol):

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 DEFAULT_HANGOVER_MS = 300.0
+DEFAULT_SYSTEM = ("You are a friendly voice assistant with a camera. Answer in one short sentence "
+                  "of plain spoken English.")
 
 
 class EndOfTurnDetector(Protocol):
