@@ -135,11 +135,18 @@ class DegradationLadder:
         self._under_since: int | None = None
         self.transitions: list[tuple[int, Level]] = []
 
-    def update(self, now_ns: int, pressure: float | None) -> Level:
-        """Feed the current pressure; may move one level up or down."""
+    def update(self, now_ns: int, pressure: float | None, relax: float | None = None) -> Level:
+        """Feed the current pressure; may move one level up or down.
+
+        `relax` (default: `pressure`) is the signal for stepping down; the scheduler passes
+        the pressure of the tiers the ladder degrades, since an exempt tier that always runs
+        near its target would otherwise hold the ladder up forever.
+        """
         c = self.config
         if pressure is None:
             return self.level
+        if relax is None:
+            relax = pressure
         if pressure > c.escalate_pressure:
             self._under_since = None
             if self._over_since is None:
@@ -148,7 +155,7 @@ class DegradationLadder:
                 self.level = Level(self.level + 1)
                 self._over_since = now_ns
                 self.transitions.append((now_ns, self.level))
-        elif pressure < c.relax_pressure:
+        elif relax < c.relax_pressure:
             self._over_since = None
             if self._under_since is None:
                 self._under_since = now_ns

@@ -440,9 +440,10 @@ class Scheduler:
                                          self._period_decode[(t, True)]))
         self._period_decode.clear()
         if self.config.degrade:
-            ps = [p for t in Tier if (p := self.pressure(t, now_ns)) is not None]
-            ps.append(self.backlog_pressure())
-            self.ladder.update(now_ns, max(ps))
+            per = {t: p for t in Tier if (p := self.pressure(t, now_ns)) is not None}
+            backlog = self.backlog_pressure()
+            degradable = [p for t, p in per.items() if t not in self.config.ladder.exempt]
+            self.ladder.update(now_ns, max([backlog, *per.values()]), max([backlog, *degradable]))
 
     def backlog_pressure(self) -> float:
         """Leading overload signal: time to drain the queued prefill at the per-step token
