@@ -156,16 +156,24 @@ def test_bad_input_files_give_clear_errors(tmp_path: Path) -> None:
         run_demo(video=str(vid), quiet=True)
 
 
-def test_run_demo_with_a_wav_file_writes_answer_audio(models, say, tmp_path: Path) -> None:
+def test_run_demo_with_wav_and_video_files_writes_answer_audio(models, say, tmp_path: Path) -> None:
     from tristream.stages.audio_io import read_wav, write_wav
 
     wav = tmp_path / "question.wav"
     pcm = np.concatenate([np.zeros(4000, np.float32), say("What colour is the sky?"), np.zeros(4000, np.float32)])
     write_wav(wav, pcm, 16_000)
+    import cv2
+
+    video = tmp_path / "camera.avi"  # a bright 1280x720 clip: downscaled, described as bright
+    w = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 25, (1280, 720))
+    for _ in range(25):
+        w.write(np.full((720, 1280, 3), 235, np.uint8))
+    w.release()
     out = tmp_path / "answers.wav"
-    res = run_demo(wav=str(wav), realtime=False, out_wav=str(out), quiet=True,
+    res = run_demo(wav=str(wav), video=str(video), realtime=False, out_wav=str(out), quiet=True,
                    config=SessionConfig(max_tokens=12))
     assert len(res.records) == 1 and "sky" in _words(res.records[0].user_text)
+    assert res.records[0].scene is not None and "bright" in res.records[0].scene
     assert res.records[0].answer.strip()
     assert res.out_wav == out and out.is_file()
     audio, rate = read_wav(out)

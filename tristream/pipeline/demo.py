@@ -102,7 +102,8 @@ def _load_wav(path: str) -> np.ndarray:
     return pcm
 
 
-def _video_frames(path: str) -> list[tuple[float, np.ndarray]]:
+def _video_frames(path: str, max_frames: int = 1500) -> list[tuple[float, np.ndarray]]:
+    """5 frames/s of the file, at most `max_frames` (5 min), at most 640 px wide (then looped)."""
     import cv2
 
     if not Path(path).is_file():
@@ -119,7 +120,12 @@ def _video_frames(path: str) -> list[tuple[float, np.ndarray]]:
         if not ok:
             break
         if i % step == 0:
+            h, w = bgr.shape[:2]
+            if w > 640:  # bounded memory: 640 px wide is plenty for the scene description
+                bgr = cv2.resize(bgr, (640, max(1, h * 640 // w)), interpolation=cv2.INTER_AREA)
             frames.append((i / fps, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)))
+            if len(frames) >= max_frames:
+                break
         i += 1
     cap.release()
     if not frames:
