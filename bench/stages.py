@@ -254,7 +254,7 @@ def bench_vision() -> dict:
     frames += [cv2.resize(np.roll(img, i * 15, axis=1), (640, 480)) for i in range(16)]
     out: dict = {}
     variants = {
-        "ours_alt2_320px_eq": VisionOptions(),
+        "ours_alt2_240px_sf1.1_eq": VisionOptions(),
         "ours_320px_sf1.2": VisionOptions(detect_width=320, scale_factor=1.2),
         "opencv_default_full_res": VisionOptions(detect_width=640, scale_factor=1.1, min_neighbors=3, equalize=False,
                                                  min_face_px=30, cascade="haarcascade_frontalface_default.xml"),
