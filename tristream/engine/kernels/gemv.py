@@ -125,12 +125,13 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
             BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
         )
         return out
-    num_warps = 4
+    num_warps, num_stages = 4, 3
     if block_k is None and k <= 2048:
         # One pass over K per program: no dependent round trips to memory inside the kernel.
         block_k = triton.next_power_of_2(k)
         block_n = block_n or 16
         num_warps = 8 if block_k >= 1024 else 4
+        num_stages = 1  # one iteration: nothing to pipeline, and 3 stages would overflow shared memory
     if block_k is None:
         block_k = 128
     if block_n is None:
@@ -140,5 +141,6 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         norm_weight if norm_weight is not None else dummy, out, m, n, k, x.stride(0), eps,
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
         IEEE=w.dtype == torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
+        num_stages=num_stages,
     )
     return out
