@@ -46,7 +46,7 @@ def _sched(level: Level, **shape: float) -> Scheduler:
     cfg = ours_config(shape=WorkShape(**shape)) if shape else ours_config()
     s = Scheduler(cfg)
     s.ladder.level = level
-    s.ladder.update = lambda now, p: s.ladder.level  # type: ignore[method-assign]  # pin the level
+    s.ladder.update = lambda *a: s.ladder.level  # type: ignore[method-assign]  # pin the level
     return s
 
 
