@@ -258,12 +258,20 @@ class RealtimeServer:
         return send
 
     async def _writer(self, c: _Conn) -> None:
+        # Drain everything queued in one go: a send that does not hit the write limit
+        # completes without suspending, so a burst of events leaves in one loop step
+        # (asyncio.wait_for per message would cost a task and a loop hop each).
+        outbox = c.outbox
         while True:
-            msg = await c.outbox.get()
-            if msg is None:
-                return
+            batch = [await outbox.get()]
+            while not outbox.empty():
+                batch.append(outbox.get_nowait())
             try:
-                await asyncio.wait_for(c.ws.send(msg), self.limits.send_timeout_s)
+                async with asyncio.timeout(self.limits.send_timeout_s):
+                    for msg in batch:
+                        if msg is None:
+                            return
+                        await c.ws.send(msg)
             except TimeoutError:
                 c.slow = True
                 self.metrics.inc("tristream_sessions_closed_total", reason="send_timeout")
