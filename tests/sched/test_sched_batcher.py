@@ -126,3 +126,14 @@ def test_calibrated_model_learns_the_measured_ratio() -> None:
     assert cal.step_ms(8, 64, 0, 0) == pytest.approx(3.0 * StepTimeModel().step_ms(8, 64, 0, 0), rel=0.01)
     with pytest.raises(ValueError, match="alpha"):
         CalibratedStepTime(alpha=0.0)
+
+
+def test_nonneg_fit_clips_noisy_negative_slopes() -> None:
+    rows = [StepSample("llm", d, 0, 0, 0, 2.0 - 0.001 * d, "noisy") for d in (1, 8, 64)]
+    rows += [StepSample("llm", 0, p, 0, 0, 2.0 + 0.01 * p, "noisy") for p in (16, 256)]
+    rows += [StepSample("vision", 0, 0, n, 0, 1.0, "flat") for n in (1, 8)]
+    rows += [StepSample("asr", 0, 0, 0, n, 5.0 + 0.1 * n, "x") for n in (1, 16)]
+    with pytest.raises(ValueError, match="negative"):
+        fit_step_time(rows, "strict")
+    m = fit_step_time(rows, "clipped", nonneg=True)
+    assert m.c_dec == 0.0 and m.c_pf > 0 and m.v1 >= 0 and m.a1 == pytest.approx(0.1, rel=1e-6)

@@ -252,7 +252,7 @@ def fit_from_samples(samples: list[tuple[int, int, int, int, float]]) -> dict[st
             mixed.append((d, p, i, a, ms))
     out: dict[str, Any] = {"pure_rows": len(rows), "mixed_rows": len(mixed)}
     try:
-        m = fit_step_time(rows, "measured on the device by bench/sched.py --real")
+        m = fit_step_time(rows, "measured on the device by bench/sched.py --real", nonneg=True)
     except ValueError as e:  # not enough single-component steps of some kind
         out["error"] = str(e)
         return out

@@ -79,13 +79,25 @@ class StepSample:
     source: str
 
 
-def _lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _lstsq(x: np.ndarray, y: np.ndarray, nonneg: bool = False) -> np.ndarray:
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    return np.asarray(coef, dtype=np.float64)
+    coef = np.asarray(coef, dtype=np.float64)
+    if nonneg:  # active-set clipping: force negative coefficients to 0 and refit the rest
+        keep = np.ones(len(coef), dtype=bool)
+        while (coef[keep] < 0).any():
+            keep &= coef >= 0
+            coef = np.zeros_like(coef)
+            if keep.any():
+                sub, *_ = np.linalg.lstsq(x[:, keep], y, rcond=None)
+                coef[keep] = sub
+    return coef
 
 
-def fit_step_time(samples: Sequence[StepSample], source: str) -> StepTimeModel:
-    """Least-squares fit of each component's (fixed, per-unit) pair to its samples."""
+def fit_step_time(samples: Sequence[StepSample], source: str, nonneg: bool = False) -> StepTimeModel:
+    """Least-squares fit of each component's (fixed, per-unit) pair to its samples.
+
+    `nonneg` clips negative coefficients to zero (noisy measured data); without it a
+    negative coefficient is an error (committed data must fit cleanly)."""
     by: dict[str, list[StepSample]] = {"llm": [], "vision": [], "asr": []}
     for s in samples:
         if s.component not in by:
@@ -96,14 +108,14 @@ def fit_step_time(samples: Sequence[StepSample], source: str) -> StepTimeModel:
             raise ValueError(f"need at least 2 {name} samples to fit, got {len(rows)}")
     llm = by["llm"]
     x = np.array([[1.0, bucket_for(s.decode, DECODE_BUCKETS), s.prefill_tokens] for s in llm])
-    c0, c_dec, c_pf = _lstsq(x, np.array([s.ms for s in llm]))
+    c0, c_dec, c_pf = _lstsq(x, np.array([s.ms for s in llm]), nonneg)
     vis = by["vision"]
     v0, v1 = _lstsq(
-        np.array([[1.0, bucket_for(s.images, IMAGE_BUCKETS)] for s in vis]), np.array([s.ms for s in vis])
+        np.array([[1.0, bucket_for(s.images, IMAGE_BUCKETS)] for s in vis]), np.array([s.ms for s in vis]), nonneg
     )
     asr = by["asr"]
     a0, a1 = _lstsq(
-        np.array([[1.0, bucket_for(s.asr_units, ASR_BUCKETS)] for s in asr]), np.array([s.ms for s in asr])
+        np.array([[1.0, bucket_for(s.asr_units, ASR_BUCKETS)] for s in asr]), np.array([s.ms for s in asr]), nonneg
     )
     coefs = [float(c) for c in (c0, c_dec, c_pf, v0, v1, a0, a1)]
     if any(c < 0 or not math.isfinite(c) for c in coefs):
