@@ -1,9 +1,9 @@
 """`tristream demo`: a short spoken conversation with a camera, through the real pipeline.
 
 With no arguments the user's side is synthesised at first run with the TTS stage (three
-questions, cached in memory) and the camera is scikit-image's astronaut photo panned
-across the frame (a face that moves). `wav`/`video` take the user's own recordings;
-`mic`/`camera` run live where the devices exist. Prints the transcript, the answers and a
+questions) and the camera is scikit-image's astronaut photo (shipped as
+`tristream/data/demo_astronaut.jpg`) panned across the frame: a face that moves.
+`wav`/`video` take the user's own recordings; `mic`/`camera` run live where the devices exist. Prints the transcript, the answers and a
 per-turn latency table (end of speech → ASR final → first token → first audio) and writes
 the answer audio to `out_wav`.
 """
@@ -70,18 +70,26 @@ def demo_conversation(tts: Any) -> list[np.ndarray]:
     return clips
 
 
-def demo_frames(fps: float = 5.0, seconds: float = 60.0) -> Iterator[tuple[float, np.ndarray]]:
-    """(time s, frame) of the astronaut photo panning slowly left and right (320x240 RGB)."""
+def _demo_image() -> np.ndarray:
+    """420x420 RGB: the astronaut photo (NASA, public domain) shipped in tristream/data."""
     import cv2
 
+    path = Path(__file__).resolve().parent.parent / "data" / "demo_astronaut.jpg"
+    bgr = cv2.imread(str(path)) if path.is_file() else None
+    if bgr is not None:
+        return np.ascontiguousarray(bgr[:, :, ::-1])
     try:
         from skimage import data as skdata
 
-        img = np.asarray(skdata.astronaut(), dtype=np.uint8)
+        return cv2.resize(np.asarray(skdata.astronaut(), dtype=np.uint8), (420, 420), interpolation=cv2.INTER_AREA)
     except ImportError:  # a plain gradient still gives brightness and motion
-        yy, xx = np.mgrid[0:512, 0:512]
-        img = np.stack([(xx // 2) % 256, (yy // 2) % 256, ((xx + yy) // 4) % 256], axis=-1).astype(np.uint8)
-    small = cv2.resize(img, (420, 420), interpolation=cv2.INTER_AREA)
+        yy, xx = np.mgrid[0:420, 0:420]
+        return np.stack([(xx // 2) % 256, (yy // 2) % 256, ((xx + yy) // 4) % 256], axis=-1).astype(np.uint8)
+
+
+def demo_frames(fps: float = 5.0, seconds: float = 60.0) -> Iterator[tuple[float, np.ndarray]]:
+    """(time s, frame) of the astronaut photo panning slowly left and right (320x240 RGB)."""
+    small = _demo_image()
     for i in range(int(fps * seconds)):
         x = int(50 + 50 * np.sin(0.5 * i / fps))  # the face stays in view while the camera pans
         yield i / fps, np.ascontiguousarray(small[10:250, x:x + 320])
