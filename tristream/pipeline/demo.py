@@ -1,6 +1,6 @@
 """`tristream demo`: a short spoken conversation with a camera, through the real pipeline.
 
-With no arguments the user's side is synthesised at first run with the TTS stage (three
+With no arguments the user's side is synthesised at start with the TTS stage (three
 questions) and the camera is scikit-image's astronaut photo (shipped as
 `tristream/data/demo_astronaut.jpg`) panned across the frame: a face that moves.
 `wav`/`video` take the user's own recordings; `mic`/`camera` run live where the devices exist. Prints the transcript, the answers and a
