@@ -230,3 +230,20 @@ def test_live_mode_without_devices_says_what_is_missing() -> None:
             run_demo(mic=True, camera=True, quiet=True, seconds=0.1)
     else:
         pytest.skip("this machine has a microphone and a camera")
+
+
+def test_half_duplex_ignores_the_microphone_while_answering(models) -> None:
+    async def main() -> tuple[dict[str, int], int]:
+        session = Session(models, clock=VirtualClock(), config=SessionConfig(barge_in=False))
+        session.start()
+        session.assistant_active = True  # an answer is playing
+        for i in range(50):
+            session.push_audio(np.full(CHUNK, 0.3, dtype=np.float32), i * CHUNK_NS)
+        await session.settle_input()
+        session.assistant_active = False
+        await session.close()
+        return session.drops.snapshot(), len(session.barge_ins)
+
+    drops, barge_ins = asyncio.run(main())
+    assert drops == {"half_duplex_muted": 50}
+    assert barge_ins == 0

@@ -236,7 +236,8 @@ def check_devices(mic: bool, camera: bool) -> tuple[Any, Any]:
     return sd, cap
 
 
-async def _live(models: SharedModels, sd: Any, cap: Any, seconds: float) -> Session:
+async def _live(models: SharedModels, sd: Any, cap: Any, seconds: float,
+                config: SessionConfig | None = None) -> Session:
     """Live microphone (sounddevice) and camera (OpenCV capture or None) for `seconds`."""
 
     class Speaker:
@@ -255,7 +256,7 @@ async def _live(models: SharedModels, sd: Any, cap: Any, seconds: float) -> Sess
                 self.out.start()
 
     clock = MonotonicClock()
-    session = Session(models, sink=Speaker(), clock=clock)
+    session = Session(models, sink=Speaker(), clock=clock, config=config)
     session.start()
     loop = asyncio.get_running_loop()
 
@@ -313,7 +314,7 @@ def run_demo(wav: str | None = None, video: str | None = None, mic: bool = False
     devices = check_devices(mic, camera) if (mic or camera) else None
     models = load_models(asr=asr, tts=tts, vision=True, llm_url=llm_url)
     if devices is not None:
-        session = asyncio.run(_live(models, devices[0], devices[1], seconds))
+        session = asyncio.run(_live(models, devices[0], devices[1], seconds, config))
         sink = None
     else:
         if clips is None:

@@ -94,6 +94,9 @@ class SessionConfig:
     out_chunk_ms: float = 20.0
     end_of_turn: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
     frame_ring: int = 64
+    barge_in: bool = True
+    """False: half duplex, microphone audio is ignored (counted) while the assistant answers
+    (live speakers without echo cancellation would otherwise interrupt the assistant with itself)."""
     tts_first_words: int = 4
     speculate_after_ms: float = 120.0
     """Start the ASR final after this much silence, during the hangover (0: off; Whisper only)."""

@@ -69,6 +69,10 @@ class InputStage(Stage):
             if not s.frames.append(item.ref_ns, item.image):
                 s.drops.add("frame_late_or_full")
             return
+        if s.assistant_active and not s.config.barge_in:
+            # half duplex (live speakers without echo cancellation): the assistant would hear itself
+            s.drops.add("half_duplex_muted")
+            return
         vad = s.vad
         vad.push(item.pcm, item.ref_ns)
         self.emit(item)
