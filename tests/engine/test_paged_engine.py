@@ -142,3 +142,14 @@ def test_priority_orders_prefill(model: LlamaModel) -> None:
     first = eng.step()
     assert [o.seq_id for o in first] == [high]  # the high-priority prompt took the budget first
     assert eng.seqs[low].status in (SeqStatus.RUNNING, SeqStatus.WAITING)
+
+
+def test_step_restricted_by_an_external_scheduler(model: LlamaModel) -> None:
+    eng = engine(model)
+    a = eng.add_request(PROMPTS[0], GREEDY)
+    b = eng.add_request(PROMPTS[1], GREEDY)
+    for _ in range(3):
+        assert {o.seq_id for o in eng.step(allow={a})} == {a}
+    assert eng.seqs[b].num_computed == 0
+    outs = eng.step(max_prefill_tokens=2)  # b's prefill is chunked by the per-step budget
+    assert eng.seqs[b].num_computed == 2 and {o.seq_id for o in outs} == {a}

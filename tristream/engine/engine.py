@@ -326,23 +326,29 @@ class LLMEngine:
     def has_work(self) -> bool:
         return any(s.num_pending > 0 for s in self.seqs.values()) or not self._commands.empty()
 
-    def step(self) -> list[StepOutput]:
-        """Run one engine step: apply commands, one decode batch, prefill chunks, sample."""
+    def step(self, allow: set[int] | None = None, max_batch: int | None = None,
+             max_prefill_tokens: int | None = None) -> list[StepOutput]:
+        """Run one engine step: apply commands, one decode batch, prefill chunks, sample.
+
+        An external scheduler may restrict the step to the sequence ids in `allow` and override
+        the decode batch size and the prefill token budget for this step only.
+        """
         self._cancel_outputs = []
         self._drain()
         outputs: list[StepOutput] = list(self._cancel_outputs)
         cfg = self.config
-        order = sorted(self.seqs.values(), key=Sequence.sort_key)
+        batch_cap = cfg.max_batch if max_batch is None else max_batch
+        order = sorted((s for s in self.seqs.values() if allow is None or s.seq_id in allow), key=Sequence.sort_key)
         scheduled: set[int] = set()
         decode: list[Sequence] = []
         for s in order:
-            if s.is_decode and len(decode) < cfg.max_batch:
+            if s.is_decode and len(decode) < batch_cap:
                 if self._ensure_blocks(s, len(s.keys), scheduled):
                     decode.append(s)
                     scheduled.add(s.seq_id)
         decode = [s for s in decode if s.status is SeqStatus.RUNNING]  # a later one may have preempted
         chunks: list[PrefillChunk] = []
-        budget = cfg.max_prefill_tokens
+        budget = cfg.max_prefill_tokens if max_prefill_tokens is None else max_prefill_tokens
         for s in order:
             if budget <= 0:
                 break
