@@ -142,7 +142,8 @@ def test_pipeline_record_replay_on_virtual_clock(models: object, tmp_path: objec
     from pathlib import Path
 
     from tristream.observe.record import read_recording
-    from tristream.serve.pipeline_backend import PipelineBackend, PipelineReplayDriver
+    from tristream.serve.pipeline_backend import PipelineBackend
+    from tristream.serve.pipeline_replay import PipelineReplayDriver
     from tristream.serve.replay import compare, replay_events
 
     rec_dir = Path(str(tmp_path))

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
         console = Console()
         try:
             if backend == "pipeline":
-                from tristream.serve.pipeline_backend import PipelineReplayDriver, replay_models
+                from tristream.serve.pipeline_replay import PipelineReplayDriver, replay_models
 
                 res = replay_file(file, driver=PipelineReplayDriver(replay_models()), audio=audio or "ignore")
             else:
