@@ -23,7 +23,7 @@ def test_online_tri_modal_meets_skew_target() -> None:
 
 
 def test_demo_json_report() -> None:
-    res = CliRunner().invoke(app, ["demo", "--seconds", "20", "--json"])
+    res = CliRunner().invoke(app, ["demo", "--time-core", "--seconds", "20", "--json"])
     assert res.exit_code == 0, res.output
     rep = json.loads(res.output)
     assert rep["online"]["all"]["p99"] <= 2.0 and rep["offline"]["all"]["p99"] <= 0.5
@@ -31,7 +31,7 @@ def test_demo_json_report() -> None:
 
 
 def test_demo_text_report() -> None:
-    res = CliRunner().invoke(app, ["demo", "--seconds", "20"])
+    res = CliRunner().invoke(app, ["demo", "--time-core", "--seconds", "20"])
     assert res.exit_code == 0, res.output
     for needle in ("Per-source clocks", "Cross-modal timing error", "naive: arrival time", "Counters",
                    "Sample aligned windows"):

@@ -1,9 +1,14 @@
-"""`tristream demo` (interim): the time core on a synthetic camera + microphone + IMU recording.
+"""`tristream demo`: the tri-modal assistant on bundled input (or the user's own files/devices).
 
-Until the assistant issue replaces it, the demo generates a deterministic tri-modal recording
-(own clocks with drift, fixed latencies, heavy-tailed jitter, spikes, stalls, reordering and a
-microphone clock reset), runs the online time core over it in arrival order, fits it offline
-the way `tristream align` does, and prints an alignment report against ground truth.
+`tristream demo` plays a short spoken conversation with a moving camera image through the real
+pipeline (silero VAD → Whisper base → SmolLM2-135M on our engine → piper TTS, OpenCV scene
+description) in real time, prints the transcript, the answers and a per-turn latency table and
+writes the answer audio to a wav file.
+
+`tristream demo --time-core` runs the time core alone on a deterministic synthetic camera +
+microphone + IMU recording (own clocks with drift, fixed latencies, heavy-tailed jitter,
+spikes, stalls, reordering and a microphone clock reset) and prints an alignment report against
+ground truth.
 """
 
 from __future__ import annotations
@@ -16,55 +21,88 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        seconds: float = typer.Option(60.0, help="Length of the synthetic recording (s)."),
-        seed: int = typer.Option(7, help="Seed of the synthetic recording."),
-        warmup: float = typer.Option(10.0, help="Warm-up excluded from the error figures (s)."),
-        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
-        write_jsonl: Path = typer.Option(None, help="Also write the recording as `tristream align` input."),
+        wav: Path = typer.Option(None, help="Your own speech (wav) instead of the bundled conversation."),
+        video: Path = typer.Option(None, help="Your own video file instead of the bundled camera frames."),
+        mic: bool = typer.Option(False, "--mic", help="Live microphone (sounddevice)."),
+        camera: bool = typer.Option(False, "--camera", help="Live camera (OpenCV)."),
+        out: Path = typer.Option(Path("demo_answers.wav"), "--out", help="Where the answer audio goes."),
+        llm_url: str = typer.Option(None, help="OpenAI-compatible streaming chat endpoint instead of the "
+                                    "embedded SmolLM2 (e.g. http://127.0.0.1:8000/v1)."),
+        asr: str = typer.Option("whisper", help="ASR: whisper (base, CTranslate2) or pocketsphinx."),
+        tts: str = typer.Option("piper", help="TTS: piper (joe voice) or espeak."),
+        seconds: float = typer.Option(60.0, help="Live mode: how long to run (s)."),
+        half_duplex: bool = typer.Option(False, "--half-duplex",
+                                         help="Mute the mic while answering (speakers without echo cancel)."),
+        time_core: bool = typer.Option(False, "--time-core",
+                                       help="Run only the time-core alignment report on a synthetic recording."),
+        seed: int = typer.Option(7, help="--time-core: seed of the synthetic recording."),
+        as_json: bool = typer.Option(False, "--json", help="--time-core: print the report as JSON."),
+        write_jsonl: Path = typer.Option(None, help="--time-core: also write the recording as `tristream align` input."),
     ) -> None:
-        """Align a synthetic tri-modal recording and report drift, skew and counters vs ground truth."""
-        import json
-
-        from rich.console import Console
-
-        from tristream.core.offline import fit_source
-        from tristream.core.scenario import cross_modal_error, naive_refs, run_online, set_report
-        from tristream.core.synth import generate, to_events, tri_modal_specs
-
-        if seconds < warmup + 5:
-            raise typer.BadParameter(f"--seconds {seconds} must exceed the warm-up ({warmup} s) by 5 s")
-        streams = generate(tri_modal_specs(), seconds, seed)
-        online = run_online(streams)
-        offline = {
-            sid: fit_source(sid, s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=s.spec.latency_ns)
-            for sid, s in streams.items()
-        }
-        report = {
-            "recording": {"seconds": seconds, "seed": seed, "packets": sum(len(s) for s in streams.values())},
-            "online": cross_modal_error(streams, online.refs, warmup_s=warmup),
-            "offline": cross_modal_error(streams, {k: f.ref_ns for k, f in offline.items()}, warmup_s=warmup),
-            "naive_arrival": cross_modal_error(streams, naive_refs(streams), warmup_s=warmup),
-            "naive_arrival_minus_latency": cross_modal_error(
-                streams, naive_refs(streams, subtract_latency=True), warmup_s=warmup),
-            "sync": set_report(streams, online.sets, warmup_s=warmup),
-            "counters": online.counters,
-            "online_seconds": round(online.seconds, 3),
-        }
-        if write_jsonl is not None:
-            write_jsonl.write_text("".join(json.dumps(e) + "\n" for e in to_events(streams)), encoding="utf-8")
-        if as_json:
-            typer.echo(json.dumps(report, indent=2))
+        """Run the tri-modal assistant on bundled input (or --wav/--video/--mic/--camera)."""
+        if time_core:
+            _time_core(seconds, seed, 10.0, as_json, write_jsonl)
             return
-        _print(Console(width=118), streams, online, offline, report, warmup)
+        from tristream.pipeline.demo import DemoInputError, run_demo
+
+        config = None
+        if half_duplex:
+            from tristream.pipeline.session import SessionConfig
+
+            config = SessionConfig(barge_in=False)
+        try:
+            run_demo(wav=str(wav) if wav else None, video=str(video) if video else None, mic=mic,
+                     camera=camera, realtime=True, out_wav=str(out), llm_url=llm_url, asr=asr, tts=tts,
+                     seconds=seconds, config=config)
+        except DemoInputError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e
 
     del demo
+
+
+def _time_core(seconds: float, seed: int, warmup: float, as_json: bool, write_jsonl: Path | None) -> None:
+    """Align a synthetic tri-modal recording and report drift, skew and counters vs ground truth."""
+    import json
+
+    from rich.console import Console
+
+    from tristream.core.offline import fit_source
+    from tristream.core.scenario import cross_modal_error, naive_refs, run_online, set_report
+    from tristream.core.synth import generate, to_events, tri_modal_specs
+
+    if seconds < warmup + 5:
+        raise typer.BadParameter(f"--seconds {seconds} must exceed the warm-up ({warmup} s) by 5 s")
+    streams = generate(tri_modal_specs(), seconds, seed)
+    online = run_online(streams)
+    offline = {
+        sid: fit_source(sid, s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=s.spec.latency_ns)
+        for sid, s in streams.items()
+    }
+    report = {
+        "recording": {"seconds": seconds, "seed": seed, "packets": sum(len(s) for s in streams.values())},
+        "online": cross_modal_error(streams, online.refs, warmup_s=warmup),
+        "offline": cross_modal_error(streams, {k: f.ref_ns for k, f in offline.items()}, warmup_s=warmup),
+        "naive_arrival": cross_modal_error(streams, naive_refs(streams), warmup_s=warmup),
+        "naive_arrival_minus_latency": cross_modal_error(
+            streams, naive_refs(streams, subtract_latency=True), warmup_s=warmup),
+        "sync": set_report(streams, online.sets, warmup_s=warmup),
+        "counters": online.counters,
+        "online_seconds": round(online.seconds, 3),
+    }
+    if write_jsonl is not None:
+        write_jsonl.write_text("".join(json.dumps(e) + "\n" for e in to_events(streams)), encoding="utf-8")
+    if as_json:
+        typer.echo(json.dumps(report, indent=2))
+        return
+    _print(Console(width=118), streams, online, offline, report, warmup)
 
 
 def _print(con, streams, online, offline, report, warmup) -> None:  # type: ignore[no-untyped-def]
     from rich.table import Table
 
     rec = report["recording"]
-    con.rule("[bold]tristream demo[/] - time core on a synthetic tri-modal recording")
+    con.rule("[bold]tristream demo --time-core[/] - time core on a synthetic tri-modal recording")
     con.print(
         f"{rec['seconds']:.0f} s, seed {rec['seed']}, {rec['packets']} packets: camera 30 fps (ns PTS), "
         "microphone 16 kHz in 20 ms chunks (sample index, clock reset at 31 s), IMU 200 Hz in 10-sample "
