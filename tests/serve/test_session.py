@@ -76,3 +76,24 @@ def test_events_without_a_response_are_counted_not_sent() -> None:
     assert len(out) == n
     assert s.metrics.count("tristream_events_dropped_total", reason="text_without_response") == 1
     assert s.metrics.count("tristream_events_dropped_total", reason="done_without_response") == 1
+
+
+def test_backend_failure_becomes_error_event_and_session_goes_on() -> None:
+    import base64
+    import json
+
+    class Broken(EchoBackend):
+        def push_frame(self, frame: object) -> None:
+            raise RuntimeError("decoder exploded")
+
+    out: list[dict[str, Any]] = []
+    s = RealtimeSession("s", Broken(), out.append, VirtualClock(0))
+    asyncio.run(s.open())
+    s.handle_message(json.dumps({"type": "tristream.input_video_frame.append", "format": "jpeg", "capture_ts_us": 1,
+                                 "frame": base64.b64encode(b"\xff\xd8xx").decode()}))
+    err = out[-1]
+    assert err["type"] == "error" and err["error"]["code"] == "server_error"
+    assert "decoder exploded" in err["error"]["message"]
+    s.handle_message(json.dumps({"type": "input_audio_buffer.clear"}))
+    assert out[-1]["type"] == "input_audio_buffer.cleared"
+    assert s.metrics.count("tristream_messages_dropped_total", reason="backend_error") == 1

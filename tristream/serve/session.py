@@ -10,6 +10,7 @@ sleeps; time comes from an injected clock, so replay runs the same code on a vir
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +34,7 @@ from tristream.serve.backend import (
 from tristream.serve.limits import ServerLimits, TokenBucket
 from tristream.serve.metrics import ServeMetrics
 
+log = logging.getLogger("tristream.serve")
 BACKEND_RATE = 16_000
 Tap = Callable[[str, str, int], None]  # direction ("in"/"out"), JSON text, ref_ns
 
@@ -165,6 +167,13 @@ class RealtimeSession:
             if err.code != P.E_RATE_LIMITED:
                 self.metrics.inc("tristream_messages_dropped_total", reason=err.code)
             self.send_error(err)
+        except Exception as exc:  # a backend failing on one input must not end the session
+            log.exception("session %s: backend failed on a client message", self.id)
+            self.metrics.inc("tristream_messages_dropped_total", reason="backend_error")
+            failure = P.ProtocolError(P.E_SERVER_ERROR, f"the server failed to process this message "
+                                      f"({type(exc).__name__}: {exc}); the session goes on")
+            failure.error_type = "server_error"
+            self.send_error(failure)
 
     def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
         if isinstance(ev, P.AudioAppend):
