@@ -119,3 +119,25 @@ def test_client_command_reports_auth_failure(tmp_path: Path) -> None:
             return res.exit_code, res.output
     code, out = run(go())  # type: ignore[misc]
     assert code == 1 and "401" in out
+
+
+def test_client_reads_video_file_and_jpeg_folder(tmp_path: Path) -> None:
+    import cv2
+    import numpy as np
+
+    from tristream.serve.client import read_video_jpegs
+
+    path = tmp_path / "clip.avi"
+    vw = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10.0, (64, 48))
+    for k in range(20):  # 2 s at 10 fps
+        vw.write(np.full((48, 64, 3), 10 * k, np.uint8))
+    vw.release()
+    frames = read_video_jpegs(path, fps=5.0)
+    assert len(frames) == 10
+    assert [round(t, 2) for t, _ in frames[:3]] == [0.0, 0.2, 0.4]
+    assert all(j[:2] == b"\xff\xd8" for _, j in frames)
+    folder = tmp_path / "jpegs"
+    folder.mkdir()
+    for i, (_, j) in enumerate(frames[:4]):
+        (folder / f"{i:03d}.jpg").write_bytes(j)
+    assert [t for t, _ in read_video_jpegs(folder, fps=2.0)] == [0.0, 0.5, 1.0, 1.5]
