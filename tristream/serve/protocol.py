@@ -15,10 +15,13 @@ import base64
 import binascii
 import itertools
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from tristream.pipeline.turns import DEFAULT_HANGOVER_MS
+from tristream.serve.settings import DEFAULT_SAMPLE_RATE, SessionSettings, TurnDetection
+
+__all__ = ["DEFAULT_SAMPLE_RATE", "ProtocolError", "SessionSettings", "TurnDetection", "parse_client_event",
+           "server_event"]
 
 # Error codes (the `error.code` field). Stable: clients may switch on them.
 E_INVALID_JSON = "invalid_json"
@@ -37,9 +40,6 @@ E_SLOW_CLIENT = "slow_client"
 E_SERVER_ERROR = "server_error"
 E_SHUTTING_DOWN = "server_shutting_down"
 
-# OpenAI Realtime's pcm16 is 24 kHz mono little-endian; the extension field
-# `input_audio_sample_rate` lets a client send 16 kHz without resampling.
-DEFAULT_SAMPLE_RATE = 24_000
 SUPPORTED_SAMPLE_RATES = (8_000, 16_000, 24_000, 48_000)
 VIDEO_FORMATS = ("jpeg", "rgb24", "gray8")
 VIDEO_FRAME_EVENT = "tristream.input_video_frame.append"
@@ -58,68 +58,6 @@ class ProtocolError(Exception):
 
 
 # ---------------------------------------------------------------- client events
-
-
-@dataclass(slots=True)
-class TurnDetection:
-    """Server VAD settings (``session.turn_detection``); ``None`` on the session means manual commit."""
-
-    threshold: float = 0.5
-    prefix_padding_ms: int = 300
-    silence_duration_ms: int = int(DEFAULT_HANGOVER_MS)  # the pipeline's measured hangover (OpenAI: 500)
-    create_response: bool = True
-    interrupt_response: bool = True
-
-
-@dataclass(slots=True)
-class SessionSettings:
-    """The session state a client can read (``session.created``) and change (``session.update``)."""
-
-    id: str = ""
-    model: str = "tristream-embedded"
-    modalities: list[str] = field(default_factory=lambda: ["text", "audio"])
-    instructions: str = ""  # empty: the backend's own default system prompt
-    voice: str = "default"
-    input_audio_format: str = "pcm16"
-    output_audio_format: str = "pcm16"
-    input_audio_sample_rate: int = DEFAULT_SAMPLE_RATE
-    output_audio_sample_rate: int = DEFAULT_SAMPLE_RATE
-    input_audio_transcription: dict[str, Any] | None = field(default_factory=lambda: {"model": "default"})
-    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
-    temperature: float = 0.8
-    max_response_output_tokens: int | str = "inf"
-
-    def to_json(self) -> dict[str, Any]:
-        """The ``session`` object as OpenAI clients expect it (plus the ``input_audio_sample_rate`` extension)."""
-        td = None
-        if self.turn_detection is not None:
-            t = self.turn_detection
-            td = {
-                "type": "server_vad",
-                "threshold": t.threshold,
-                "prefix_padding_ms": t.prefix_padding_ms,
-                "silence_duration_ms": t.silence_duration_ms,
-                "create_response": t.create_response,
-                "interrupt_response": t.interrupt_response,
-            }
-        return {
-            "id": self.id,
-            "object": "realtime.session",
-            "model": self.model,
-            "modalities": list(self.modalities),
-            "instructions": self.instructions,
-            "voice": self.voice,
-            "input_audio_format": self.input_audio_format,
-            "output_audio_format": self.output_audio_format,
-            "input_audio_sample_rate": self.input_audio_sample_rate,
-            "output_audio_sample_rate": self.output_audio_sample_rate,
-            "input_audio_transcription": self.input_audio_transcription,
-            "turn_detection": td,
-            "tools": [],
-            "tool_choice": "none",
-            "temperature": self.temperature,
-            "max_response_output_tokens": self.max_response_output_tokens,
-        }
 
 
 @dataclass(slots=True)
