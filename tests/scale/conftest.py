@@ -1,0 +1,87 @@
+"""A local Ray cluster (small resources, no dashboard) and the tristream Serve app on loopback."""
+
+from __future__ import annotations
+
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+ray = pytest.importorskip("ray")
+serve = pytest.importorskip("ray.serve")
+
+from tests.serve.helpers import TOKEN  # noqa: E402
+from tristream.scale.autoscale import AutoscaleConfig  # noqa: E402
+from tristream.scale.pool import ScaleConfig  # noqa: E402
+from tristream.scale.replica import ReplicaSpec  # noqa: E402
+from tristream.serve.limits import ServerLimits  # noqa: E402
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(slots=True)
+class RayApp:
+    """A deployed app: its base URLs and the replica-name prefix."""
+
+    port: int
+    prefix: str
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/realtime"
+
+    def get(self, path: str, timeout: float = 30.0) -> tuple[int, str]:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+
+@pytest.fixture(scope="session")
+def ray_port() -> Iterator[int]:
+    """Ray (4 logical CPUs on whatever cores exist) with Serve's HTTP proxy on a free port."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+             configure_logging=False)
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+    ray.shutdown()
+
+
+def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_replicas: int | None = None,
+           limits: ServerLimits | None = None, **spec_kw: object) -> RayApp:
+    """Deploy the app (blocks until every replica has loaded its models) and wait for /readyz."""
+    from tristream.scale.app import build_app
+
+    cfg = ScaleConfig(spec=ReplicaSpec(backend=backend, limits=limits or ServerLimits(), **spec_kw),  # type: ignore[arg-type]
+                      autoscale=AutoscaleConfig(replicas, max_replicas or replicas, upscale_delay_s=0.5,
+                                                downscale_delay_s=3600.0),
+                      replica_cpus=0.5, name_prefix=name, tokens=[TOKEN], autoscale_interval_s=0.25)
+    serve.run(build_app(cfg), name=name, route_prefix="/")
+    app = RayApp(port, name)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if app.get("/readyz", 5)[0] == 200:
+                return app
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the Ray app never became ready")
+
+
+@pytest.fixture(scope="module")
+def echo_app(ray_port: int) -> Iterator[RayApp]:
+    """Two echo replicas behind the Ray ingress."""
+    app = deploy(ray_port, "echo2", limits=ServerLimits(max_message_bytes=64 * 1024))
+    yield app
+    serve.delete("echo2")

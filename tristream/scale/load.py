@@ -1,0 +1,90 @@
+"""What an engine replica reports about its load, and how the router compares replicas.
+
+The signal is the scheduler's own (`tristream.sched`), not CPU %: a replica keeps one
+`TierControllers` (the per-tier sliding-window response-latency P99 the scheduler's AIMD
+controllers use) over the turns it served, and counts its queued work (answers in flight
+plus client messages not yet processed). When the replica's backend factory drives a
+`tristream.sched.Scheduler` (attribute ``scheduler``), its ``backlog_pressure()`` and
+per-tier ``pressure()`` are folded in. ``pressure`` > 1 means the replica misses its target.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tristream.sched.controller import AIMDConfig, TierControllers
+from tristream.sched.types import Tier, TierSpec
+
+
+@dataclass(slots=True)
+class LoadReport:
+    """One replica's load at one instant (plain data: it crosses process boundaries)."""
+
+    replica: str
+    sessions: int
+    queue_depth: int
+    p99_ms: float | None
+    target_p99_ms: float
+    target_queue_depth: float
+    sched_pressure: float | None = None
+    accepting: bool = True
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pressure(self) -> float:
+        """max(queue depth / target, P99 / target, scheduler pressure); > 1 = over target."""
+        parts = [self.queue_depth / self.target_queue_depth if self.target_queue_depth > 0 else 0.0]
+        if self.p99_ms is not None and self.target_p99_ms > 0:
+            parts.append(self.p99_ms / self.target_p99_ms)
+        if self.sched_pressure is not None:
+            parts.append(self.sched_pressure)
+        return max(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form (pressure included)."""
+        d = asdict(self)
+        d["pressure"] = self.pressure
+        return d
+
+
+def least_loaded(reports: Sequence[LoadReport], pending: dict[str, int] | None = None) -> LoadReport | None:
+    """The accepting replica with the lowest pressure; ties by sessions (plus ``pending``
+    opens not yet visible in the reports), then by name so the choice is deterministic."""
+    pend = pending or {}
+    cands = [r for r in reports if r.accepting]
+    if not cands:
+        return None
+    return min(cands, key=lambda r: (round(r.pressure, 2), r.sessions + pend.get(r.replica, 0), r.replica))
+
+
+class LoadTracker:
+    """A replica's response-latency window and queue counter (see the module docstring)."""
+
+    def __init__(self, target_p99_ms: float = 50.0, target_queue_depth: float = 8.0,
+                 horizon_ms: float = 10_000.0, min_samples: int = 5) -> None:
+        self.target_p99_ms = target_p99_ms
+        self.target_queue_depth = target_queue_depth
+        tiers = {Tier.GOLD: TierSpec(Tier.GOLD, target_p99_ms)}
+        self.windows = TierControllers(tiers, AIMDConfig(min_samples=min_samples), horizon_ms=horizon_ms)
+        self.turns = 0
+
+    def record_turn(self, now_ns: int, latency_ms: float | None) -> None:
+        """One finished answer: end of turn → first text (None = no text: counted as a miss)."""
+        self.turns += 1
+        self.windows.record(Tier.GOLD, now_ns, math.inf if latency_ms is None else latency_ms)
+
+    def report(self, replica: str, now_ns: int, sessions: int, queue_depth: int, accepting: bool = True,
+               scheduler: Any | None = None) -> LoadReport:
+        """Snapshot for the router and the autoscaler."""
+        sched_p: float | None = None
+        if scheduler is not None:
+            vals = [scheduler.backlog_pressure()]
+            vals += [p for t in Tier if (p := scheduler.pressure(t, now_ns)) is not None]
+            sched_p = max(vals)
+        p99 = self.windows.p99(Tier.GOLD, now_ns)
+        return LoadReport(replica, sessions, queue_depth, None if p99 is None else float(p99),
+                          self.target_p99_ms, self.target_queue_depth, sched_p, accepting,
+                          {"turns": float(self.turns)})
