@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 TORCH_CPU := torch==2.13.0
 
-.PHONY: demo test bench lint venv clean
+.PHONY: demo test bench bench-gpu lint venv clean system-deps
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -33,11 +33,25 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check tristream tests bench
 	$(VENV)/bin/mypy
 
-test: $(TEST_STAMP) lint
+# Debian packages some tests use: Chromium (browser page end to end) and espeak-ng (TTS
+# fallback). Best effort: without them (no root, no apt) those tests skip and say so.
+system-deps:
+	@command -v chromium >/dev/null 2>&1 && command -v espeak-ng >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium espeak-ng >/dev/null; } || \
+	  echo "warning: chromium/espeak-ng not installed; the tests that need them will skip"
+
+test: $(TEST_STAMP) lint system-deps
 	$(VENV)/bin/pytest -q
 
+# CPU benchmarks (minutes each; results in bench/results/). GPU ones: see README.
 bench: $(TEST_STAMP)
 	$(VPY) bench/core.py
+	$(VPY) bench/sched.py
+	$(VPY) bench/pipeline.py --demo
+	$(VPY) bench/stages.py
+	$(VPY) bench/serve.py
+	$(VPY) bench/llm.py --device cpu
 
 clean:
 	rm -rf $(VENV) build *.egg-info
