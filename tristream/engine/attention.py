@@ -28,6 +28,7 @@ class SeqSlice:
     ctx_len: int  # tokens of context after this step, including the q_len new ones
     kv_index: torch.Tensor | None = None  # [ctx_len] cache slots, None for dense attention
     mask: torch.Tensor | None = None  # [q_len, ctx_len] bool when a cached prefix precedes the chunk
+    kv_start: int | None = None  # set when the context's slots are consecutive: a view, no gather
 
 
 @dataclasses.dataclass(slots=True)
@@ -96,8 +97,12 @@ class TorchAttention:
                 vs = v[s.q_start:s.q_start + s.q_len]
             else:
                 kc, vc = self.cache.flat(layer)  # type: ignore[union-attr]
-                ks = kc.index_select(0, s.kv_index).to(q.dtype)
-                vs = vc.index_select(0, s.kv_index).to(q.dtype)
+                if s.kv_start is not None:
+                    ks = kc[s.kv_start:s.kv_start + s.ctx_len].to(q.dtype)
+                    vs = vc[s.kv_start:s.kv_start + s.ctx_len].to(q.dtype)
+                else:
+                    ks = kc.index_select(0, s.kv_index).to(q.dtype)
+                    vs = vc.index_select(0, s.kv_index).to(q.dtype)
             if s.q_len == 1:
                 out[s.q_start] = self._single_query(qs[0], ks, vs)
                 continue

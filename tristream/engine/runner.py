@@ -35,6 +35,12 @@ def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> 
     return bt[pos // block_size] * block_size + pos % block_size
 
 
+def _consecutive(block_table: list[int], end: int, block_size: int) -> bool:
+    n = -(-end // block_size)
+    b0 = block_table[0]
+    return all(block_table[i] == b0 + i for i in range(1, n))
+
+
 class ModelRunner:
     """Runs the model over the paged cache."""
 
@@ -79,9 +85,12 @@ class ModelRunner:
             if c.start == 0:
                 seqs.append(SeqSlice(q, c.length, end))
             else:
-                kv = slots_for(s.block_table, 0, end, bs).to(self.device)
+                kv = slots_for(s.block_table, 0, end, bs)
+                first = int(kv[0])
+                consecutive = int(kv[-1]) - first == end - 1 and _consecutive(s.block_table, end, bs)
                 mask = causal_offset_mask(c.length, end, self.device) if c.length > 1 else None
-                seqs.append(SeqSlice(q, c.length, end, kv_index=kv, mask=mask))
+                seqs.append(SeqSlice(q, c.length, end, kv_index=kv.to(self.device), mask=mask,
+                                     kv_start=first if consecutive else None))
             for seg_start, emb in s.embeds:
                 lo, hi = max(seg_start, c.start), min(seg_start + emb.shape[0], end)
                 if lo < hi:
