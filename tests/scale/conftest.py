@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import time
 import urllib.request
@@ -18,6 +19,8 @@ from tristream.scale.autoscale import AutoscaleConfig  # noqa: E402
 from tristream.scale.pool import ScaleConfig  # noqa: E402
 from tristream.scale.replica import ReplicaSpec  # noqa: E402
 from tristream.serve.limits import ServerLimits  # noqa: E402
+
+_DEPLOYS = itertools.count()
 
 
 def free_port() -> int:
@@ -45,29 +48,46 @@ class RayApp:
             return e.code, e.read().decode()
 
 
+class RayApps:
+    """Deploys the app on demand under one name; redeploys only when the settings change."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.key: str | None = None
+        self.app: RayApp | None = None
+
+    def get(self, **kw: object) -> RayApp:
+        key = repr(sorted(kw.items()))
+        if self.app is None or key != self.key:
+            self.app = deploy(self.port, "tristream", **kw)  # type: ignore[arg-type]
+            self.key = key
+        return self.app
+
+
 @pytest.fixture(scope="session")
-def ray_port() -> Iterator[int]:
+def ray_apps() -> Iterator[RayApps]:
     """Ray (4 logical CPUs on whatever cores exist) with Serve's HTTP proxy on a free port."""
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
              configure_logging=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    yield port
+    yield RayApps(port)
     serve.shutdown()
     ray.shutdown()
 
 
 def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_replicas: int | None = None,
-           limits: ServerLimits | None = None, **spec_kw: object) -> RayApp:
+           limits: ServerLimits | None = None, max_sessions_total: int = 0, **spec_kw: object) -> RayApp:
     """Deploy the app (blocks until every replica has loaded its models) and wait for /readyz."""
     from tristream.scale.app import build_app
 
     cfg = ScaleConfig(spec=ReplicaSpec(backend=backend, limits=limits or ServerLimits(), **spec_kw),  # type: ignore[arg-type]
                       autoscale=AutoscaleConfig(replicas, max_replicas or replicas, upscale_delay_s=0.5,
                                                 downscale_delay_s=3600.0),
-                      replica_cpus=0.5, name_prefix=name, tokens=[TOKEN], autoscale_interval_s=0.25)
+                      replica_cpus=0.5, name_prefix=f"{name}{next(_DEPLOYS)}", tokens=[TOKEN],
+                      autoscale_interval_s=0.25, max_sessions_total=max_sessions_total)
     serve.run(build_app(cfg), name=name, route_prefix="/")
-    app = RayApp(port, name)
+    app = RayApp(port, cfg.name_prefix)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -79,9 +99,7 @@ def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_r
     raise AssertionError("the Ray app never became ready")
 
 
-@pytest.fixture(scope="module")
-def echo_app(ray_port: int) -> Iterator[RayApp]:
-    """Two echo replicas behind the Ray ingress."""
-    app = deploy(ray_port, "echo2", limits=ServerLimits(max_message_bytes=64 * 1024))
-    yield app
-    serve.delete("echo2")
+@pytest.fixture()
+def echo_app(ray_apps: RayApps) -> RayApp:
+    """Two echo replicas behind the Ray ingress (shared until another test needs other settings)."""
+    return ray_apps.get()

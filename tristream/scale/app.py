@@ -43,10 +43,13 @@ from tristream.scale.prom import merge
 from tristream.scale.replica import ReplicaSpec
 from tristream.serve import protocol as P
 from tristream.serve.limits import ServerLimits
+from tristream.serve.server import WEB_DIR
 
 log = logging.getLogger("tristream.scale")
 KEY_SUBPROTOCOL = "openai-insecure-api-key."
 fastapi_app = FastAPI(title="tristream (Ray Serve)")
+_STATIC = {"index.html": "text/html; charset=utf-8", "app.js": "text/javascript; charset=utf-8",
+           "style.css": "text/css; charset=utf-8"}
 
 
 @serve.ingress(fastapi_app)
@@ -121,6 +124,19 @@ class RealtimeIngress:
                   for (name, lab), v in sorted(self.counters.items()) if name == "refused"]
         body = merge(texts) + "\n".join(lines) + "\n"
         return PlainTextResponse(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @fastapi_app.get("/")
+    async def index(self) -> Response:
+        """The browser page of `tristream serve` (mic + camera), same origin as the API."""
+        return await self.static("index.html")
+
+    @fastapi_app.get("/{name}")
+    async def static(self, name: str) -> Response:
+        """``/app.js``, ``/style.css`` of the browser page."""
+        f = WEB_DIR / name
+        if name not in _STATIC or not f.is_file():
+            return PlainTextResponse(f"no route /{name}; the API is at /v1/realtime\n", status_code=404)
+        return Response(f.read_bytes(), media_type=_STATIC[name], headers={"Cache-Control": "no-store"})
 
     # ------------------------------------------------------------ WebSocket
     def _offered_tokens(self, ws: WebSocket) -> tuple[list[str], str | None]:

@@ -50,14 +50,26 @@ class LoadReport:
         return d
 
 
-def least_loaded(reports: Sequence[LoadReport], pending: dict[str, int] | None = None) -> LoadReport | None:
-    """The accepting replica with the lowest pressure; ties by sessions (plus ``pending``
-    opens not yet visible in the reports), then by name so the choice is deterministic."""
-    pend = pending or {}
+def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None = None,
+                 headroom: float = 0.5) -> LoadReport | None:
+    """The accepting replica that is least loaded by the scheduler's signal.
+
+    Replicas with pressure under ``headroom`` (comfortably inside target) count as equally
+    loaded, so an old P99 sample on an idle replica does not decide; above it, the lowest
+    pressure (in steps of 0.1) wins. Ties go to the fewest sessions — ``sessions`` overrides
+    the reports' counts with the router's own, which include opens still in flight — then
+    to the name, so the choice is deterministic.
+    """
+    counts = sessions or {}
     cands = [r for r in reports if r.accepting]
     if not cands:
         return None
-    return min(cands, key=lambda r: (round(r.pressure, 2), r.sessions + pend.get(r.replica, 0), r.replica))
+
+    def band(r: LoadReport) -> float:
+        p = r.pressure
+        return 0.0 if p < headroom else round(p, 1)
+
+    return min(cands, key=lambda r: (band(r), counts.get(r.replica, r.sessions), r.replica))
 
 
 class LoadTracker:

@@ -66,6 +66,8 @@ class ScaleConfig:
     autoscale_interval_s: float = 1.0
     report_timeout_s: float = 10.0
     max_sessions_per_replica: int = 64
+    max_sessions_total: int = 0
+    """Sessions across the app before new ones get HTTP 503 (0: replicas × per-replica limit)."""
     tokens: list[str] = field(default_factory=list)
     require_auth: bool = True
 
@@ -170,8 +172,13 @@ class ReplicaPool:
 
     async def open_session(self) -> tuple[ReplicaRef, str, list[str]]:
         """Place a new session on the least-loaded replica; returns (replica, session id, first events)."""
+        cap = self.config.max_sessions_total
+        if cap and len(self.owner) + sum(self.pending.values()) >= cap:
+            raise NoReplicaAvailable(f"server full: {cap} sessions")
         for _ in range(3):
-            choice = least_loaded(await self.reports(), self.pending)
+            reports = await self.reports()
+            counts = {r.id: len(r.sessions) + self.pending.get(r.id, 0) for r in self.live()}
+            choice = least_loaded(reports, counts)
             if choice is None:
                 break
             ref = self.replicas[choice.replica]
@@ -209,7 +216,10 @@ class ReplicaPool:
         reports = await self.reports()
         desired = self.autoscaler.desired(reports, now)
         self.desired = desired
-        active = [r for r in self.live() if r.accepting]
+        # Decide on the replicas that reported: one that joined while the reports were in
+        # flight must not be drained for a count computed without it.
+        active = [self.replicas[r.replica] for r in reports
+                  if r.replica in self.replicas and self.replicas[r.replica].accepting]
         grow = desired - len(active) - len(self._spawning)
         for _ in range(max(0, grow)):
             task = asyncio.get_running_loop().create_task(self._grow())

@@ -1,0 +1,116 @@
+"""Plain logic of the scale-out package (no Ray): load signal, placement, autoscaler, metrics merge."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tristream.scale.autoscale import AutoscaleConfig, AutoscaleConfigError, Autoscaler
+from tristream.scale.load import LoadReport, LoadTracker, least_loaded
+from tristream.scale.prom import add_label, merge, parse_samples
+from tristream.serve.metrics import ServeMetrics
+
+
+def rep(name: str, sessions: int = 0, queue: int = 0, p99: float | None = None, accepting: bool = True) -> LoadReport:
+    return LoadReport(name, sessions, queue, p99, 50.0, 8.0, None, accepting)
+
+
+def test_pressure_is_the_worst_of_queue_and_p99() -> None:
+    assert rep("a").pressure == 0.0
+    assert rep("a", queue=4).pressure == 0.5
+    assert rep("a", queue=4, p99=100.0).pressure == 2.0
+    assert LoadReport("a", 0, 0, 10.0, 50.0, 8.0, sched_pressure=3.0).pressure == 3.0
+
+
+def test_least_loaded_uses_pressure_then_sessions_then_name() -> None:
+    reps = [rep("a", sessions=1), rep("b", sessions=0), rep("c", sessions=0, accepting=False)]
+    assert least_loaded(reps).replica == "b"  # type: ignore[union-attr]
+    assert least_loaded(reps, sessions={"a": 1, "b": 2}).replica == "a"  # type: ignore[union-attr]
+    # Inside the headroom (P99 well under target) sessions decide; above it, pressure does.
+    assert least_loaded([rep("a", sessions=3, p99=10.0), rep("b", sessions=1, p99=20.0)]).replica == "b"  # type: ignore[union-attr]
+    assert least_loaded([rep("a", sessions=3, p99=10.0), rep("b", sessions=1, p99=40.0)]).replica == "a"  # type: ignore[union-attr]
+    assert least_loaded([rep("a", sessions=3, p99=1.0), rep("b", sessions=1, p99=2.0)]).replica == "b"  # type: ignore[union-attr]
+    # Fewer sessions but a missed P99 loses to more sessions on target.
+    assert least_loaded([rep("a", sessions=9), rep("b", sessions=1, p99=80.0)]).replica == "a"  # type: ignore[union-attr]
+    assert least_loaded([rep("x", accepting=False)]) is None
+
+
+def test_tracker_feeds_the_scheduler_latency_window() -> None:
+    t = LoadTracker(target_p99_ms=50.0, min_samples=5)
+    now = 1_000_000_000
+    for i in range(4):
+        t.record_turn(now + i, 10.0)
+    assert t.report("r", now + 10, 1, 0).p99_ms is None  # too few samples: no claim
+    t.record_turn(now + 5, 120.0)
+    r = t.report("r", now + 10, 1, 0)
+    assert r.p99_ms == 120.0 and r.pressure == pytest.approx(2.4)
+    t.record_turn(now + 6, None)  # a failed answer counts as a miss
+    assert math.isinf(t.report("r", now + 10, 1, 0).p99_ms or 0.0)
+
+    class FakeSched:  # the two calls of tristream.sched.Scheduler the tracker uses
+        def backlog_pressure(self) -> float:
+            return 1.7
+
+        def pressure(self, tier: object, now_ns: int) -> float | None:
+            return None
+
+    assert LoadTracker().report("r", now, 0, 0, scheduler=FakeSched()).pressure == 1.7
+
+
+def test_autoscale_config_checks_bounds() -> None:
+    with pytest.raises(AutoscaleConfigError, match="min_replicas"):
+        AutoscaleConfig(3, 2)
+    with pytest.raises(AutoscaleConfigError, match="downscale_below"):
+        AutoscaleConfig(1, 2, upscale_at=0.5, downscale_below=0.6)
+
+
+def test_autoscaler_waits_for_sustained_pressure() -> None:
+    a = Autoscaler(AutoscaleConfig(1, 4, upscale_delay_s=5.0, downscale_delay_s=30.0))
+    hot = [rep("a", queue=24)]  # pressure 3
+    assert a.desired(hot, 0.0) == 1
+    assert a.desired(hot, 4.9) == 1
+    assert a.desired(hot, 5.0) == 3  # ceil(1 × 3)
+    calm = [rep(n, queue=0) for n in "abc"]
+    assert a.desired(calm, 6.0) == 3
+    assert a.desired(calm, 35.0) == 3
+    assert a.desired(calm, 36.0) == 2
+    assert a.desired([rep("a", queue=4)], 40.0) == 1  # in band: hold
+
+
+@settings(max_examples=200, deadline=None)
+@given(lo=st.integers(1, 4), extra=st.integers(0, 4),
+       steps=st.lists(st.tuples(st.integers(0, 8), st.integers(0, 40), st.floats(0, 5)), min_size=1, max_size=30))
+def test_autoscaler_stays_in_bounds(lo: int, extra: int, steps: list[tuple[int, int, float]]) -> None:
+    cfg = AutoscaleConfig(lo, lo + extra, upscale_delay_s=1.0, downscale_delay_s=2.0)
+    a = Autoscaler(cfg)
+    now = 0.0
+    for n, queue, dt in steps:
+        now += dt
+        want = a.desired([rep(f"r{i}", queue=queue) for i in range(n)], now)
+        assert cfg.min_replicas <= want <= cfg.max_replicas
+        if n >= lo and queue <= 8 * cfg.upscale_at:
+            assert want <= max(n, lo)  # never grows without pressure over the threshold
+
+
+def test_merge_adds_replica_label_and_keeps_one_header_per_family() -> None:
+    texts = []
+    for rid, k in (("r0", 2), ("r1", 3)):
+        m = ServeMetrics()
+        for _ in range(k):
+            m.inc("tristream_sessions_total")
+            m.inc("tristream_client_errors_total", code="invalid_json")
+            m.observe_ns("tristream_eos_to_first_text_seconds", 5_000_000 * k)
+        texts.append((rid, m.render()))
+    out = merge(texts)
+    assert out.count("# TYPE tristream_sessions_total counter") == 1
+    assert out.count("# TYPE tristream_eos_to_first_text_seconds summary") == 1
+    s = parse_samples(out)
+    assert s[("tristream_sessions_total", frozenset({("replica", "r0")}))] == 2
+    assert s[("tristream_client_errors_total", frozenset({("replica", "r1"), ("code", "invalid_json")}))] == 3
+    assert s[("tristream_eos_to_first_text_seconds_count", frozenset({("replica", "r1")}))] == 3
+    # every sample line carries the label
+    assert all('replica="' in ln for ln in out.splitlines() if ln and not ln.startswith("#"))
+    assert add_label('x{a="1"} 2', "replica", 'q"z') == 'x{a="1",replica="q\\"z"} 2'
