@@ -1,0 +1,253 @@
+"""Scale-out benchmark: tristream on Ray Serve with 1 vs 2 engine replicas, and the cost of the Ray path.
+
+Load: N concurrent sessions, each a loop of text turns (``conversation.item.create`` +
+``response.create``, then a think time), started at staggered offsets. Response latency is
+measured on the client's clock from sending ``response.create`` to the first answer text
+delta: it includes every hop (Serve proxy, ingress, replica and back).
+
+1. **Ray path overhead** (one session, ``--overhead-turns`` turns, no concurrency): the same
+   backend behind ``tristream serve``'s `RealtimeServer` (its own process) vs behind the Ray
+   app with one replica; P50/P99 of both and the difference.
+2. **Capacity** (``--sessions`` ladder, ``--duration`` s each): the largest N whose response
+   P99 stays ≤ ``--target-ms`` with 1 replica and with 2; the ratio is the scale-out factor
+   (the issue asks ≥ 1.8× with 2 GPUs).
+
+Modes: ``--mode cpu`` (replicas share this machine's cores: on a 2-core box the client,
+Serve proxy, ingress and replicas all compete for the same 2 cores, so no scale-out is
+possible there; the run shows the overhead and that the path works) and ``--mode gpu``
+(``replica_gpus=1``: each replica owns one GPU; run on ``nvidia-h200-x2`` with a backend
+whose model runs on the GPU, e.g. ``--backend pipeline`` or ``--backend module:function``).
+
+    .venv/bin/python bench/scale.py --mode cpu                      # writes bench/results/scale_cpu.json
+    python bench/scale.py --mode gpu --backend pipeline --sessions 8 16 32 64 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+TOKEN = "bench-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    return float(np.percentile(np.asarray(xs), q)) if xs else None
+
+
+async def session_loop(url: str, stop_at: float, lat: list[float], think_s: float, start_delay: float,
+                       errors: list[str]) -> None:
+    """One client: text turns until ``stop_at``; appends response latencies (ms)."""
+    from tristream.serve.client import RealtimeClient
+
+    await asyncio.sleep(start_delay)
+    c = await RealtimeClient.connect(url, TOKEN, open_timeout=60)
+    await c.send({"type": "session.update", "session": {"modalities": ["text"]}})
+    k = 0
+    try:
+        while time.monotonic() < stop_at:
+            k += 1
+            await c.send({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"turn {k} hello"}]}})
+            t0 = time.perf_counter()
+            await c.send({"type": "response.create"})
+            first: float | None = None
+            while True:
+                ev = await c.recv(60)
+                if first is None and ev["type"] in ("response.text.delta", "response.audio_transcript.delta"):
+                    first = (time.perf_counter() - t0) * 1e3
+                if ev["type"] == "error":
+                    errors.append(ev["error"]["code"])
+                if ev["type"] == "response.done":
+                    break
+            if first is not None:
+                lat.append(first)
+            await asyncio.sleep(think_s * (0.5 + random.random()))
+    finally:
+        await c.close()
+
+
+async def load(url: str, n: int, duration_s: float, think_s: float, warm_s: float = 1.0) -> dict[str, Any]:
+    """N sessions for ``duration_s``; latencies of the first ``warm_s`` (connects) are dropped."""
+    lat_all: list[list[float]] = [[] for _ in range(n)]
+    errors: list[str] = []
+    t_start = time.monotonic()
+    stop_at = t_start + duration_s
+    await asyncio.gather(*(session_loop(url, stop_at, lat_all[i], think_s, random.random() * min(1.0, think_s),
+                                        errors) for i in range(n)))
+    lat = [x for xs in lat_all for x in xs[1:]]  # drop each session's first turn (warm-up)
+    return {"sessions": n, "turns": len(lat), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
+            "max_ms": max(lat) if lat else None, "errors": errors[:20], "n_errors": len(errors)}
+
+
+def start_direct(backend: str, port: int) -> subprocess.Popen[bytes]:
+    """`tristream serve`'s RealtimeServer in its own process (the baseline)."""
+    code = (
+        "import asyncio\n"
+        "from tristream.serve.server import RealtimeServer\n"
+        "from tristream.serve.backends import make_factory\n"
+        "from tristream.serve.limits import ServerLimits\n"
+        "async def main():\n"
+        f"    s = RealtimeServer(make_factory({backend!r}), port={port}, tokens=[{TOKEN!r}],"
+        " limits=ServerLimits(max_sessions=1024, max_messages_per_s=10000, burst_messages=10000))\n"
+        "    await s.start()\n"
+        "    await asyncio.Event().wait()\n"
+        "asyncio.run(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return proc
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("the direct server did not start")
+
+
+def deploy(port: int, replicas: int, backend: str, gpus: float, cpus: float, target_ms: float) -> str:
+    """(Re)deploy the Ray app with ``replicas`` fixed replicas; returns its WebSocket URL."""
+    from ray import serve
+
+    from tristream.scale.app import build_app
+    from tristream.scale.autoscale import AutoscaleConfig
+    from tristream.scale.pool import ScaleConfig
+    from tristream.scale.replica import ReplicaSpec
+    from tristream.serve.limits import ServerLimits
+
+    limits = ServerLimits(max_sessions=1024, max_messages_per_s=10000, burst_messages=10000)
+    cfg = ScaleConfig(spec=ReplicaSpec(backend=backend, limits=limits, target_p99_ms=target_ms),
+                      autoscale=AutoscaleConfig(replicas, replicas), replica_cpus=cpus, replica_gpus=gpus,
+                      name_prefix=f"bench{replicas}x{int(time.time())}", tokens=[TOKEN],
+                      max_sessions_per_replica=1024)
+    serve.run(build_app(cfg), name="bench", route_prefix="/")
+    return f"ws://127.0.0.1:{port}/v1/realtime"
+
+
+def capacity(rows: list[dict[str, Any]], target_ms: float) -> int:
+    """Largest session count whose P99 met the target (0 if none did)."""
+    ok = [r["sessions"] for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= target_ms and not r["n_errors"]]
+    return max(ok) if ok else 0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--mode", choices=("cpu", "gpu"), default="cpu")
+    ap.add_argument("--backend", default="echo", help="echo | pipeline | module:function (a BackendFactory maker)")
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--think", type=float, default=0.5, help="mean pause between a session's turns (s)")
+    ap.add_argument("--target-ms", type=float, default=50.0)
+    ap.add_argument("--overhead-turns", type=int, default=60)
+    ap.add_argument("--name", default=None, help="results file name (default scale_<mode>)")
+    args = ap.parse_args()
+    random.seed(0)
+
+    import ray
+    from _common import write_results
+    from ray import serve
+
+    gpus = 1.0 if args.mode == "gpu" else 0.0
+    results: dict[str, Any] = {"mode": args.mode, "backend": args.backend, "target_ms": args.target_ms,
+                               "duration_s": args.duration, "think_s": args.think,
+                               "latency": "client clock: response.create sent -> first answer text delta"}
+
+    # 1. Ray path vs tristream serve, one session, no concurrency.
+    port = free_port()
+    proc = start_direct(args.backend, port)
+    try:
+        direct = asyncio.run(_turns(f"ws://127.0.0.1:{port}/v1/realtime", args.overhead_turns))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    ray.init(num_cpus=max(4, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    http_port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    try:
+        url = deploy(http_port, 1, args.backend, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
+        via_ray = asyncio.run(_turns(url, args.overhead_turns))
+        results["overhead"] = {
+            "direct": direct, "ray": via_ray,
+            "added_p50_ms": via_ray["p50_ms"] - direct["p50_ms"], "added_p99_ms": via_ray["p99_ms"] - direct["p99_ms"]}
+        print(f"\nRay path vs tristream serve ({args.backend}, 1 session, {args.overhead_turns} turns)")
+        print(f"{'path':<10}{'P50 ms':>10}{'P99 ms':>10}")
+        for k, r in (("direct", direct), ("ray", via_ray)):
+            print(f"{k:<10}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}")
+        print(f"added     {results['overhead']['added_p50_ms']:>10.2f}{results['overhead']['added_p99_ms']:>10.2f}")
+
+        # 2. Capacity at the P99 target, per replica count.
+        cap: dict[str, Any] = {}
+        for nrep in args.replicas:
+            url = deploy(http_port, nrep, args.backend, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
+            rows = []
+            for n in args.sessions:
+                row = asyncio.run(load(url, n, args.duration, args.think))
+                rows.append(row)
+                print(f"replicas={nrep} sessions={n:>4} turns={row['turns']:>5} P50={row['p50_ms'] or 0:8.2f} "
+                      f"P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
+                if row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms:
+                    break  # far past the target: larger N only takes longer
+            cap[str(nrep)] = {"rows": rows, "sessions_at_target": capacity(rows, args.target_ms)}
+        results["capacity"] = cap
+        base = cap.get("1", {}).get("sessions_at_target", 0)
+        print(f"\nSessions at response P99 <= {args.target_ms:g} ms")
+        print(f"{'replicas':<10}{'sessions':>10}{'vs 1':>8}")
+        for nrep, c in cap.items():
+            ratio = c["sessions_at_target"] / base if base else None
+            c["ratio_vs_1"] = ratio
+            print(f"{nrep:<10}{c['sessions_at_target']:>10}{(f'{ratio:.2f}x' if ratio else '-'):>8}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    path = write_results(args.name or f"scale_{args.mode}", results, extra_modules=("ray", "fastapi", "websockets"))
+    print(f"\nwrote {path}")
+
+
+async def _turns(url: str, turns: int) -> dict[str, Any]:
+    """One session, ``turns`` back-to-back text turns (the overhead measurement)."""
+    from tristream.serve.client import RealtimeClient
+
+    c = await RealtimeClient.connect(url, TOKEN, open_timeout=60)
+    await c.send({"type": "session.update", "session": {"modalities": ["text"]}})
+    lat: list[float] = []
+    for k in range(turns + 3):
+        await c.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"turn {k} hello"}]}})
+        t0 = time.perf_counter()
+        await c.send({"type": "response.create"})
+        first = None
+        while True:
+            ev = await c.recv(60)
+            if first is None and ev["type"] in ("response.text.delta", "response.audio_transcript.delta"):
+                first = (time.perf_counter() - t0) * 1e3
+            if ev["type"] == "response.done":
+                break
+        if k >= 3 and first is not None:  # 3 warm-up turns
+            lat.append(first)
+    await c.close()
+    return {"turns": len(lat), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99), "mean_ms": float(np.mean(lat))}
+
+
+if __name__ == "__main__":
+    main()
