@@ -114,3 +114,24 @@ def test_merge_adds_replica_label_and_keeps_one_header_per_family() -> None:
     # every sample line carries the label
     assert all('replica="' in ln for ln in out.splitlines() if ln and not ln.startswith("#"))
     assert add_label('x{a="1"} 2', "replica", 'q"z') == 'x{a="1",replica="q\\"z"} 2'
+
+
+def test_serve_config_file_builds_the_app() -> None:
+    """The documented `serve run` config parses into a ScaleConfig; auth without a token is refused."""
+    yaml = pytest.importorskip("yaml")
+    pytest.importorskip("ray")
+    from pathlib import Path
+
+    from tristream.scale import app as scale_app
+
+    doc = yaml.safe_load((Path(scale_app.__file__).parent / "serve_config.yaml").read_text())
+    spec = doc["applications"][0]
+    assert spec["import_path"] == "tristream.scale.app:app_builder"
+    args = {k: str(v) for k, v in spec["args"].items()}
+    cfg = scale_app.config_from_args(args)
+    assert cfg.autoscale.min_replicas == 2 and cfg.autoscale.max_replicas == 4
+    assert cfg.spec.backend == "pipeline" and cfg.tokens == ["change-me"] and cfg.require_auth
+    assert scale_app.app_builder(args) is not None
+    with pytest.raises(ValueError, match="token"):
+        scale_app.app_builder({"backend": "echo"})
+    assert not scale_app.config_from_args({"no_auth": "true"}).require_auth
