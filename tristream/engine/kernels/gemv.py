@@ -126,8 +126,10 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
         )
         return out
     num_warps, num_stages = 4, 3
-    if block_k is None and k <= 2048:
+    if block_k is None and k * w.element_size() <= 4096:
         # One pass over K per program: no dependent round trips to memory inside the kernel.
+        # Bounded in bytes, not elements: a 16 x 2048 fp32 tile of x and of w needs 256 KiB of
+        # shared memory, over Hopper's 227 KiB (seen on the H200).
         block_k = triton.next_power_of_2(k)
         block_n = block_n or 16
         num_warps = 8 if block_k >= 1024 else 4
