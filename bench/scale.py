@@ -16,16 +16,20 @@ Modes: ``--mode cpu`` (replicas share this machine's cores: on a 2-core box the 
 Serve proxy, ingress and replicas all compete for the same 2 cores, so no scale-out is
 possible there; the run shows the overhead and that the path works) and ``--mode gpu``
 (``replica_gpus=1``: each replica owns one GPU; run on ``nvidia-h200-x2`` with a backend
-whose model runs on the GPU, e.g. ``--backend pipeline`` or ``--backend module:function``).
+whose model runs on the GPU: ``--backend tristream.scale.engine_backend:engine_factory
+--backend-kw '{"model": "llama-3.2-1b", "device": "cuda"}'`` — our engine, continuous batching
+of the replica's sessions, random weights — or any ``module:function`` returning a factory).
 
     .venv/bin/python bench/scale.py --mode cpu                      # writes bench/results/scale_cpu.json
-    python bench/scale.py --mode gpu --backend pipeline --sessions 8 16 32 64 128
+    python bench/scale.py --mode gpu --backend tristream.scale.engine_backend:engine_factory \
+        --backend-kw '{"model": "llama-3.2-1b", "device": "cuda"}' --sessions 8 16 32 64 96 128 192 256
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import socket
@@ -99,15 +103,16 @@ async def load(url: str, n: int, duration_s: float, think_s: float, warm_s: floa
             "max_ms": max(lat) if lat else None, "errors": errors[:20], "n_errors": len(errors)}
 
 
-def start_direct(backend: str, port: int) -> subprocess.Popen[bytes]:
-    """`tristream serve`'s RealtimeServer in its own process (the baseline)."""
+def start_direct(backend: str, backend_kw: dict[str, Any], port: int) -> subprocess.Popen[bytes]:
+    """`tristream serve`'s RealtimeServer in its own process (the baseline), same backend as the replicas."""
     code = (
         "import asyncio\n"
         "from tristream.serve.server import RealtimeServer\n"
-        "from tristream.serve.backends import make_factory\n"
+        "from tristream.scale.replica import ReplicaSpec, build_factory\n"
         "from tristream.serve.limits import ServerLimits\n"
         "async def main():\n"
-        f"    s = RealtimeServer(make_factory({backend!r}), port={port}, tokens=[{TOKEN!r}],"
+        f"    f = build_factory(ReplicaSpec(backend={backend!r}, backend_kw={backend_kw!r}))\n"
+        f"    s = RealtimeServer(f, port={port}, tokens=[{TOKEN!r}],"
         " limits=ServerLimits(max_sessions=1024, max_messages_per_s=10000, burst_messages=10000))\n"
         "    await s.start()\n"
         "    await asyncio.Event().wait()\n"
@@ -124,7 +129,8 @@ def start_direct(backend: str, port: int) -> subprocess.Popen[bytes]:
     raise RuntimeError("the direct server did not start")
 
 
-def deploy(port: int, replicas: int, backend: str, gpus: float, cpus: float, target_ms: float) -> str:
+def deploy(port: int, replicas: int, backend: str, backend_kw: dict[str, Any], gpus: float, cpus: float,
+           target_ms: float) -> str:
     """(Re)deploy the Ray app with ``replicas`` fixed replicas; returns its WebSocket URL."""
     from ray import serve
 
@@ -135,7 +141,8 @@ def deploy(port: int, replicas: int, backend: str, gpus: float, cpus: float, tar
     from tristream.serve.limits import ServerLimits
 
     limits = ServerLimits(max_sessions=1024, max_messages_per_s=10000, burst_messages=10000)
-    cfg = ScaleConfig(spec=ReplicaSpec(backend=backend, limits=limits, target_p99_ms=target_ms),
+    cfg = ScaleConfig(spec=ReplicaSpec(backend=backend, backend_kw=backend_kw, limits=limits,
+                                       target_p99_ms=target_ms),
                       autoscale=AutoscaleConfig(replicas, replicas), replica_cpus=cpus, replica_gpus=gpus,
                       name_prefix=f"bench{replicas}x{int(time.time())}", tokens=[TOKEN],
                       max_sessions_per_replica=1024)
@@ -144,16 +151,23 @@ def deploy(port: int, replicas: int, backend: str, gpus: float, cpus: float, tar
 
 
 def capacity(rows: list[dict[str, Any]], target_ms: float) -> int:
-    """Largest session count whose P99 met the target (0 if none did)."""
-    ok = [r["sessions"] for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= target_ms and not r["n_errors"]]
-    return max(ok) if ok else 0
+    """Sessions at target: the largest N of the ladder before the first N whose P99 missed the
+    target or that saw errors (0 if the first step missed)."""
+    best = 0
+    for r in sorted(rows, key=lambda r: r["sessions"]):
+        if r["p99_ms"] is None or r["p99_ms"] > target_ms or r["n_errors"]:
+            break
+        best = r["sessions"]
+    return best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mode", choices=("cpu", "gpu"), default="cpu")
     ap.add_argument("--backend", default="echo", help="echo | pipeline | module:function (a BackendFactory maker)")
-    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
+    ap.add_argument("--backend-kw", default="{}", help='JSON keyword arguments of the backend, e.g. '
+                    '\'{"model": "llama-3.2-1b", "device": "cuda"}\'')
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--think", type=float, default=0.5, help="mean pause between a session's turns (s)")
@@ -168,13 +182,15 @@ def main() -> None:
     from ray import serve
 
     gpus = 1.0 if args.mode == "gpu" else 0.0
-    results: dict[str, Any] = {"mode": args.mode, "backend": args.backend, "target_ms": args.target_ms,
+    results: dict[str, Any] = {"mode": args.mode, "backend": args.backend, "backend_kw": args.backend_kw,
+                               "target_ms": args.target_ms,
                                "duration_s": args.duration, "think_s": args.think,
                                "latency": "client clock: response.create sent -> first answer text delta"}
 
     # 1. Ray path vs tristream serve, one session, no concurrency.
     port = free_port()
-    proc = start_direct(args.backend, port)
+    backend_kw = json.loads(args.backend_kw)
+    proc = start_direct(args.backend, backend_kw, port)
     try:
         direct = asyncio.run(_turns(f"ws://127.0.0.1:{port}/v1/realtime", args.overhead_turns))
     finally:
@@ -185,7 +201,7 @@ def main() -> None:
     http_port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     try:
-        url = deploy(http_port, 1, args.backend, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
+        url = deploy(http_port, 1, args.backend, backend_kw, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
         via_ray = asyncio.run(_turns(url, args.overhead_turns))
         results["overhead"] = {
             "direct": direct, "ray": via_ray,
@@ -199,7 +215,7 @@ def main() -> None:
         # 2. Capacity at the P99 target, per replica count.
         cap: dict[str, Any] = {}
         for nrep in args.replicas:
-            url = deploy(http_port, nrep, args.backend, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
+            url = deploy(http_port, nrep, args.backend, backend_kw, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
             rows = []
             for n in args.sessions:
                 row = asyncio.run(load(url, n, args.duration, args.think))
