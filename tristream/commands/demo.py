@@ -50,6 +50,12 @@ def register(app: typer.Typer) -> None:
             from tristream.pipeline.session import SessionConfig
 
             config = SessionConfig(barge_in=False)
+        source = "your recording" if wav or video else "the live devices" if mic or camera else \
+            "a bundled conversation (3 spoken questions, a moving camera image)"
+        typer.echo(f"tristream demo: loading models (VAD, ASR={asr}, SmolLM2-135M, TTS={tts}, OpenCV); the first "
+                   "run converts and caches weights, which takes longer.", err=True)
+        typer.echo(f"tristream demo: playing {source} through the pipeline in real time; the transcript, "
+                   "answers and a latency table follow.", err=True)
         try:
             run_demo(wav=str(wav) if wav else None, video=str(video) if video else None, mic=mic,
                      camera=camera, realtime=True, out_wav=str(out), llm_url=llm_url, asr=asr, tts=tts,
