@@ -224,7 +224,9 @@ def main() -> None:
                       f"P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
                 if row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms:
                     break  # far past the target: larger N only takes longer
-            cap[str(nrep)] = {"rows": rows, "sessions_at_target": capacity(rows, args.target_ms)}
+            passing = [r["sessions"] for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= args.target_ms]
+            cap[str(nrep)] = {"rows": rows, "sessions_at_target": capacity(rows, args.target_ms),
+                              "largest_passing_step": max(passing, default=0)}
         results["capacity"] = cap
         base = cap.get("1", {}).get("sessions_at_target", 0)
         print(f"\nSessions at response P99 <= {args.target_ms:g} ms")

@@ -67,7 +67,8 @@ class RayApps:
 @pytest.fixture(scope="session")
 def ray_apps() -> Iterator[RayApps]:
     """Ray (4 logical CPUs on whatever cores exist) with Serve's HTTP proxy on a free port."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+    ray.init(num_cpus=4, object_store_memory=128 << 20, include_dashboard=False, log_to_driver=False,
+             ignore_reinit_error=True,
              configure_logging=False)
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
