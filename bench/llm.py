@@ -3,6 +3,13 @@ llama-cpp-python on the same GGUF (CPU).
 
     python bench/llm.py --device cuda [--models smollm2-135m,llama-3.2-1b,llama-3-8b] [--no-compile-8b]
     python bench/llm.py --device cpu [--llama-cpp-python /work/bench-venv/bin/python]
+    python bench/llm.py --mixed-prefill --device cuda|cpu    # batched vs per-sequence prefill step
+
+--mixed-prefill: one engine step's worth of prefill chunks from many sessions (32 contexts of
+256 cached tokens, each appending 2..64 tokens, ~530 tokens in all) through the packed
+(batched varlen) path and the per-sequence reference path: ms per step, aten ops (≈ kernel
+launches on a GPU) per step, and the max logit difference between the two. CPU uses a
+16-layer Llama-1B-shaped model with small widths (the launch structure, not the FLOPs).
 
 GPU: random bf16 weights built on the device; ms/token at batch 1 in steady state after a
 128-token prompt (ours: engine steps with CUDA graphs; HF eager `generate`; HF StaticCache +
@@ -434,8 +441,86 @@ def cpu_main(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
+def count_aten_ops(fn: Any) -> int:
+    """Number of aten ops `fn()` dispatches (each is about one kernel launch on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            _Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with _Count():
+        fn()
+    return _Count.n
+
+
+def mixed_prefill(device: str, sessions: int = 32, ctx: int = 256, reps: int = 20) -> dict[str, Any]:
+    """Batched (packed) vs per-sequence prefill of one step's chunks from many sessions."""
+    import dataclasses
+
+    from tristream.engine.config import preset
+    from tristream.engine.engine import EngineConfig, LLMEngine
+    from tristream.engine.models.llama import LlamaModel
+    from tristream.engine.runner import PrefillChunk
+    from tristream.engine.sequence import Sequence
+
+    torch.set_grad_enabled(False)
+    cfg = preset("llama-3.2-1b")
+    dtype = torch.bfloat16
+    if device == "cpu":
+        cfg = dataclasses.replace(cfg, hidden_size=256, intermediate_size=512, num_heads=8, num_kv_heads=2,
+                                  head_dim=32, vocab_size=2048)
+        dtype = torch.float32
+    torch.manual_seed(0)
+    model = LlamaModel(cfg, dtype=dtype, device=device, max_positions=4096)
+    for p in model.parameters():
+        p.normal_(0, 0.02) if p.dim() == 2 else p.fill_(1.0)
+    lens = [(2, 4, 8, 16, 2, 32, 4, 64)[i % 8] for i in range(sessions)]
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(3, cfg.vocab_size, (ctx + n,), generator=g).tolist() for n in lens]
+    out: dict[str, Any] = {"model": f"llama-3.2-1b shape, {cfg.num_layers} layers, hidden {cfg.hidden_size}",
+                           "sessions": sessions, "cached_ctx": ctx, "chunk_tokens": sum(lens), "variants": {}}
+    logits: dict[str, torch.Tensor] = {}
+    for packed in (False, True):
+        eng = LLMEngine(model, None, EngineConfig(block_size=16, kv_cache_bytes=1 << 30, use_graphs=False,
+                                                  triton_decode=False, packed_prefill=packed))
+        seqs = []
+        for n, prompt in zip(lens, prompts, strict=True):
+            s = Sequence(keys=list(prompt))
+            s.block_table = [eng.blocks.allocate() for _ in range(-(-(ctx + n) // 16))]
+            eng.runner.prefill([PrefillChunk(s, 0, ctx, False)])
+            seqs.append(s)
+        chunks = [PrefillChunk(s, ctx, n, True) for s, n in zip(seqs, lens, strict=True)]
+
+        def once(chunks: list[PrefillChunk] = chunks, eng: LLMEngine = eng) -> Any:
+            return eng.runner.prefill(chunks)
+
+        for _ in range(3):
+            once()
+        ts = []
+        for _ in range(reps):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            lg = once()
+            if device == "cuda":
+                torch.cuda.synchronize()
+            ts.append((time.perf_counter() - t) * 1e3)
+        name = "packed" if packed else "per_sequence"
+        logits[name] = lg.float()
+        out["variants"][name] = {"ms_per_step": median(ts), "aten_ops_per_step": count_aten_ops(once)}
+        del eng
+    ref = logits["per_sequence"]
+    out["max_rel_logit_diff"] = float((logits["packed"] - ref).abs().max() / ref.abs().max())
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--mixed-prefill", action="store_true", help="batched vs per-sequence prefill step only")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b,llama-3-8b")
     ap.add_argument("--no-compile", dest="compile", action="store_false")
@@ -448,7 +533,14 @@ def main() -> None:
     ap.add_argument("--llama-cpp-python", default="/work/bench-venv/bin/python" if Path(
         "/work/bench-venv/bin/python").exists() else "")
     args = ap.parse_args()
-    if args.device == "cuda":
+    if args.mixed_prefill:
+        res = mixed_prefill(args.device)
+        for k, v in res["variants"].items():
+            log(f"{k:>14}: {v['ms_per_step']:8.2f} ms/step  {v['aten_ops_per_step']:6d} aten ops/step")
+        log(f"  {res['chunk_tokens']} tokens from {res['sessions']} sessions over {res['cached_ctx']} cached; "
+            f"max rel logit diff {res['max_rel_logit_diff']:.2e}")
+        path = write_results(args.name or f"llm_mixed_prefill_{args.device}", res)
+    elif args.device == "cuda":
         res = gpu_main(args)
         print_gpu_table(res)
         path = write_results(args.name or "llm_gpu", res)

@@ -72,6 +72,7 @@ class EngineConfig:
     kv_dtype: torch.dtype | None = None  # default: the model's dtype
     triton_decode: bool | None = None  # default: on CUDA only (True on CPU needs TRITON_INTERPRET=1)
     decode_kernels: str = "auto"  # small decode buckets: 'fused' GEMMs, 'cublas', or 'auto' (timed)
+    packed_prefill: bool | None = None  # all prefill chunks in one batched attention (default: CUDA only)
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,7 +114,8 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, cfg.block_size, cfg.enable_prefix_cache)
         self.runner = ModelRunner(model, self.cache, use_graphs=cfg.use_graphs,
                                   graph_buckets=cfg.graph_buckets, max_model_len=cfg.max_model_len,
-                                  triton_decode=cfg.triton_decode, decode_kernels=cfg.decode_kernels)
+                                  triton_decode=cfg.triton_decode, decode_kernels=cfg.decode_kernels,
+                                  packed_prefill=cfg.packed_prefill)
         self.seqs: dict[int, Sequence] = {}
         self.detok: dict[int, IncrementalDetokenizer] = {}
         self.seeds: dict[int, int] = {}

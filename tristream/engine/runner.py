@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 
 from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, causal_offset_mask
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
+from tristream.engine.packed_attention import ChunkLayout, PackedAttention, PackedPrefillPlan
 from tristream.engine.sequence import Sequence
 
 
@@ -35,6 +37,13 @@ def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> 
     return bt[pos // block_size] * block_size + pos % block_size
 
 
+def slots_np(block_table: list[int], end: int, block_size: int) -> np.ndarray:
+    """Flat cache slots of positions [0, end) under a block table (host, numpy)."""
+    nb = -(-end // block_size)
+    bt = np.asarray(block_table[:nb], dtype=np.int64)
+    return (bt[:, None] * block_size + np.arange(block_size, dtype=np.int64)[None, :]).reshape(-1)[:end]
+
+
 def _consecutive(block_table: list[int], end: int, block_size: int) -> bool:
     n = -(-end // block_size)
     b0 = block_table[0]
@@ -46,8 +55,12 @@ class ModelRunner:
 
     def __init__(self, model: LlamaModel, cache: KVCache, use_graphs: bool = True,
                  graph_buckets: tuple[int, ...] | None = None, max_model_len: int = 4096,
-                 triton_decode: bool | None = None, decode_kernels: str = "auto") -> None:
+                 triton_decode: bool | None = None, decode_kernels: str = "auto",
+                 packed_prefill: bool | None = None) -> None:
+        """packed_prefill: all chunks of a step in one batched attention per layer (default: on
+        CUDA; the per-sequence reference path elsewhere)."""
         self.model = model
+        self.packed = self.model.device.type == "cuda" if packed_prefill is None else packed_prefill
         self.cache = cache
         self.device = model.device
         self.block_size = cache.block_size
@@ -113,6 +126,8 @@ class ModelRunner:
             return self._forward(chunks)
 
     def _forward(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
+        if self.packed and not (len(chunks) == 1 and chunks[0].start == 0):
+            return self._forward_packed(chunks)
         h, meta = self._inputs(chunks)
         attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
         out = self.model(h, attn, ops=self.ops)
@@ -125,6 +140,45 @@ class ModelRunner:
         if not rows:
             return None
         return self.model.logits(out[torch.tensor(rows, device=out.device)])
+
+    def _forward_packed(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
+        """All chunks through one forward with batched attention; indices reach the device in one copy."""
+        model, bs = self.model, self.block_size
+        cfg = model.cfg
+        ids: list[np.ndarray] = []
+        positions: list[np.ndarray] = []
+        slots: list[np.ndarray] = []
+        layouts: list[ChunkLayout] = []
+        rows: list[int] = []
+        splices: list[tuple[int, torch.Tensor]] = []
+        q = 0
+        for c in chunks:
+            s, end = c.seq, c.start + c.length
+            ids.append(np.asarray(s.keys[c.start:end], dtype=np.int64))
+            kv = slots_np(s.block_table, end, bs)
+            positions.append(np.arange(c.start, end, dtype=np.int64))
+            slots.append(kv[c.start:end])
+            layouts.append(ChunkLayout(q, c.length, end, kv))
+            for seg_start, emb in s.embeds:
+                lo, hi = max(seg_start, c.start), min(seg_start + emb.shape[0], end)
+                if lo < hi:
+                    splices.append((q + lo - c.start, emb[lo - seg_start:hi - seg_start]))
+            q += c.length
+            if c.want_logits:
+                rows.append(q - 1)
+        host = [np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots),
+                np.asarray(rows, dtype=np.int64)]
+        plan = PackedPrefillPlan(layouts, cfg.num_heads // cfg.num_kv_heads, model.dtype, self.device, host)
+        d_ids, d_pos, d_slots, d_rows = plan.extra
+        h = model.embed(d_ids)
+        for row, emb in splices:
+            h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
+        attn = PackedAttention(cfg, model.cos_sin, d_pos, d_slots, plan, self.cache, model.dtype,
+                               fused_rope=self.ops is not None)
+        out = model(h, attn, ops=self.ops)
+        if not rows:
+            return None
+        return model.logits(out.index_select(0, d_rows))
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
