@@ -78,6 +78,10 @@ def test_events_without_a_response_are_counted_not_sent() -> None:
     assert s.metrics.count("tristream_events_dropped_total", reason="done_without_response") == 1
 
 
+# SOI, a 1x1 baseline frame header, EOI: passes the structural check (serve/media.py)
+TINY_JPEG = b"\xff\xd8\xff\xc0\x00\x0b\x08\x00\x01\x00\x01\x01\x01\x11\x00\xff\xd9"
+
+
 def test_backend_failure_becomes_error_event_and_session_goes_on() -> None:
     import base64
     import json
@@ -90,7 +94,7 @@ def test_backend_failure_becomes_error_event_and_session_goes_on() -> None:
     s = RealtimeSession("s", Broken(), out.append, VirtualClock(0))
     asyncio.run(s.open())
     s.handle_message(json.dumps({"type": "tristream.input_video_frame.append", "format": "jpeg", "capture_ts_us": 1,
-                                 "frame": base64.b64encode(b"\xff\xd8xx").decode()}))
+                                 "frame": base64.b64encode(TINY_JPEG).decode()}))
     err = out[-1]
     assert err["type"] == "error" and err["error"]["code"] == "server_error"
     assert "decoder exploded" in err["error"]["message"]

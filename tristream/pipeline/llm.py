@@ -11,12 +11,17 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 
 class LlmEndpointError(RuntimeError):
     """The OpenAI-compatible endpoint refused, failed or answered something unusable."""
+
+
+class EngineStepError(RuntimeError):
+    """An engine step raised; every answer in flight ends with this error (the engine goes on)."""
 
 
 class ChatBackend(Protocol):
@@ -42,12 +47,18 @@ class EngineChatBackend:
         self.engine = engine
         self.temperature = temperature
         self.repetition_penalty = repetition_penalty
-        self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str, bool]]]] = {}
+        self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str | Exception, bool]]]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self.errors = 0
+        self.last_error = ""
+        self.healthy = True
+        """False from a failed step until the next good step (or until the engine is idle)."""
+        self.recoveries_s: list[float] = []
+        """Seconds from each failed step to the engine's recovery (readiness back)."""
+        self._failed_at: float | None = None
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()
-        self.errors = 0
 
     @classmethod
     def from_path(cls, path: str, **kw: Any) -> EngineChatBackend:
@@ -79,20 +90,46 @@ class EngineChatBackend:
         while True:
             self._wake.wait()
             self._wake.clear()
+            backoff = 0.0
             while self.engine.has_work():
                 try:
                     outs = self.engine.step()
-                except Exception:  # keep the shared engine thread alive; requests see an end
-                    self.errors += 1
-                    outs = []
-                    with self._lock:
-                        routes = list(self._routes.items())
-                    for sid, _ in routes:
-                        self._deliver(sid, "", True)
+                except Exception as exc:  # keep the shared engine thread alive; requests see an error
+                    self._on_step_error(exc)
+                    backoff = min(1.0, max(0.01, 2 * backoff))
+                    time.sleep(backoff)  # a persistent fault must not spin the thread
+                    continue
+                backoff = 0.0
+                self._recovered()
                 for o in outs:
                     self._deliver(o.seq_id, o.text, o.finished)
+            self._recovered()
 
-    def _deliver(self, seq_id: int, text: str, finished: bool) -> None:
+    def _on_step_error(self, exc: Exception) -> None:
+        """Fail every request in flight with `EngineStepError` and cancel its sequence."""
+        self.errors += 1
+        self.last_error = f"{type(exc).__name__}: {exc}"
+        self.healthy = False
+        if self._failed_at is None:
+            self._failed_at = time.monotonic()
+        with self._lock:
+            routes = list(self._routes)
+        err = EngineStepError(f"the LLM engine failed during a step ({self.last_error}); "
+                              "the answer was aborted, the engine recovers on its own")
+        for seq_id in routes:
+            self._deliver(seq_id, err, True)
+            try:
+                self.engine.cancel(seq_id)  # free its KV blocks so the engine can drain
+            except Exception:
+                self.errors += 1
+
+    def _recovered(self) -> None:
+        if self._failed_at is not None:
+            self.recoveries_s.append(time.monotonic() - self._failed_at)
+            self._failed_at = None
+        self.healthy = True
+
+    def _deliver(self, seq_id: int, text: str | Exception, finished: bool) -> None:
         with self._lock:
             route = self._routes.get(seq_id)
             if finished:
@@ -107,7 +144,7 @@ class EngineChatBackend:
 
         params = SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
                                 repetition_penalty=self.repetition_penalty)
-        q: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
+        q: asyncio.Queue[tuple[str | Exception, bool]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         with self._lock:
             seq_id = self.engine.add_request(chat=messages, params=params)
@@ -117,6 +154,8 @@ class EngineChatBackend:
         try:
             while not done:
                 text, done = await q.get()
+                if isinstance(text, Exception):
+                    raise text
                 if text:
                     yield text
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -16,12 +17,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tristream.pipeline.inbox import OverflowPolicy
+from tristream.pipeline.llm import EngineStepError, LlmEndpointError
 from tristream.pipeline.speculative_asr import SilenceOnset, SpeechResumed
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import HeardText, UserTurn
 
 if TYPE_CHECKING:
     from tristream.pipeline.session import Session
+
+log = logging.getLogger("tristream.pipeline")
 
 
 @dataclass(slots=True)
@@ -186,12 +190,17 @@ class LlmStage(Stage):
         messages = s.conversation.prompt(turn.text, scene_text)
         s.conversation.add_user(turn.text)
         rec.llm_start_ns = s.clock.now_ns()
-        async with contextlib.aclosing(s.llm.stream(messages, s.config.max_tokens)) as deltas:  # type: ignore[type-var]
-            async for delta in deltas:
-                if rec.first_token_ns is None:
-                    rec.first_token_ns = s.clock.now_ns()
-                rec.answer += delta
-                self.emit(TextOut(turn.turn_id, delta))
+        try:
+            async with contextlib.aclosing(s.llm.stream(messages, s.config.max_tokens)) as deltas:  # type: ignore[type-var]
+                async for delta in deltas:
+                    if rec.first_token_ns is None:
+                        rec.first_token_ns = s.clock.now_ns()
+                    rec.answer += delta
+                    self.emit(TextOut(turn.turn_id, delta))
+        except (EngineStepError, LlmEndpointError) as exc:
+            # The answer is lost, the session is not: end the turn so the next one can start.
+            self.errors.add(type(exc).__name__)
+            log.warning("llm failed on turn %d: %s", turn.turn_id, exc)
         rec.llm_done_ns = s.clock.now_ns()
         self.emit(ReplyEnd(turn.turn_id))
 

@@ -210,12 +210,18 @@ class EchoBackend:
         assert cfg is not None
         step = cfg.output_sample_rate * CHUNK_MS // 1000
         n_chunks = max(len(words), -(-out.size // step) if "audio" in cfg.modalities else 0)
-        for i in range(start, n_chunks):
-            if i > 0:
+        try:
+            for i in range(start, n_chunks):
+                if i > 0:
+                    await self._sleep(self.pace * CHUNK_MS / 1000)
+                self._emit_chunk(i, words, out)
+            if n_chunks:  # the last chunk plays out before the answer is done
                 await self._sleep(self.pace * CHUNK_MS / 1000)
-            self._emit_chunk(i, words, out)
-        if n_chunks:  # the last chunk plays out before the answer is done
-            await self._sleep(self.pace * CHUNK_MS / 1000)
+        except Exception as exc:  # a failing answer ends as "failed", never as silence
+            self._count("responses_failed")
+            if self._sink is not None:
+                self._emit(ResponseDone("failed", ref_ns, f"{type(exc).__name__}: {exc}"))
+            return
         self._emit(ResponseDone("completed", ref_ns))
 
     def cancel_response(self, ref_ns: int) -> None:

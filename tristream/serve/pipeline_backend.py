@@ -64,9 +64,10 @@ class _Tap:
 class _TappedChat:
     """A `ChatBackend` proxy that reports each text delta."""
 
-    def __init__(self, inner: Any, on_delta: Any) -> None:
+    def __init__(self, inner: Any, on_delta: Any, on_error: Any = None) -> None:
         self._inner = inner
         self._on_delta = on_delta
+        self._on_error = on_error
         self.name = getattr(inner, "name", "llm")
 
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
@@ -75,6 +76,10 @@ class _TappedChat:
             async for d in gen:
                 self._on_delta(d)
                 yield d
+        except Exception as exc:  # the engine failed: the answer ends as "failed" (an error event)
+            if self._on_error is not None:
+                self._on_error(exc)
+            raise
         finally:
             aclose = getattr(gen, "aclose", None)
             if aclose is not None:
@@ -153,7 +158,7 @@ class PipelineBackend:
         s = _HookedSession(self.models, sink=_Sink(self), clock=self._session_clock, config=scfg)
         s.vad = cast(Any, _Tap(s.vad, self._on_vad))
         s.asr = cast(Any, _Tap(s.asr, self._on_asr))
-        s.llm = cast(Any, _TappedChat(s.llm, self._on_text))
+        s.llm = cast(Any, _TappedChat(s.llm, self._on_text, self._on_llm_error))
         self._session = s
         self._clock = SourceClock("client")
         s.start()
@@ -181,6 +186,12 @@ class PipelineBackend:
                 self._emit(TranscriptDone(tr.text, self._now()))
             else:
                 self._emit(TranscriptDelta(tr.text, self._now()))
+
+    def _on_llm_error(self, exc: Exception) -> None:
+        self._count("llm_failures")
+        if self._active:
+            self._active = False
+            self._emit(ResponseDone("failed", self._now(), f"{type(exc).__name__}: {exc}"))
 
     def _on_text(self, delta: str) -> None:
         if self._active:
@@ -371,4 +382,5 @@ def pipeline_factory(**load_kw: Any) -> BackendFactory:
         return PipelineBackend(models)
 
     factory.collect = STAGE_TOTALS.families  # type: ignore[attr-defined]
+    factory.healthy = lambda: bool(getattr(models.llm, "healthy", True))  # type: ignore[attr-defined]
     return factory

@@ -15,9 +15,11 @@ import base64
 import binascii
 import itertools
 import json
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from tristream.serve.media import MediaError, jpeg_size
 from tristream.serve.settings import DEFAULT_SAMPLE_RATE, SessionSettings, TurnDetection
 
 __all__ = ["DEFAULT_SAMPLE_RATE", "ProtocolError", "SessionSettings", "TurnDetection", "parse_client_event",
@@ -40,6 +42,7 @@ E_SLOW_CLIENT = "slow_client"
 E_SERVER_ERROR = "server_error"
 E_SHUTTING_DOWN = "server_shutting_down"
 
+MAX_TS_US = 1 << 62  # capture timestamps beyond this overflow int64 nanoseconds downstream
 SUPPORTED_SAMPLE_RATES = (8_000, 16_000, 24_000, 48_000)
 VIDEO_FORMATS = ("jpeg", "rgb24", "gray8")
 VIDEO_FRAME_EVENT = "tristream.input_video_frame.append"
@@ -306,14 +309,22 @@ def _parse_item(ev: dict[str, Any], eid: str | None) -> ItemCreate:
     return ItemCreate(eid, _optional(item, "id", str, eid), role, texts, images)
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_client_event(raw: str | bytes) -> ClientEvent:
     """Parse and validate one client message; raises :class:`ProtocolError` on any violation."""
     if isinstance(raw, bytes):
         raise ProtocolError(E_INVALID_EVENT, "binary frames are not part of the protocol; send JSON text frames")
     try:
-        ev = json.loads(raw)
+        ev = json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ProtocolError(E_INVALID_JSON, f"message is not valid JSON: {exc.msg} at char {exc.pos}") from exc
+    except ValueError as exc:  # NaN / Infinity (not JSON), or an integer too long to convert
+        raise ProtocolError(E_INVALID_JSON, f"message is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ProtocolError(E_INVALID_JSON, "message is not valid JSON: nested too deeply") from exc
     if not isinstance(ev, dict):
         raise ProtocolError(E_INVALID_EVENT, "message must be a JSON object with a 'type' field")
     eid = ev.get("event_id") if isinstance(ev.get("event_id"), str) else None
@@ -324,10 +335,15 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
     if etype == "input_audio_buffer.append":
         _no_extra(ev, {"type", "event_id", "audio", "capture_ts_us"}, "", eid)
         pcm = _b64(_require(ev, "audio", str, eid), "audio", eid)
+        if not pcm:
+            raise ProtocolError(E_INVALID_VALUE, "audio is empty; send at least one pcm16 sample", "audio", eid)
         if len(pcm) % 2:
             raise ProtocolError(E_INVALID_VALUE, f"audio has {len(pcm)} bytes; pcm16 needs an even count",
                                 "audio", eid)
-        return AudioAppend(eid, pcm, _optional(ev, "capture_ts_us", int, eid))
+        ats = _optional(ev, "capture_ts_us", int, eid)
+        if ats is not None and not 0 <= ats <= MAX_TS_US:
+            raise ProtocolError(E_INVALID_VALUE, f"capture_ts_us must be in 0..{MAX_TS_US}", "capture_ts_us", eid)
+        return AudioAppend(eid, pcm, ats)
     if etype == "input_audio_buffer.commit":
         _no_extra(ev, {"type", "event_id"}, "", eid)
         return AudioCommit(eid)
@@ -358,8 +374,8 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
             raise ProtocolError(E_INVALID_VALUE, f"format must be one of {VIDEO_FORMATS}", "format", eid)
         data = _b64(_require(ev, "frame", str, eid), "frame", eid)
         ts = _require(ev, "capture_ts_us", int, eid)
-        if ts < 0:
-            raise ProtocolError(E_INVALID_VALUE, "capture_ts_us must be >= 0", "capture_ts_us", eid)
+        if not 0 <= ts <= MAX_TS_US:
+            raise ProtocolError(E_INVALID_VALUE, f"capture_ts_us must be in 0..{MAX_TS_US}", "capture_ts_us", eid)
         w = _optional(ev, "width", int, eid)
         h = _optional(ev, "height", int, eid)
         if fmt != "jpeg":
@@ -370,8 +386,15 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
             if len(data) != need:
                 raise ProtocolError(E_INVALID_VALUE, f"frame has {len(data)} bytes; {fmt} {w}x{h} needs {need}",
                                     "frame", eid)
-        elif data[:2] != b"\xff\xd8":
-            raise ProtocolError(E_INVALID_VALUE, "frame is not a JPEG (missing FFD8 start marker)", "frame", eid)
+        else:
+            try:
+                size = jpeg_size(data)
+            except MediaError as exc:
+                raise ProtocolError(E_INVALID_VALUE, f"frame: {exc}", "frame", eid) from exc
+            jw, jh = size if size is not None else (w, h)
+            if (w is not None and w != jw) or (h is not None and h != jh):
+                raise ProtocolError(E_INVALID_VALUE, f"width/height {w}x{h} do not match the JPEG's {jw}x{jh}",
+                                    "width", eid)
         return VideoFrameAppend(eid, data, fmt, ts, w, h, _optional(ev, "stream_id", str, eid) or "camera")
     raise ProtocolError(E_UNKNOWN_EVENT, f"unknown or unsupported event type '{etype}'", "type", eid)
 
@@ -382,7 +405,13 @@ _counter = itertools.count(1)
 
 
 def new_id(prefix: str) -> str:
-    """Process-unique ids in OpenAI's style (``event_…``, ``item_…``, ``resp_…``)."""
+    """Process-unique ids in OpenAI's style (``event_…``, ``item_…``, ``resp_…``).
+
+    Session ids (``sess_…``) name recordings and metrics series, so they are unguessable
+    (128 random bits) rather than a counter another client could enumerate.
+    """
+    if prefix == "sess":
+        return f"sess_{secrets.token_hex(16)}"
     return f"{prefix}_{next(_counter):08d}"
 
 

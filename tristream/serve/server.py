@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import hmac
 import logging
+import os
 import time
 from collections.abc import Callable
 from http import HTTPStatus
@@ -115,7 +116,9 @@ class RealtimeServer:
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
         if self.record_dir is not None:
-            self.record_dir.mkdir(parents=True, exist_ok=True)
+            # Recordings hold users' voices and images: owner-only directory and files.
+            self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(self.record_dir, 0o700)
         log.info("tristream realtime server on ws://%s:%d/v1/realtime", self.host, self.port)
 
     async def stop(self, grace_s: float | None = None) -> None:
@@ -195,7 +198,7 @@ class RealtimeServer:
         if path == "/healthz":
             return self._respond(conn, 200, "ok\n", "text/plain")
         if path == "/readyz":
-            ready = not self.draining and len(self.conns) < self.limits.max_sessions
+            ready = not self.draining and len(self.conns) < self.limits.max_sessions and self.backend_healthy()
             return self._respond(conn, 200 if ready else 503, "ready\n" if ready else "not ready\n", "text/plain")
         if path in _STATIC:
             name, ctype = _STATIC[path]
@@ -203,6 +206,11 @@ class RealtimeServer:
             if f.is_file():
                 return self._respond(conn, 200, f.read_bytes(), ctype)
         return self._respond(conn, 404, f"no route {path}; the API is at /v1/realtime\n", "text/plain")
+
+    def backend_healthy(self) -> bool:
+        """The backend family's own health (``factory.healthy()``; True when it has none)."""
+        healthy = getattr(self.factory, "healthy", None)
+        return True if healthy is None else bool(healthy())
 
     def _select_subprotocol(self, conn: ServerConnection, subprotocols: Any) -> Any:
         for sp in subprotocols:
@@ -285,7 +293,11 @@ class RealtimeServer:
             await ws.close(1013, "server full or draining; try again later")
             return
         sid = P.new_id("sess")
-        recorder = McapRecorder(self.record_dir / f"{sid}.mcap", sid) if self.record_dir is not None else None
+        recorder = None
+        if self.record_dir is not None:
+            path = self.record_dir / f"{sid}.mcap"
+            os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600))  # owner-only before any byte
+            recorder = McapRecorder(path, sid)
         holder: list[_Conn] = []
         session = RealtimeSession(sid, self.factory(), self._sender(holder), self.clock_ns, self.limits,
                                   self.metrics, tap=recorder.tap if recorder else None,

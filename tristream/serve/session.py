@@ -318,6 +318,11 @@ class RealtimeSession:
             self.metrics.inc("tristream_events_dropped_total", reason="done_without_response")
             return
         self._response = None
+        if ev.status == "failed":  # the engine failed under this answer: say so, the session goes on
+            failure = P.ProtocolError(P.E_SERVER_ERROR, f"the answer failed ({ev.reason or 'engine error'}); "
+                                      "the session goes on: send response.create or speak again")
+            failure.error_type = "server_error"
+            self.send_error(failure)
         text = "".join(resp.text)
         common = {"response_id": resp.id, "item_id": resp.item_id, "output_index": 0, "content_index": 0}
         if "audio" in resp.modalities:
