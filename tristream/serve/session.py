@@ -36,6 +36,7 @@ from tristream.serve.metrics import ServeMetrics
 
 log = logging.getLogger("tristream.serve")
 BACKEND_RATE = 16_000
+MAX_STREAMS = 16  # distinct media streams (audio + camera stream_ids) one session may open
 Tap = Callable[[str, str, int], None]  # direction ("in"/"out"), JSON text, ref_ns
 
 
@@ -108,6 +109,7 @@ class RealtimeSession:
         self.turns: list[TurnTiming] = []
         self.started_ns = clock_ns()
         self.closed = False
+        self._last_ts: dict[str, int] = {}  # newest capture_ts_us per media stream
 
     # ------------------------------------------------------------------ output
     def send(self, event: dict[str, Any]) -> None:
@@ -176,6 +178,17 @@ class RealtimeSession:
             self.send_error(failure)
 
     def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
+        if isinstance(ev, (P.AudioAppend, P.VideoFrameAppend)) and ev.capture_ts_us is not None:
+            stream = "audio" if isinstance(ev, P.AudioAppend) else f"video:{ev.stream_id}"
+            last = self._last_ts.get(stream)
+            if last is not None and ev.capture_ts_us < last:
+                raise P.ProtocolError(P.E_INVALID_VALUE, f"capture_ts_us went backwards on {stream} "
+                                      f"({ev.capture_ts_us} < {last}); media must come in capture order",
+                                      "capture_ts_us", ev.event_id)
+            if stream not in self._last_ts and len(self._last_ts) >= MAX_STREAMS:
+                raise P.ProtocolError(P.E_INVALID_VALUE, f"at most {MAX_STREAMS} media streams per session",
+                                      "stream_id", ev.event_id)
+            self._last_ts[stream] = ev.capture_ts_us
         if isinstance(ev, P.AudioAppend):
             pcm = decode_pcm16(ev.pcm)
             rate = self.settings.input_audio_sample_rate
