@@ -11,6 +11,12 @@ answered within the tier's P99 target; shed turns count as misses) and response 
     .venv/bin/python bench/sched.py                 # simulator → bench/results/sched_sim.json
     .venv/bin/python bench/sched.py --fit           # refit the step-time model → bench/data/sched_steptime_fit.json
     python bench/sched.py --real --sessions 64      # GPU: see tristream/sched/real.py
+    python bench/sched.py --real --device cpu --model tiny-random --sessions 8 --duration 3   # CPU smoke
+
+--real also prints and records a per-step breakdown (`phases`: scheduler, backend, ASR, vision,
+engine host work, decode, prefill, sampling, final sync; host ms and GPU-event ms per phase).
+Where the tree has no .git (the device copy), set TRISTREAM_GIT_COMMIT=<sha> so the results
+header names the commit; a digest of the tristream/ and bench/ sources is recorded either way.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -179,6 +186,24 @@ def simulate_all(args: argparse.Namespace) -> None:
     print(f"wrote {path}")
 
 
+def source_digest() -> str:
+    """sha256 over tristream/**/*.py and bench/*.py (path + content): identifies the code without .git."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in sorted([*ROOT.glob("tristream/**/*.py"), *ROOT.glob("bench/*.py")]):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def print_phases(name: str, ph: dict[str, Any]) -> None:
+    """One line per phase: mean host / GPU ms per step and share of wall time."""
+    print(f"  {name} per-step breakdown (mean host ms | mean GPU-event ms | P99 host ms | share of wall):")
+    for k, v in sorted(ph.items(), key=lambda kv: -kv[1]["share_of_wall"]):
+        print(f"    {k:>8}: {v['host_ms_mean']:8.3f} | {v['gpu_ms_mean']:8.3f} | {v['host_ms_p99']:8.2f} | "
+              f"{100 * v['share_of_wall']:5.1f}%")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--duration", type=float, default=20.0, help="simulated seconds per run")
@@ -206,11 +231,14 @@ def main() -> None:
                          warmup_s=args.warmup, device=args.device, encoders=not args.no_encoders,
                          schedulers=tuple(args.real_schedulers.split(",")))
         res["command"] = "python bench/sched.py " + " ".join(sys.argv[1:])
+        res["source_digest"] = source_digest()
+        res["git_commit_env"] = os.environ.get("TRISTREAM_GIT_COMMIT")
         for name, r in res["runs"].items():
             print(f"{name:>16}: response P50 {r['response_p50_ms']:.1f} ms  P99 {r['response_p99_ms']:.1f} ms  "
                   f"(sim predicted {r['simulator_prediction']['response_p50_ms']:.1f} / "
                   f"{r['simulator_prediction']['response_p99_ms']:.1f})  turns {r['turns_served']}  "
                   f"steps {r['steps']}  step P50 {r['step_ms_p50']:.2f} ms  {r['consistency']}")
+            print_phases(name, r["phases"])
         print("device fit:", json.dumps(_clean({k: v for k, v in res["device_fit"].items()}), indent=1))
         path = write_results("sched_real" if args.device.startswith("cuda") else "sched_real_cpu_smoke", _clean(res))
         if args.device.startswith("cuda"):

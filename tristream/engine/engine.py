@@ -30,6 +30,7 @@ import queue
 import random
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -124,6 +125,9 @@ class LLMEngine:
         self._arrivals = 0
         self._rng = random.Random()
         self._cancel_outputs: list[StepOutput] = []
+        self.timer: Any = None
+        """Optional object with `mark(phase)`: called as 'decode', 'prefill', 'sample' and 'post'
+        start within `step()` (profiling, e.g. `tristream.sched.phases.PhaseTimer`)."""
         eos = set(mcfg.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
@@ -372,16 +376,23 @@ class LLMEngine:
         if not decode and not chunks:
             return outputs
         self.stats.steps += 1
+        tm = self.timer
         sampled_seqs: list[Sequence] = []
         logit_parts: list[torch.Tensor] = []
         if decode:
+            if tm is not None:
+                tm.mark("decode")
             logit_parts.append(self.runner.decode(decode))
             sampled_seqs += decode
         if chunks:
+            if tm is not None:
+                tm.mark("prefill")
             lg = self.runner.prefill(chunks)
             if lg is not None:
                 logit_parts.append(lg)
                 sampled_seqs += [c.seq for c in chunks if c.want_logits]
+        if tm is not None:
+            tm.mark("sample")
         token_list: list[int] = []
         if sampled_seqs:
             logits = logit_parts[0] if len(logit_parts) == 1 else torch.cat(logit_parts)
@@ -389,6 +400,8 @@ class LLMEngine:
                 token_list = logits.argmax(dim=-1).tolist()  # greedy fast path: no parameter tensors
             else:
                 token_list = self._sample(logits, sampled_seqs)
+        if tm is not None:
+            tm.mark("post")
         for s in decode:
             s.num_computed += 1
             self.stats.decode_tokens += 1

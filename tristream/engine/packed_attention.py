@@ -37,6 +37,7 @@ from tristream.engine.rope import apply_rope
 GPU_GROUP_SLACK = 1 << 19  # query-key pairs one group's ~10 launches per layer are worth on a GPU
 CPU_GROUP_SLACK = 1 << 12
 KEY_ALIGN = 16  # padded key length multiple (mask rows stay aligned for the CUDA kernels)
+PART_ALIGN = 16  # int64 elements: each index array of a plan starts 128-byte aligned
 
 
 @dataclasses.dataclass(slots=True)
@@ -124,9 +125,18 @@ class PackedPrefillPlan:
             parts += [q_src, rows, pad_rows, kv.ravel(), lim.ravel()]
             shapes.append((b, lq, lk, len(rows)))
         sizes = [len(p) for p in parts]
-        flat = torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, np.int64))
-        dev_flat = flat.to(device, non_blocking=False)  # the step's one host→device copy of indices
-        views = list(torch.split(dev_flat, sizes))
+        # every part starts on a 128-byte boundary: kernels (Triton specialises on pointer
+        # alignment) see the same alignment every step, so nothing recompiles while serving
+        padded = [-(-n // PART_ALIGN) * PART_ALIGN for n in sizes]
+        flat_np = np.zeros(sum(padded), dtype=np.int64)
+        off = 0
+        offsets = []
+        for p, n in zip(parts, padded, strict=True):
+            flat_np[off:off + len(p)] = p
+            offsets.append(off)
+            off += n
+        dev_flat = torch.from_numpy(flat_np).to(device)  # the step's one host→device copy of indices
+        views = [dev_flat[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
         self.extra = views[:n_extra]
         self.groups: list[PackedGroup] = []
         pos = n_extra

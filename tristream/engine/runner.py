@@ -78,9 +78,28 @@ class ModelRunner:
             self.ops = TritonOps
 
     def capture(self) -> None:
-        """Capture decode graphs now (at start-up, never while serving)."""
+        """Capture decode graphs and warm the prefill kernels now (at start-up, never while serving)."""
         if self.decoder is not None:
             self.decoder.capture()
+        self.warmup_prefill()
+
+    @torch.inference_mode()
+    def warmup_prefill(self) -> None:
+        """Run the packed prefill path over a few shapes so that its Triton kernels compile every
+        specialisation (1 row, multiples of 16, others) at start-up. CUDA only; block 0 is
+        scratch (nothing is cached yet, and a position's K/V is always written before it is read)."""
+        if self.device.type != "cuda" or not self.packed:
+            return
+        from tristream.engine.sequence import Sequence
+
+        for lens in ((1, 1), (2, 3), (16, 1), (17, 5), (32, 16, 2), (1, 2, 3, 4, 5, 6, 7, 8)):
+            chunks = []
+            for n in lens:
+                s = Sequence(keys=[0] * (n + 3))
+                s.block_table = [0] * (-(-(n + 3) // self.block_size))
+                chunks.append(PrefillChunk(s, 3, n, True))
+            self.prefill(chunks)
+        torch.cuda.synchronize(self.device)
 
     def _inputs(self, chunks: list[PrefillChunk]) -> tuple[torch.Tensor, AttnMetadata]:
         model, bs = self.model, self.block_size

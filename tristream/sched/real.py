@@ -1,20 +1,21 @@
 """Drive the real engine with the same scheduler: `RealEngineBackend` and `bench_real`.
 
-Mapping of a plan onto `tristream.engine.LLMEngine` (whose `step()` picks its own batch):
-each session's current turn is one engine context (`add_request(generate=False)` with a
-shared system prefix, so prefix caching serves it); a planned PREFILL / TURN_END chunk is
-appended as that many token ids just before the step; a TURN_END that completes calls
-`start_generation(max_tokens=answer)` so the chunk's logits give the first token in this
-very step; planned DECODEs are the only generating sequences the engine can see. Until the
-engine exposes a plan-driven step, the sequences the plan leaves out are *hidden* from
-`engine.seqs` for the duration of `step()` and put back (their KV blocks stay allocated):
-that is how a step-boundary preemption of a decode is enforced. Planned images run a
-SigLIP-B/16 tower (eager) and planned ASR windows a Whisper-tiny encoder over a 10 s window
-(eager, no decoder tokens), random weights, in the same step, so the measured step time covers
-every modality the simulator models (ASR is under-costed: the streaming runner also decodes).
+Mapping of a plan onto `tristream.engine.LLMEngine`: each session's current turn is one
+engine context (`add_request(generate=False)` with a shared system prefix, so prefix caching
+serves it); a planned PREFILL / TURN_END chunk is appended as that many token ids just before
+the step; a TURN_END that completes calls `start_generation(max_tokens=answer)` so the chunk's
+logits give the first token in this very step. The step runs through the engine's public
+`step(allow=planned sequences, max_batch=planned decodes, max_prefill_tokens=planned tokens)`:
+sequences the plan leaves out keep their KV blocks but do not run, which is how a
+step-boundary preemption of a decode is enforced. Planned ASR units and images run through the
+graphed Whisper / SigLIP runners (`tristream.sched.encoders.EncoderLoad`) in the same step,
+ASR first (its pass ends with the one device→host copy of its tokens), then the frames
+(asynchronous graph replays) while the host prepares the LLM step.
 
 Every step's composition and measured time is kept (`samples`) so the step-time model can
-be refitted to the device (`bench/sched.py --real` writes them to its JSON).
+be refitted to the device, and a per-phase breakdown (`phases`: scheduler, backend, ASR,
+vision, engine host work, decode, prefill, sampling, sync; host and GPU ms, see `phases.py`)
+says where the time goes (`bench/sched.py --real` writes both to its JSON).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 from tristream.sched.backend import StepResult, WallClock
 from tristream.sched.batcher import BatchPlan
+from tristream.sched.phases import PhaseTimer, summarize_phases
 from tristream.sched.types import Kind
 
 
@@ -41,17 +43,19 @@ class RealStats:
     unplanned_tokens: int = 0
     cancelled: int = 0
     samples: list[tuple[int, int, int, int, float]] = field(default_factory=list)
+    phases: list[dict[str, tuple[float, float]]] = field(default_factory=list)
 
 
 class RealEngineBackend:
-    """EngineBackend over an `LLMEngine` (+ optional vision tower and Whisper encoder)."""
+    """EngineBackend over an `LLMEngine` (+ optional graphed vision / ASR load)."""
 
-    def __init__(self, engine: Any, vision: Any | None = None, whisper: Any | None = None,
-                 prefix_tokens: int = 64, seed: int = 0, mel_frames: int = 1000) -> None:
+    def __init__(self, engine: Any, encoders: Any | None = None, prefix_tokens: int = 64, seed: int = 0,
+                 profile: bool = True) -> None:
+        """encoders: an `EncoderLoad` (or None: images and ASR units cost nothing);
+        profile: keep the per-phase breakdown of every step."""
         self.engine = engine
-        self.vision = vision
-        self.whisper = whisper
-        self.mel_frames = mel_frames
+        self.encoders = encoders
+        self.profile = profile
         self.rng = random.Random(seed)
         vocab = int(engine.model.cfg.vocab_size)
         self._lo, self._hi = min(10, vocab - 1), vocab - 1
@@ -60,6 +64,9 @@ class RealEngineBackend:
         """session → engine sequence of its current turn."""
         self.generating: set[int] = set()
         self._to_cancel: list[int] = []
+        self._cuda = engine.model.device.type == "cuda"
+        self.sched_ns = 0
+        """Host time the scheduler spent since the last step (plan + complete); see `time_scheduler`."""
         self.stats = RealStats()
 
     def _tokens(self, n: int) -> list[int]:
@@ -85,9 +92,13 @@ class RealEngineBackend:
 
         eng = self.engine
         t0 = time.perf_counter_ns()
+        tm = PhaseTimer(use_events=self._cuda and self.profile)
+        if self.profile:
+            tm.mark("backend")
         budget = 0
         want_first: dict[int, int] = {}
         decode_seqs: set[int] = set()
+        planned: set[int] = set()
         for e in plan.entries:
             it, sid = e.item, e.item.session_id
             if it.kind in (Kind.PREFILL, Kind.TURN_END):
@@ -101,6 +112,7 @@ class RealEngineBackend:
                 elif e.tokens > 0:
                     eng.append(seq, token_ids=self._tokens(e.tokens))
                 budget += e.tokens
+                planned.add(seq)
                 if it.kind is Kind.TURN_END and e.completes:
                     answer = max(1, int(it.meta.get("answer", 1)))
                     eng.start_generation(seq, SamplingParams(max_tokens=answer, ignore_eos=True))
@@ -108,30 +120,32 @@ class RealEngineBackend:
                     want_first[seq] = it.item_id
             elif it.kind is Kind.DECODE and sid in self.seq_of:
                 decode_seqs.add(self.seq_of[sid])
-        planned = set(want_first) | decode_seqs | {self.seq_of[e.item.session_id] for e in plan.entries
-                                                   if e.item.kind in (Kind.PREFILL, Kind.TURN_END)}
-        keep = set(self._to_cancel) | planned
-        hidden = {k: s for k, s in eng.seqs.items() if k not in keep}
-        for k in hidden:
-            del eng.seqs[k]
-        eng.config.max_batch = max(1, len(decode_seqs))
-        eng.config.max_prefill_tokens = max(1, budget)
-        try:
-            if plan.images and self.vision is not None:
-                p = next(self.vision.parameters())
-                self.vision(torch.randn(plan.images, 3, self.vision.cfg.image_size, self.vision.cfg.image_size,
-                                        device=p.device, dtype=p.dtype))
-            if plan.asr_units and self.whisper is not None:
-                p = next(self.whisper.parameters())
-                self.whisper.encode(torch.randn(plan.asr_units, self.whisper.dims.n_mels, self.mel_frames,
-                                                device=p.device, dtype=p.dtype))
-            outs = eng.step() if (planned or self._to_cancel) else []
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-        finally:
-            eng.seqs.update(hidden)
+        planned |= decode_seqs
+        enc = self.encoders
+        if plan.asr_units and enc is not None:
+            if self.profile:
+                tm.mark("asr")
+            enc.asr_update(plan.asr_units)
+        if plan.images and enc is not None:
+            if self.profile:
+                tm.mark("vision")
+            enc.encode_images(plan.images)
+        outs = []
+        if planned or self._to_cancel:
+            if self.profile:
+                tm.mark("engine")
+                eng.timer = tm
+            try:
+                outs = eng.step(allow=planned, max_batch=max(1, len(decode_seqs)), max_prefill_tokens=max(1, budget))
+            finally:
+                eng.timer = None
+        if self._cuda:
+            if self.profile:
+                tm.mark("sync")
+            torch.cuda.synchronize()
+        if self.profile:
+            tm.mark("backend")
         self._to_cancel = []
-        dur = time.perf_counter_ns() - t0
         finished: set[int] = set()
         by_seq = {s: sid for sid, s in self.seq_of.items()}
         got_first = set()
@@ -152,8 +166,37 @@ class RealEngineBackend:
                     self.generating.discard(owner)
         self.stats.missing_first_token += len(set(want_first) - got_first)
         self.stats.steps += 1
+        t1 = time.perf_counter_ns()
+        dur = t1 - t0
+        if self.profile:
+            tm.close()
+            ph = tm.phases()
+            ph["sched"] = (self.sched_ns / 1e6, float("nan"))
+            self.stats.phases.append(ph)
+        self.sched_ns = 0
         self.stats.samples.append((plan.decode, plan.prefill_tokens, plan.images, plan.asr_units, dur / 1e6))
         return StepResult(duration_ns=max(1, dur), finished_sessions=finished)
+
+
+def time_scheduler(sched: Any, backend: RealEngineBackend) -> None:
+    """Count the scheduler's `plan` and `complete` host time into the backend's next step breakdown."""
+    plan_fn, complete_fn = sched.plan, sched.complete
+
+    def plan(now_ns: int) -> Any:
+        t = time.perf_counter_ns()
+        try:
+            return plan_fn(now_ns)
+        finally:
+            backend.sched_ns += time.perf_counter_ns() - t
+
+    def complete(*args: Any, **kw: Any) -> Any:
+        t = time.perf_counter_ns()
+        try:
+            return complete_fn(*args, **kw)
+        finally:
+            backend.sched_ns += time.perf_counter_ns() - t
+
+    sched.plan, sched.complete = plan, complete
 
 
 def random_llama(name_or_cfg: Any, device: str, dtype: Any) -> Any:
@@ -196,18 +239,13 @@ def build_engine(model: str, device: str, kv_bytes: int) -> Any:
     return eng
 
 
-def build_encoders(device: str) -> tuple[Any, Any]:
-    """SigLIP-B/16 tower and Whisper-tiny with random weights (fp16 on GPU)."""
-    import torch
+def build_encoders(device: str, tiny: bool = False) -> Any:
+    """Graphed SigLIP-B/16 + Whisper-tiny load with random weights (fp16 on GPU), captured."""
+    from tristream.sched.encoders import EncoderLoad
 
-    from tristream.engine.speech.config import preset as whisper_preset
-    from tristream.engine.speech.whisper import Whisper
-    from tristream.engine.vision.vit import VisionTower, VisionTowerConfig
-
-    dt = torch.float16 if device.startswith("cuda") else torch.float32
-    vt = VisionTower(VisionTowerConfig("siglip", 768, 3072, 12, 12, 224, 16)).to(device=device, dtype=dt).eval()
-    wh = Whisper(whisper_preset("tiny")).to(device=device, dtype=dt).eval()
-    return vt, wh
+    enc = EncoderLoad(device, tiny=tiny)
+    enc.capture()
+    return enc
 
 
 def _summary(sched: Any, res: Any, backend: RealEngineBackend, warmup_s: float) -> dict[str, Any]:
@@ -230,6 +268,9 @@ def _summary(sched: Any, res: Any, backend: RealEngineBackend, warmup_s: float) 
         "consistency": {"first_tokens": st.first_tokens, "decode_tokens": st.decode_tokens,
                         "missing_first_token": st.missing_first_token, "unplanned_tokens": st.unplanned_tokens,
                         "cancelled": st.cancelled},
+        "phases": summarize_phases(st.phases, ms),  # one entry per step (profile=True)
+        "prefill_step_phases": summarize_phases([ph for ph, smp in zip(st.phases, st.samples, strict=False) if smp[1]],
+                                                [smp[4] for smp in st.samples if smp[1]]),
         "samples": [list(s) for s in st.samples],
     }
 
@@ -279,23 +320,25 @@ def bench_real(sessions: int = 64, duration_s: float = 20.0, seed: int = 0, mode
     torch.set_grad_enabled(False)
     t0 = time.perf_counter()
     eng = build_engine(model, device, kv_bytes or ((8 << 30) if device.startswith("cuda") else (64 << 20)))
-    vt, wh = build_encoders(device) if encoders else (None, None)
+    enc = build_encoders(device, tiny=model == "tiny-random") if encoders else None
     load_s = time.perf_counter() - t0
     trace = TraceConfig(sessions=sessions, duration_s=duration_s, seed=seed)
     out: dict[str, Any] = {"sessions": sessions, "duration_s": duration_s, "seed": seed,
                            "model": model or "llama-3.2-1b (random weights)", "device": device,
-                           "encoders": "SigLIP-B/16 + Whisper-tiny encoder (random weights)" if encoders else None,
+                           "encoders": ("graphed SigLIP-B/16 (VisionGraphBank) + Whisper-tiny streaming updates "
+                                        "(WhisperRunner: 10 s window, 8 tokens), random weights") if encoders else None,
                            "load_s": load_s, "runs": {}}
-    warm = RealEngineBackend(eng, vt, wh, seed=seed)  # warm-up: kernels, allocator, graphs
+    warm = RealEngineBackend(eng, enc, seed=seed)  # warm-up: kernels, allocator, graphs
     for _ in range(3):
         s = Scheduler(PRESETS["ours"]())
         run(s, warm, WallClock(), generate_trace(TraceConfig(sessions=8, duration_s=1.0, seed=seed + 99)), int(1e9))
     for sid in list(warm.seq_of):
         warm.release(sid)
     for name in schedulers:
-        backend = RealEngineBackend(eng, vt, wh, seed=seed)
+        backend = RealEngineBackend(eng, enc, seed=seed)
         model_est = CalibratedStepTime(StepTimeModel())
         sched = Scheduler(PRESETS[name](), model_est)
+        time_scheduler(sched, backend)
         res = run(sched, backend, WallClock(), generate_trace(trace), int(duration_s * 1e9))
         for sid in list(backend.seq_of):
             backend.release(sid)
