@@ -95,13 +95,41 @@ def group_chunks(q_lens: Seq[int], ctx_lens: Seq[int], slack: int) -> list[list[
     return groups
 
 
+class StagingBuffer:
+    """A reusable pinned int64 host buffer for one asynchronous host→device copy per step.
+
+    `take(n)` waits (only) for the previous copy out of the buffer to finish before handing it
+    out again, so reusing it never races with a copy still queued behind GPU work."""
+
+    def __init__(self, device: torch.device, size: int = 1 << 16) -> None:
+        self.device = device
+        self.buf = torch.zeros(size, dtype=torch.int64, pin_memory=True)
+        self.done: torch.cuda.Event | None = None
+
+    def take(self, n: int) -> torch.Tensor:
+        if self.done is not None:
+            self.done.synchronize()
+        if n > self.buf.shape[0]:
+            self.buf = torch.zeros(max(n, 2 * self.buf.shape[0]), dtype=torch.int64, pin_memory=True)
+        out = self.buf[:n]
+        out.zero_()
+        return out
+
+    def record(self) -> None:
+        """Mark the copy just issued from the buffer."""
+        self.done = torch.cuda.Event()
+        self.done.record()
+
+
 class PackedPrefillPlan:
     """All index tensors of one step's prefill, built on the host and copied to the device once."""
 
     def __init__(self, chunks: list[ChunkLayout], group_size: int, dtype: torch.dtype,
-                 device: torch.device, extra: list[np.ndarray] | None = None, slack: int | None = None) -> None:
+                 device: torch.device, extra: list[np.ndarray] | None = None, slack: int | None = None,
+                 staging: StagingBuffer | None = None) -> None:
         """`extra`: more int64 host arrays (token ids, positions, ...) to ship in the same copy;
-        their device views are in `self.extra` in order."""
+        their device views are in `self.extra` in order. `staging`: a pinned host buffer that
+        makes the copy asynchronous (else a pageable copy, which may wait for the stream)."""
         self.group_size = group_size
         parts: list[np.ndarray] = [np.asarray(a, dtype=np.int64) for a in (extra or [])]
         n_extra = len(parts)
@@ -128,14 +156,17 @@ class PackedPrefillPlan:
         # every part starts on a 128-byte boundary: kernels (Triton specialises on pointer
         # alignment) see the same alignment every step, so nothing recompiles while serving
         padded = [-(-n // PART_ALIGN) * PART_ALIGN for n in sizes]
-        flat_np = np.zeros(sum(padded), dtype=np.int64)
+        host = staging.take(sum(padded)) if staging is not None else torch.zeros(sum(padded), dtype=torch.int64)
+        flat_np = host.numpy()
         off = 0
         offsets = []
         for p, n in zip(parts, padded, strict=True):
             flat_np[off:off + len(p)] = p
             offsets.append(off)
             off += n
-        dev_flat = torch.from_numpy(flat_np).to(device)  # the step's one host→device copy of indices
+        dev_flat = host.to(device, non_blocking=staging is not None)  # the step's one copy of indices
+        if staging is not None:
+            staging.record()
         views = [dev_flat[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
         self.extra = views[:n_extra]
         self.groups: list[PackedGroup] = []

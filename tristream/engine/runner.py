@@ -16,7 +16,7 @@ from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, c
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
-from tristream.engine.packed_attention import ChunkLayout, PackedAttention, PackedPrefillPlan
+from tristream.engine.packed_attention import ChunkLayout, PackedAttention, PackedPrefillPlan, StagingBuffer
 from tristream.engine.sequence import Sequence
 
 
@@ -61,6 +61,7 @@ class ModelRunner:
         CUDA; the per-sequence reference path elsewhere)."""
         self.model = model
         self.packed = self.model.device.type == "cuda" if packed_prefill is None else packed_prefill
+        self.staging = StagingBuffer(model.device) if self.packed and model.device.type == "cuda" else None
         self.cache = cache
         self.device = model.device
         self.block_size = cache.block_size
@@ -187,7 +188,8 @@ class ModelRunner:
                 rows.append(q - 1)
         host = [np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots),
                 np.asarray(rows, dtype=np.int64)]
-        plan = PackedPrefillPlan(layouts, cfg.num_heads // cfg.num_kv_heads, model.dtype, self.device, host)
+        plan = PackedPrefillPlan(layouts, cfg.num_heads // cfg.num_kv_heads, model.dtype, self.device, host,
+                                 staging=self.staging)
         d_ids, d_pos, d_slots, d_rows = plan.extra
         h = model.embed(d_ids)
         for row, emb in splices:
