@@ -216,6 +216,7 @@ def main() -> None:
         cap: dict[str, Any] = {}
         for nrep in args.replicas:
             url = deploy(http_port, nrep, args.backend, backend_kw, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
+            asyncio.run(load(url, 4, 3.0, 0.1))  # warm the fresh replicas (first calls, imports); discarded
             rows = []
             for n in args.sessions:
                 row = asyncio.run(load(url, n, args.duration, args.think))
