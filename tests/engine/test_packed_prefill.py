@@ -96,3 +96,29 @@ def test_grouping_covers_every_chunk_once_with_bounded_padding(shape: list[tuple
         assert work(grp) <= sum(work([i]) for i in grp) + slack * (len(grp) - 1)
     if slack == 0:  # no slack: only chunks of one shape share a group
         assert all(len({q_lens[i] for i in grp}) == 1 for grp in groups)
+
+
+def test_packed_attention_accepts_a_permuted_sdpa_output(model: LlamaModel, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA SDPA kernels may return [B, H, L, D] stored as [B, L, H, D]: the result must not change."""
+    import tristream.engine.packed_attention as pa
+
+    g = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(3, 300, (n,), generator=g).tolist() for n in (9, 4, 21)]
+    runs = []
+    for permuted in (False, True):
+        if permuted:
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+
+            def strided(*a, _sdpa=sdpa, **kw):  # type: ignore[no-untyped-def]
+                o = _sdpa(*a, **kw)
+                return o.transpose(1, 2).contiguous().transpose(1, 2)
+
+            monkeypatch.setattr(pa.F, "scaled_dot_product_attention", strided)
+        eng = _engine(model, True)
+        ss = _seqs(eng, prompts)
+        for s in ss:
+            eng.runner.prefill([PrefillChunk(s, 0, 2, False)])
+        lg = eng.runner.prefill([PrefillChunk(s, 2, len(s.keys) - 2, True) for s in ss])
+        assert lg is not None
+        runs.append(lg)
+    assert torch.equal(runs[0], runs[1])

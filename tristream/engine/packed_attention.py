@@ -230,6 +230,7 @@ class PackedAttention:
             kp = kc.index_select(0, g.kv_src).view(b, lk, nkv, hd).transpose(1, 2).to(q.dtype)
             vp = vc.index_select(0, g.kv_src).view(b, lk, nkv, hd).transpose(1, 2).to(q.dtype)
             o = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=g.mask, scale=self.scale)
-            o = o.view(b, nkv, grp, lq, hd).permute(0, 3, 1, 2, 4).reshape(b * lq, cfg.q_size)
+            # the CUDA kernels may return o with a permuted layout: reshape, never view
+            o = o.reshape(b, nkv, grp, lq, hd).permute(0, 3, 1, 2, 4).reshape(b * lq, cfg.q_size)
             out.index_copy_(0, g.rows, o.index_select(0, g.pad_rows))
         return out
