@@ -55,3 +55,32 @@ def test_scheduler_drives_the_real_engine(name: str) -> None:
     assert st.unplanned_tokens == 0
     assert st.decode_tokens == planned_decodes
     assert len(st.samples) == res.steps and all(s[4] > 0 for s in st.samples)
+
+
+def test_real_backend_uses_the_public_step_and_records_a_phase_breakdown() -> None:
+    """Graphed-runner encoder load (eager on CPU), the engine's public step API, per-phase timing."""
+    from tristream.sched.encoders import EncoderLoad
+    from tristream.sched.real import time_scheduler
+
+    torch.set_grad_enabled(False)
+    eng = LLMEngine(random_llama(TINY, "cpu", torch.float32), None,
+                    EngineConfig(block_size=16, num_blocks=2048, use_graphs=False))
+    cfg_before = (eng.config.max_batch, eng.config.max_prefill_tokens)
+    enc = EncoderLoad("cpu", asr_window_s=1.0, asr_tokens=2, tiny=True)
+    backend = RealEngineBackend(eng, enc, prefix_tokens=16, seed=2)
+    sched = Scheduler(PRESETS["ours"](shape=WorkShape(vision_tokens_per_frame=8)))
+    time_scheduler(sched, backend)
+    trace = TraceConfig(sessions=3, duration_s=3.0, seed=5, answer_tokens=(3, 6), lifetime_s=(1.5, 3.0),
+                        gap_s=(0.3, 1.0), speak_s=(0.3, 1.0))
+    res = run(sched, backend, VirtualClock(), generate_trace(trace), int(3e9))
+    st = backend.stats
+    assert (eng.config.max_batch, eng.config.max_prefill_tokens) == cfg_before  # no reaching into the engine
+    assert st.first_tokens >= 1 and st.missing_first_token == 0 and st.unplanned_tokens == 0
+    assert enc.images == sum(s[2] for s in st.samples) and enc.images > 0
+    assert enc.asr_passes >= sum(1 for s in st.samples if s[3]) > 0
+    assert len(st.phases) == len(st.samples) == res.steps
+    seen = set().union(*(ph.keys() for ph in st.phases))
+    assert {"backend", "asr", "vision", "engine", "prefill", "sample", "sched"} <= seen
+    for ph, smp in zip(st.phases, st.samples, strict=True):  # the phases tile the step's wall time
+        covered = sum(h for name, (h, _g) in ph.items() if name != "sched")
+        assert covered <= smp[4] * 1.05 + 0.5 and covered >= smp[4] * 0.8 - 0.5

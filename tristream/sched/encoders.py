@@ -43,12 +43,12 @@ class EncoderLoad:
         self.pixels = torch.randn(IMAGE_BUCKETS[-1], 3, side, side, device=device, dtype=dt)
         self.vision = VisionGraphBank(lambda px: self.tower(px).features, (3, side, side),
                                       buckets=IMAGE_BUCKETS, device=device, dtype=dt)
-        dims: WhisperDims = whisper_preset("tiny")
+        dims: WhisperDims = WhisperDims(64, 1, 1, 2, 128) if tiny else whisper_preset("tiny")
         self.whisper = Whisper(dims).to(device=device, dtype=dt).eval()
         self.asr = WhisperRunner(self.whisper, WhisperTokens.for_vocab(dims.vocab_size), batch_buckets=ASR_BUCKETS,
                                  audio_buckets_s=(asr_window_s,), max_new_tokens=asr_tokens, chunk=asr_tokens,
                                  early_stop=False)
-        n = int(asr_window_s * 16000)
+        n = int(asr_window_s * 16000)  # the store holds one window per stream
         self.store = AudioStore(ASR_BUCKETS[-1], n, device)
         rng = np.random.default_rng(0)
         self.slots = [self.store.acquire() for _ in range(ASR_BUCKETS[-1])]

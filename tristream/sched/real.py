@@ -136,7 +136,9 @@ class RealEngineBackend:
                 tm.mark("engine")
                 eng.timer = tm
             try:
-                outs = eng.step(allow=planned, max_batch=max(1, len(decode_seqs)), max_prefill_tokens=max(1, budget))
+                # a turn end with one pending token runs as a decode row: leave room for it
+                outs = eng.step(allow=planned, max_batch=max(1, len(decode_seqs | set(want_first))),
+                                max_prefill_tokens=max(1, budget))
             finally:
                 eng.timer = None
         if self._cuda:
