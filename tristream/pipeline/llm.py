@@ -53,7 +53,8 @@ class EngineChatBackend:
         self.errors = 0
         self.last_error = ""
         self.healthy = True
-        """False from a failed step until the next good step (or until the engine is idle)."""
+        """False from a failed step until the next good step (an idle engine is probed with
+        one-token requests, backing off to 1 s, so readiness comes back without traffic)."""
         self.recoveries_s: list[float] = []
         """Seconds from each failed step to the engine's recovery (readiness back)."""
         self._failed_at: float | None = None
@@ -87,9 +88,16 @@ class EngineChatBackend:
             self.engine.step()
 
     def _loop(self) -> None:
+        probe_wait = 0.05
         while True:
-            self._wake.wait()
+            self._wake.wait(None if self._failed_at is None else probe_wait)
             self._wake.clear()
+            if self._failed_at is not None and not self.engine.has_work():
+                # Unhealthy and idle: a one-token probe tells when the engine works again.
+                self._probe()
+                probe_wait = min(1.0, 2 * probe_wait)
+            else:
+                probe_wait = 0.05
             backoff = 0.0
             while self.engine.has_work():
                 try:
@@ -103,7 +111,15 @@ class EngineChatBackend:
                 self._recovered()
                 for o in outs:
                     self._deliver(o.seq_id, o.text, o.finished)
-            self._recovered()
+
+    def _probe(self) -> None:
+        from tristream.engine.sequence import SamplingParams
+
+        try:
+            self.engine.add_request(chat=[{"role": "user", "content": "ping"}], params=SamplingParams(max_tokens=1))
+        except Exception as exc:  # cannot even queue: stay unhealthy, try again later
+            self.errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"
 
     def _on_step_error(self, exc: Exception) -> None:
         """Fail every request in flight with `EngineStepError` and cancel its sequence."""
