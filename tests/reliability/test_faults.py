@@ -15,8 +15,6 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
-
 from tests.reliability.faults import FaultyEngine
 from tests.reliability.live import connect_auth, until
 from tests.serve.helpers import TOKEN, run, url
@@ -56,21 +54,6 @@ def _get(port: int, path: str) -> int:
             return int(r.status)
     except urllib.error.HTTPError as e:
         return int(e.code)
-
-
-@pytest.fixture(scope="module")
-def pipeline_models() -> object:
-    pytest.importorskip("faster_whisper")
-    pytest.importorskip("piper")
-    from tristream.pipeline.models import SharedModels
-    from tristream.stages.asr_whisper import WhisperASR
-    from tristream.stages.tts import PiperTTS
-    from tristream.stages.vad import SileroVAD
-    from tristream.stages.vision_cpu import SceneDescriber
-
-    eng = FaultyEngine(tokens_per_answer=3)
-    return SharedModels(SileroVAD(threads=1), WhisperASR(threads=1), PiperTTS(deterministic=True),
-                        SceneDescriber(threads=1), EngineChatBackend(eng)), eng
 
 
 def test_pipeline_engine_fault_errors_sessions_readiness_and_recovery(pipeline_models: object) -> None:

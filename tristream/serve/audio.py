@@ -36,7 +36,11 @@ def resample_int16(pcm: np.ndarray, src_rate: int, dst_rate: int) -> np.ndarray:
         return np.asarray(pcm, dtype=np.int16)
     x = pcm.astype(np.float32)
     if dst_rate < src_rate:
-        x = np.convolve(x, _lowpass_kernel(0.5 * dst_rate / src_rate * 0.9), mode="same")
+        k = _lowpass_kernel(0.5 * dst_rate / src_rate * 0.9)
+        # "full" then centre: equals mode="same" for long chunks and keeps the length for
+        # chunks shorter than the kernel (mode="same" would return the kernel's length).
+        off = (k.size - 1) // 2
+        x = np.convolve(x, k, mode="full")[off:off + pcm.size]
     n_out = int(round(pcm.size * dst_rate / src_rate))
     t = np.arange(n_out, dtype=np.float64) * (src_rate / dst_rate)
     y = np.interp(t, np.arange(pcm.size, dtype=np.float64), x)

@@ -40,6 +40,7 @@ from tristream.serve.backend import (
     TranscriptDone,
     VideoFrame,
 )
+from tristream.serve.media import MediaError
 
 _text_turn_ids = itertools.count(1_000_000)
 
@@ -225,7 +226,7 @@ class PipelineBackend:
             bgr = cv2.imdecode(np.frombuffer(frame.data, np.uint8), cv2.IMREAD_COLOR)
             if bgr is None:
                 self._count("frames_dropped_undecodable")
-                return
+                raise MediaError(f"the JPEG frame ({len(frame.data)} bytes) is corrupt; frame dropped")
             img = np.ascontiguousarray(bgr[:, :, ::-1])
         elif frame.format == "rgb24":
             img = np.frombuffer(frame.data, np.uint8).reshape(frame.height or 0, frame.width or 0, 3)

@@ -32,6 +32,7 @@ from tristream.serve.backend import (
     VideoFrame,
 )
 from tristream.serve.limits import ServerLimits, TokenBucket
+from tristream.serve.media import MediaError
 from tristream.serve.metrics import ServeMetrics
 
 log = logging.getLogger("tristream.serve")
@@ -169,6 +170,9 @@ class RealtimeSession:
             if err.code != P.E_RATE_LIMITED:
                 self.metrics.inc("tristream_messages_dropped_total", reason=err.code)
             self.send_error(err)
+        except MediaError as exc:  # the backend's decoder refused the media: the client's fault, coded
+            self.metrics.inc("tristream_messages_dropped_total", reason="undecodable_media")
+            self.send_error(P.ProtocolError(P.E_INVALID_VALUE, f"media could not be decoded: {exc}", "frame"))
         except Exception as exc:  # a backend failing on one input must not end the session
             log.exception("session %s: backend failed on a client message", self.id)
             self.metrics.inc("tristream_messages_dropped_total", reason="backend_error")
