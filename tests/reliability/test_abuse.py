@@ -1,0 +1,65 @@
+"""Issue 9 item 7 (fast form): oversized messages, compression bombs, many idle connections, slow readers.
+
+(10,000 idle connections and the other sessions' P99 next to a slow reader are in
+`bench/reliability.py`; here a few hundred connections and correctness.)
+"""
+
+from __future__ import annotations
+
+from tests.reliability.abuse import compressed_frame, idle_connections, oversize, slow_reader
+from tests.reliability.live import text_turn
+from tests.serve.helpers import TOKEN, run, running_server, url
+from tristream.serve.limits import ServerLimits
+
+LIMIT = 1 << 20
+
+
+def test_oversized_frame_closed_1009_fast_without_buffering_it() -> None:
+    async def go() -> None:
+        async with running_server(limits=ServerLimits(hard_message_bytes=LIMIT)) as srv:
+            r = await oversize(url(srv), TOKEN, announce=64 * LIMIT, stream_bytes=8 * LIMIT)
+            assert r["close_code"] == 1009
+            assert r["seconds_to_close"] < 1.0
+            assert r["rss_growth_mb"] * (1 << 20) < 2 * LIMIT
+            r2 = await oversize(url(srv), TOKEN, announce=LIMIT + 1, stream_bytes=LIMIT + 1)
+            assert r2["close_code"] == 1009
+    run(go())
+
+
+def test_compression_is_never_negotiated_and_compressed_frames_are_refused() -> None:
+    async def go() -> None:
+        async with running_server() as srv:
+            r = await compressed_frame(url(srv), TOKEN)
+            assert r["extension_negotiated"] is None
+            assert r["close_code"] == 1002  # protocol error: RSV1 without an extension
+            assert r["seconds_to_close"] < 1.0
+    run(go())
+
+
+def test_idle_connections_limit_enforced_with_a_clear_refusal() -> None:
+    async def go() -> None:
+        async with running_server(limits=ServerLimits(max_sessions=300)) as srv:
+            r = await idle_connections(srv, url(srv), TOKEN, n=300, extra=20)
+            assert r["refused"] == 20 and r["extra_statuses"] == [503]
+            assert r["rss_kb_per_connection_both_ends"] < 200  # a generous bound; the bench reports the figure
+    run(go(), timeout=60)
+
+
+def test_slow_reader_cannot_grow_server_buffers_and_others_are_served() -> None:
+    lim = ServerLimits(max_outbox_events=512, write_buffer_bytes=64 * 1024, send_timeout_s=1.0,
+                       max_messages_per_s=1e4, burst_messages=1e4, max_bytes_per_s=1e9, burst_bytes=1e9)
+
+    async def go() -> None:
+        async with running_server(limits=lim) as srv:
+            from tests.reliability.live import connect_auth
+
+            good = await connect_auth(url(srv), TOKEN)
+            ref = await text_turn(good, "hello there")
+            r = await slow_reader(srv, url(srv), TOKEN)
+            assert r["closed_as_slow"]
+            assert r["outbox_events"] <= lim.max_outbox_events
+            # websockets' write limit is a high-water mark: one message may overshoot it
+            assert r["write_buffer_bytes"] <= lim.write_buffer_bytes + 512 * 1024
+            assert await text_turn(good, "hello there") == ref
+            await good.close()
+    run(go(), timeout=60)
