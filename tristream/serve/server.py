@@ -25,6 +25,7 @@ import hmac
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
@@ -97,7 +98,7 @@ class RealtimeServer:
         self.conns: dict[str, _Conn] = {}
         self.draining = False
         self._server: Server | None = None
-        self.turns: list[TurnTiming] = []
+        self.turns: deque[TurnTiming] = deque(maxlen=4096)  # the latest turns; bounded (a long-running server)
         self._bg: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------ lifecycle
