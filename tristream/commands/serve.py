@@ -25,6 +25,13 @@ def register(app: typer.Typer) -> None:
         max_messages_per_s: float = typer.Option(200.0, help="Per-session message rate."),
         pace: float = typer.Option(1.0, help="Echo backend: answer audio pace (1 = real time, 0 = instant)."),
         otlp_endpoint: str = typer.Option(None, help="Export turn spans over OTLP/HTTP (needs opentelemetry-sdk)."),
+        ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve: engine replicas, sessions pinned "
+                                 "to the replica that holds their state (see docs/scale.md)."),
+        replicas: int = typer.Option(2, help="--ray: initial replicas."),
+        min_replicas: int = typer.Option(None, help="--ray: autoscaling lower bound (default: --replicas)."),
+        max_replicas: int = typer.Option(None, help="--ray: autoscaling upper bound (default: --replicas)."),
+        replica_gpus: float = typer.Option(None, help="--ray: GPUs per replica (default 1 where CUDA exists, else 0)."),
+        ray_address: str = typer.Option(None, help="--ray: join this Ray cluster instead of starting a local one."),
     ) -> None:
         """Serve the Realtime API on ws://HOST:PORT/v1/realtime and the browser page on http://HOST:PORT/."""
         import asyncio
@@ -38,6 +45,10 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         tokens = list(token or []) or ([os.environ["TRISTREAM_TOKEN"]] if os.environ.get("TRISTREAM_TOKEN") else [])
+        if ray:
+            _serve_ray(host, port, tokens, no_auth, backend, max_sessions, replicas, min_replicas, max_replicas,
+                       replica_gpus, ray_address, record)
+            return
         limits = ServerLimits(max_sessions=max_sessions, max_session_s=max_session_s,
                               max_message_bytes=max_message_bytes, max_messages_per_s=max_messages_per_s,
                               burst_messages=2 * max_messages_per_s)
@@ -58,3 +69,41 @@ def register(app: typer.Typer) -> None:
             await server.stop()
 
         asyncio.run(main())
+
+
+def _serve_ray(host: str, port: int, tokens: list[str], no_auth: bool, backend: str, max_sessions: int,
+               replicas: int, min_replicas: int | None, max_replicas: int | None, replica_gpus: float | None,
+               ray_address: str | None, record: Path | None) -> None:
+    """`tristream serve --ray`: the same protocol through the Ray Serve app of `tristream.scale`."""
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        typer.echo("error: --ray needs Ray Serve: pip install 'tristream[scale]'", err=True)
+        raise typer.Exit(2)
+    if record is not None:
+        typer.echo("error: --record is not supported with --ray yet (record on a single server)", err=True)
+        raise typer.Exit(2)
+    if not tokens and not no_auth:
+        typer.echo("error: auth is required but no token was given: pass --token (or TRISTREAM_TOKEN), "
+                   "or --no-auth for a trusted local demo", err=True)
+        raise typer.Exit(2)
+    if replica_gpus is None:
+        import torch
+
+        replica_gpus = 1.0 if torch.cuda.is_available() else 0.0
+    from tristream.scale.app import config_from_args, run_ray_server
+
+    lo = replicas if min_replicas is None else min_replicas
+    hi = max(replicas, lo) if max_replicas is None else max_replicas
+    cfg = config_from_args({"backend": backend, "replicas": replicas, "min_replicas": lo, "max_replicas": hi,
+                            "replica_gpus": replica_gpus, "token": ",".join(tokens), "no_auth": str(no_auth),
+                            "max_sessions": max_sessions, "target_p99_ms": 50})
+    typer.echo(f"ws://{host}:{port}/v1/realtime via Ray Serve, {replicas} replica(s) "
+               f"({replica_gpus:g} GPU each); Ctrl-C stops")
+    import signal
+
+    def _stop(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # run_ray_server shuts Serve down on it
+
+    signal.signal(signal.SIGTERM, _stop)
+    run_ray_server(cfg, host=host, port=port, address=ray_address)
