@@ -53,7 +53,10 @@ def via_ray(ray_apps: RayApps, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
         import asyncio
 
         app = await asyncio.get_running_loop().run_in_executor(
-            None, lambda: ray_apps.get(limits=limits, max_sessions_total=limits.max_sessions))
+            # Paced echo: through the proxy a second message can arrive after an instant (pace 0)
+            # answer has already finished, which made the out-of-order check racy.
+            None, lambda: ray_apps.get(limits=limits, max_sessions_total=limits.max_sessions,
+                                       backend_kw={"pace": 0.5}))
         view = RayServerView(app)
         base = MergedMetrics(app)
         before: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
