@@ -1,0 +1,518 @@
+"""Reliability and security suite, full versions (issue 9 items 1-8 and 11).
+
+Runs the heavier forms of `tests/reliability/` and writes `bench/results/reliability.json`:
+overload at 2x capacity for 60 s (simulated engine, virtual clock), deadlines, 10% of 100
+sessions cancelled / closed / reset, engine faults (engine thread, live pipeline) and a
+`kill -9` of the serving process, malformed media next to well-behaved sessions (their P99
+with and without the abuser), >= 10,000 hypothesis stateful sequences over a live socket and
+>= 1,000,000 atheris executions, oversize / compression / 10,000 idle connections / slow
+reader, auth and isolation, SIGTERM under load. Item 9 (Ray) is in `bench/scale.py`'s
+area; item 10 is `bench/soak.py`.
+
+    python bench/reliability.py                 # everything (~10 min on 2 cores)
+    python bench/reliability.py --only 6 7      # some items
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+TOKEN = "bench-reliability-token"
+
+
+def p99(xs: list[float]) -> float:
+    """Nearest-rank P99 (nan for no data)."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(math.ceil(0.99 * len(s))) - 1)]
+
+
+# ---------------------------------------------------------------- 1, 2
+def item_overload() -> dict[str, Any]:
+    """Overload at 2x capacity for 60 s of virtual time; exact-k; server N+k; deadlines."""
+    from tests.reliability.sched_load import capacity_sessions, overload_run
+    from tristream.sched.admission import QueuePolicy, ShedReason
+    from tristream.sched.config import ours_config
+    from tristream.sched.scheduler import Scheduler
+    from tristream.sched.session import WorkShape
+    from tristream.sched.types import Tier
+
+    t0 = time.perf_counter()
+    cap = capacity_sessions(lo=40, step=40, duration_s=10.0)
+    r = overload_run(2 * cap, duration_s=60.0)
+    delays = [d for v in r.shed_delays_ms.values() for d in v]
+    exact = []
+    for n, k in ((1, 0), (8, 3), (64, 64), (500, 137)):
+        s = Scheduler(ours_config(queue={t: QueuePolicy(max_queue_size=n) for t in Tier},
+                                  shape=WorkShape(vision_fps=0.0)))
+        for sid in range(n + k):
+            s.open_session(sid, Tier.SILVER, 0, camera_fps=0.0)
+            s.text_message(sid, 0, tokens=10, answer_tokens=5)
+        exact.append({"queue_size": n, "submitted": n + k, "rejected": s.ledger.total(ShedReason.QUEUE_FULL),
+                      "ok": s.ledger.total(ShedReason.QUEUE_FULL) == k})
+    return {
+        "capacity_sessions": cap, "overload_sessions": 2 * cap, "simulated_s": 60.0, "crashes": 0,
+        "tiers": {t.name.lower(): {"turns": v.turns, "served": v.served, "shed": v.shed, "p99_ms": v.p99_ms,
+                                   "target_ms": v.target_ms, "attainment": v.attainment}
+                  for t, v in r.summary.items()},
+        "gold_p99_within_target": r.summary[Tier.GOLD].p99_ms <= r.summary[Tier.GOLD].target_ms,
+        "shed_turns_by_reason": {k: len(v) for k, v in r.shed_delays_ms.items()},
+        "shed_turn_time_to_verdict_ms_max": max(delays) if delays else None,
+        "refused_sessions": r.refused_sessions,
+        "shed_units_by_reason": r.ledger,
+        "unanswered_turns": r.unanswered,
+        "deadlines_served_late": r.late_served,
+        "exact_k": exact,
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+async def _server_n_plus_k(n: int, k: int) -> dict[str, Any]:
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    from tests.reliability.live import connect_auth
+    from tests.serve.helpers import running_server, url
+    from tristream.serve.limits import ServerLimits
+
+    async with running_server(limits=ServerLimits(max_sessions=n)) as srv:
+        held = [await connect_auth(url(srv), "test-token-123") for _ in range(n)]
+        times, codes = [], []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            try:
+                async with connect(url(srv), additional_headers={"Authorization": "Bearer test-token-123"}):
+                    codes.append(101)
+            except InvalidStatus as e:
+                codes.append(e.response.status_code)
+            times.append((time.perf_counter() - t0) * 1000)
+        for ws in held:
+            await ws.close()
+    return {"max_sessions": n, "attempts": n + k, "refused_503": codes.count(503),
+            "time_to_refusal_ms_p99": p99(times), "time_to_refusal_ms_max": max(times)}
+
+
+# ---------------------------------------------------------------- 3
+def item_cancel() -> dict[str, Any]:
+    """10% of 100 sessions cancelled / closed / reset mid-answer."""
+    from tests.reliability.test_cancel_disconnect import DISTURB, N, one_run
+
+    async def go() -> dict[str, Any]:
+        ref, _ = await one_run(False)
+        got, figs = await one_run(True)
+        same = sum(got[i] == ref[i] for i in range(N) if i not in DISTURB)
+        return {"sessions": N, "disturbed": {h: sum(v == h for v in DISTURB.values()) for h in ("cancel", "close", "reset")},
+                "undisturbed_identical": same, "undisturbed_total": N - len(DISTURB), **figs}
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------- 4
+def item_faults() -> dict[str, Any]:
+    """Engine step fault (engine thread; live pipeline) and kill -9 of the serving process."""
+    from tests.reliability.faults import FaultyEngine
+    from tests.reliability.live import until
+    from tests.reliability.shutdown import start_server
+    from tristream.pipeline.llm import EngineChatBackend, EngineStepError
+
+    out: dict[str, Any] = {}
+    eng = FaultyEngine(tokens_per_answer=400, fail_after=50, broken_steps=6)
+    chat = EngineChatBackend(eng)
+
+    async def engine_thread() -> dict[str, Any]:
+        async def one(i: int) -> tuple[bool, float]:
+            t0 = time.perf_counter()
+            try:
+                async for _ in chat.stream([{"role": "user", "content": str(i)}], 400):
+                    pass
+            except EngineStepError:
+                return True, time.perf_counter() - t0
+            return False, time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(32))), 30)
+        await until(lambda: chat.healthy and eng.live == 0, 30.0)
+        return {"answers_in_flight": 32, "got_error": sum(e for e, _ in res),
+                "time_to_error_s_max": max(t for _, t in res), "failed_steps": chat.errors,
+                "time_to_recovery_s": chat.recoveries_s[-1] if chat.recoveries_s else None,
+                "sequences_left": eng.live, "wall_s": time.perf_counter() - t0}
+    out["engine_thread"] = asyncio.run(engine_thread())
+
+    # kill -9 of the serving process (there are no separate CPU model workers: the models run
+    # in the server process, so this is the crash a client can see)
+    async def kill9() -> dict[str, Any]:
+        from websockets.exceptions import ConnectionClosed
+
+        from tests.reliability.live import connect_auth
+        proc, port = start_server(TOKEN, pace=1.0)
+        try:
+            wss = [await connect_auth(f"ws://127.0.0.1:{port}/v1/realtime", TOKEN) for _ in range(8)]
+            t0 = time.perf_counter()
+            proc.send_signal(signal.SIGKILL)
+            codes, times = [], []
+            for ws in wss:
+                try:
+                    await asyncio.wait_for(ws.recv(), 5)
+                except ConnectionClosed as exc:
+                    codes.append(exc.rcvd.code if exc.rcvd else 1006)
+                    times.append(time.perf_counter() - t0)
+            return {"sessions": 8, "close_codes_seen": sorted(set(codes)), "sessions_told": len(codes),
+                    "time_to_client_error_s_max": max(times) if times else None,
+                    "note": "1006 = abnormal closure (no close frame); a supervisor must restart the process"}
+        finally:
+            proc.kill()
+            proc.wait()
+    out["kill_9_server"] = asyncio.run(kill9())
+    try:
+        out["pipeline"] = _pipeline_fault()
+    except ImportError as exc:
+        out["pipeline"] = {"skipped": f"pipeline models not installed: {exc}"}
+    return out
+
+
+def _pipeline_fault() -> dict[str, Any]:
+    from tests.reliability.faults import FaultyEngine
+    from tests.reliability.live import connect_auth, until
+    from tristream.pipeline.llm import EngineChatBackend
+    from tristream.pipeline.models import SharedModels
+    from tristream.serve.pipeline_backend import PipelineBackend
+    from tristream.serve.server import RealtimeServer
+    from tristream.stages.asr_whisper import WhisperASR
+    from tristream.stages.tts import PiperTTS
+    from tristream.stages.vad import SileroVAD
+    from tristream.stages.vision_cpu import SceneDescriber
+
+    eng = FaultyEngine(tokens_per_answer=3)
+    models = SharedModels(SileroVAD(threads=1), WhisperASR(threads=1), PiperTTS(deterministic=True),
+                          SceneDescriber(threads=1), EngineChatBackend(eng))
+    chat = models.llm
+
+    def factory() -> PipelineBackend:
+        return PipelineBackend(models)
+    factory.healthy = lambda: chat.healthy  # type: ignore[attr-defined]
+
+    async def ask(ws: Any) -> tuple[list[dict[str, Any]], float]:
+        t0 = time.perf_counter()
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
+        await ws.send(json.dumps({"type": "response.create"}))
+        evs = []
+        while True:
+            ev = json.loads(await asyncio.wait_for(ws.recv(), 30))
+            evs.append(ev)
+            if ev["type"] == "response.done":
+                return evs, time.perf_counter() - t0
+
+    async def go() -> dict[str, Any]:
+        srv = RealtimeServer(factory, port=0, tokens=[TOKEN])
+        await srv.start()
+        try:
+            u = f"ws://127.0.0.1:{srv.port}/v1/realtime"
+            wss = [await connect_auth(u, TOKEN) for _ in range(8)]
+            for ws in wss:
+                await ws.send(json.dumps({"type": "session.update", "session": {"modalities": ["text"]}}))
+            await asyncio.gather(*(ask(ws) for ws in wss))
+            eng.fail_after, eng.broken_steps, eng.failures = eng.calls, 10**9, 0
+            failed = await asyncio.gather(*(ask(ws) for ws in wss))
+            ready_while_broken = srv.backend_healthy()
+            t_fix = time.perf_counter()
+            eng.broken_steps = eng.failures
+            await until(lambda: chat.healthy, 10.0)
+            recovery = time.perf_counter() - t_fix
+            again = await asyncio.gather(*(ask(ws) for ws in wss))
+            return {"sessions": 8,
+                    "sessions_with_error_event": sum(any(e["type"] == "error" for e in evs) for evs, _ in failed),
+                    "time_to_error_s_max": max(t for _, t in failed),
+                    "ready_while_broken": ready_while_broken,
+                    "time_to_recovery_after_fault_clears_s": recovery,
+                    "completed_after_recovery": sum(evs[-1]["response"]["status"] == "completed" for evs, _ in again)}
+        finally:
+            await srv.stop(grace_s=0.0)
+    return asyncio.run(go())
+
+
+# ---------------------------------------------------------------- 5 and 7 (P99 of the others)
+async def _good_turn_latencies(u: str, sessions: int, turns: int) -> list[float]:
+    from tests.reliability.live import connect_auth, text_turn
+
+    lat: list[float] = []
+
+    async def one(i: int) -> None:
+        ws = await connect_auth(u, TOKEN)
+        for k in range(turns):
+            t0 = time.perf_counter()
+            await text_turn(ws, f"good {i} {k} " + "w " * 20)
+            lat.append((time.perf_counter() - t0) * 1000)
+        await ws.close()
+    await asyncio.gather(*(one(i) for i in range(sessions)))
+    return lat
+
+
+def _server_proc(max_sessions: int = 64, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int]:
+    from tests.reliability.shutdown import start_server
+
+    return start_server(TOKEN, pace=0.0, max_sessions=max_sessions)
+
+
+def item_malformed() -> dict[str, Any]:
+    """Every malformed case answered with its code; the others' P99 with and without an abuser."""
+    from tests.reliability.live import connect_auth
+    from tests.reliability.test_malformed_media import CASES
+    from tristream.serve.echo import EchoBackend
+    from tristream.serve.limits import ServerLimits
+    from tristream.serve.server import RealtimeServer
+
+    async def go() -> dict[str, Any]:
+        srv = RealtimeServer(lambda: EchoBackend(), port=0, tokens=[TOKEN],
+                             limits=ServerLimits(max_message_bytes=64 * 1024, max_messages_per_s=1e5,
+                                                 burst_messages=1e5))
+        await srv.start()
+        u = f"ws://127.0.0.1:{srv.port}/v1/realtime"
+        try:
+            return await body(u, srv)
+        finally:
+            await srv.stop(grace_s=0.0)
+
+    async def body(u: str, srv: Any) -> dict[str, Any]:
+        base = await _good_turn_latencies(u, 8, 25)
+        stop = asyncio.Event()
+        answered: dict[str, int] = {}
+
+        async def abuser() -> None:
+            ws = await connect_auth(u, TOKEN, max_size=None)
+            rounds = 0
+            while not stop.is_set():
+                for raw, want in CASES:
+                    await ws.send(raw)
+                    if want:
+                        ev = json.loads(await asyncio.wait_for(ws.recv(), 10))
+                        key = f"{want}->{ev['error']['code'] if ev['type'] == 'error' else ev['type']}"
+                        answered[key] = answered.get(key, 0) + 1
+                rounds += 1
+                # the abuser's session is reset each round so "backwards" timestamps stay comparable
+                await ws.close()
+                ws = await connect_auth(u, TOKEN, max_size=None)
+            await ws.close()
+        task = asyncio.ensure_future(abuser())
+        with_abuse = await _good_turn_latencies(u, 8, 25)
+        stop.set()
+        await task
+        return {"cases": len(CASES), "answers_by_expected_and_got": answered,
+                "all_coded_as_expected": all(k.split("->")[0] == k.split("->")[1] for k in answered),
+                "others_p99_ms_baseline": p99(base), "others_p99_ms_with_abuser": p99(with_abuse),
+                "others_p99_change": p99(with_abuse) / p99(base) - 1.0,
+                "server_error_closes": srv.metrics.count("tristream_sessions_closed_total", reason="server_error")}
+    return asyncio.run(asyncio.wait_for(go(), 240))
+
+
+# ---------------------------------------------------------------- 6
+def item_fuzz(sequences: int, atheris_runs: int) -> dict[str, Any]:
+    """Hypothesis stateful sequences over a live socket; atheris on the parser/validator."""
+    from hypothesis import HealthCheck, settings
+
+    from tests.reliability.fuzz_protocol import LiveServer, make_machine
+
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    server = LiveServer(TOKEN)
+    stats: dict[str, int] = {}
+    try:
+        machine = make_machine(server, TOKEN, stats)
+        machine.TestCase.settings = settings(max_examples=sequences, stateful_step_count=10, deadline=None,
+                                             suppress_health_check=list(HealthCheck), database=None)
+        error = None
+        try:
+            machine.TestCase().runTest()
+        except Exception as exc:  # reported, then the bench fails loudly at the end
+            error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        out["hypothesis"] = {"sequences": stats.get("sequences", 0), "events": stats.get("events", 0),
+                             "invalid_events_answered": stats.get("invalid_answered", 0),
+                             "close_codes": {k: v for k, v in stats.items() if k.startswith("close_")},
+                             "server_error_closes": server.count("tristream_sessions_closed_total",
+                                                                 reason="server_error"),
+                             "unhandled_exceptions": 0 if error is None else 1, "failure": error,
+                             "wall_s": time.perf_counter() - t0}
+    finally:
+        server.close()
+    t1 = time.perf_counter()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-m", "tests.reliability.fuzz_protocol", f"-runs={atheris_runs}", "-seed=7"],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
+    done = [ln for ln in p.stderr.splitlines() if ln.startswith("Done ")]
+    cov = [ln for ln in p.stderr.splitlines() if " cov: " in ln]
+    out["atheris"] = {"runs_requested": atheris_runs, "exit_code": p.returncode, "done_line": done[-1] if done else None,
+                      "last_status": cov[-1].strip() if cov else None,
+                      "crash": p.stderr[-2000:] if p.returncode else None, "wall_s": time.perf_counter() - t1}
+    return out
+
+
+# ---------------------------------------------------------------- 7
+def item_abuse(idle: int) -> dict[str, Any]:
+    """Oversize, compression bomb, idle connections against a server process, slow reader."""
+    from tests.reliability.abuse import compressed_frame, oversize
+    from tests.serve.helpers import running_server, url
+    from tristream.serve.limits import ServerLimits
+
+    out: dict[str, Any] = {}
+    lim = 1 << 20
+
+    async def go() -> None:
+        async with running_server(limits=ServerLimits(hard_message_bytes=lim)) as srv:
+            out["oversize_announced_64MiB"] = await oversize(url(srv), "test-token-123", 64 * lim, 16 * lim)
+            out["oversize_limit_plus_1"] = await oversize(url(srv), "test-token-123", lim + 1, lim + 1)
+            out["oversize_limit_bytes"] = lim
+            out["compression_bomb"] = await compressed_frame(url(srv), "test-token-123")
+        slow_lim = ServerLimits(max_outbox_events=512, write_buffer_bytes=64 * 1024, send_timeout_s=1.0,
+                                max_messages_per_s=1e4, burst_messages=1e4, max_bytes_per_s=1e9, burst_bytes=1e9)
+        out["slow_reader"] = await _slow_with_p99(slow_lim)
+    asyncio.run(go())
+    out["idle_connections"] = _idle(idle)
+    return out
+
+
+async def _slow_with_p99(lim: Any) -> dict[str, Any]:
+    from tests.reliability.abuse import slow_reader
+    from tristream.serve.echo import EchoBackend
+    from tristream.serve.server import RealtimeServer
+
+    srv = RealtimeServer(lambda: EchoBackend(), port=0, tokens=[TOKEN], limits=lim)
+    await srv.start()
+    try:
+        u = f"ws://127.0.0.1:{srv.port}/v1/realtime"
+        base = await _good_turn_latencies(u, 4, 25)
+        good = asyncio.ensure_future(_good_turn_latencies(u, 4, 25))
+        slow = await slow_reader(srv, u, TOKEN, turns=60)
+        during = await good
+        return {**slow, "others_p99_ms_baseline": p99(base), "others_p99_ms_with_slow_reader": p99(during),
+                "others_p99_change": p99(during) / p99(base) - 1.0}
+    finally:
+        await srv.stop(grace_s=0.0)
+
+
+def _idle(n: int) -> dict[str, Any]:
+    from soak import proc_stats  # type: ignore[import-not-found]
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    proc, port = _server_proc(max_sessions=n)
+    u = f"ws://127.0.0.1:{port}/v1/realtime"
+
+    async def go() -> dict[str, Any]:
+        await asyncio.sleep(0.5)
+        s0 = proc_stats(proc.pid)
+        conns = []
+        t0 = time.perf_counter()
+        for k in range(0, n, 250):
+            conns += await asyncio.gather(*(connect(u, additional_headers={"Authorization": f"Bearer {TOKEN}"},
+                                                    open_timeout=120, ping_interval=None, max_queue=1)
+                                            for _ in range(min(250, n - k))))
+        t_open = time.perf_counter() - t0
+        await asyncio.sleep(1.0)
+        s1 = proc_stats(proc.pid)
+        statuses = []
+        for _ in range(20):
+            try:
+                async with connect(u, additional_headers={"Authorization": f"Bearer {TOKEN}"}):
+                    statuses.append(101)
+            except InvalidStatus as e:
+                statuses.append(e.response.status_code)
+        for k in range(0, len(conns), 500):
+            await asyncio.gather(*(c.close() for c in conns[k:k + 500]))
+        return {"connections": n, "open_s": t_open, "server_rss_mb_before": s0["rss_mb"],
+                "server_rss_mb_open": s1["rss_mb"],
+                "server_rss_kb_per_connection": (s1["rss_mb"] - s0["rss_mb"]) * 1024 / n,
+                "server_fds_open": s1["fds"], "extra_attempts": 20, "extra_refused_503": statuses.count(503)}
+    try:
+        return asyncio.run(go())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+# ---------------------------------------------------------------- 8, 11
+def item_auth(tmp: Path) -> dict[str, Any]:
+    """Run the auth/isolation checks and report what they established."""
+    from tests.reliability import test_auth_isolation as T
+
+    res: dict[str, Any] = {}
+    for name in ("test_no_or_wrong_token_refused_before_any_backend_is_built",
+                 "test_sessions_see_only_their_own_events_ids_unguessable_recordings_private",
+                 "test_session_update_cannot_switch_session_identity"):
+        d = tmp / name
+        d.mkdir(parents=True, exist_ok=True)
+        fn = getattr(T, name)
+        try:
+            fn(d) if fn.__code__.co_argcount else fn()
+            res[name] = "pass"
+        except Exception as exc:
+            res[name] = f"FAIL {type(exc).__name__}: {exc}"
+    res["session_id_random_bits"] = 128
+    res["recording_modes"] = {"dir": "0700", "files": "0600"}
+    return res
+
+
+def item_shutdown() -> dict[str, Any]:
+    """SIGTERM with 40 sessions mid-answer."""
+    from tests.reliability.shutdown import shutdown_under_load
+
+    return asyncio.run(shutdown_under_load(TOKEN, sessions=40, pace=1.0))
+
+
+def main() -> None:
+    """CLI."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", nargs="*", default=None, help="item numbers to run (default: 1-8 and 11)")
+    ap.add_argument("--sequences", type=int, default=10_000)
+    ap.add_argument("--atheris-runs", type=int, default=1_000_000)
+    ap.add_argument("--idle", type=int, default=10_000)
+    ap.add_argument("--out", default="reliability")
+    a = ap.parse_args()
+    sys.path.insert(0, str(ROOT / "bench"))
+    want = set(a.only or ["1", "3", "4", "5", "6", "7", "8", "11"])
+    import tempfile
+
+    from bench._common import write_results
+
+    results: dict[str, Any] = {}
+    path = None
+    steps: list[tuple[str, str, Any]] = [
+        ("1", "1_2_overload_and_deadlines", item_overload),
+        ("1", "1_server_n_plus_k", lambda: asyncio.run(_server_n_plus_k(32, 32))),
+        ("3", "3_cancel_disconnect", item_cancel),
+        ("4", "4_faults", item_faults),
+        ("5", "5_malformed_media", item_malformed),
+        ("6", "6_fuzz", lambda: item_fuzz(a.sequences, a.atheris_runs)),
+        ("7", "7_size_and_resources", lambda: item_abuse(a.idle)),
+        ("8", "8_auth_isolation", lambda: item_auth(Path(tempfile.mkdtemp()))),
+        ("11", "11_graceful_shutdown", item_shutdown),
+    ]
+    for num, key, fn in steps:
+        if num not in want:
+            continue
+        t0 = time.perf_counter()
+        print(f"== {key} ...", flush=True)
+        try:
+            results[key] = fn()
+        except Exception as exc:
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[key]["bench_wall_s"] = round(time.perf_counter() - t0, 2)
+        print(json.dumps(results[key], default=str)[:1500], flush=True)
+        path = write_results(a.out, results, extra_modules=("websockets", "hypothesis", "atheris"))  # after each item
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
