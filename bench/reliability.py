@@ -377,7 +377,8 @@ def item_abuse(idle: int) -> dict[str, Any]:
             out["compression_bomb"] = await compressed_frame(url(srv), "test-token-123")
         slow_lim = ServerLimits(max_outbox_events=512, write_buffer_bytes=64 * 1024, send_timeout_s=1.0,
                                 max_messages_per_s=1e4, burst_messages=1e4, max_bytes_per_s=1e9, burst_bytes=1e9)
-        out["slow_reader"] = await _slow_with_p99(slow_lim)
+        if os.environ.get("RELIABILITY_SLOW_READER", "1") == "1":
+            out["slow_reader"] = await asyncio.wait_for(_slow_with_p99(slow_lim), 120)
     asyncio.run(go())
     out["idle_connections"] = _idle(idle)
     return out
@@ -439,7 +440,11 @@ def _idle(n: int) -> dict[str, Any]:
         return asyncio.run(go())
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 # ---------------------------------------------------------------- 8, 11
