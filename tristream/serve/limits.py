@@ -26,7 +26,7 @@ class ServerLimits:
     max_outbox_events: int = 2048             # unsent server events before a client counts as slow
     send_timeout_s: float = 10.0              # one blocked send longer than this = slow client
     write_buffer_bytes: int = 1 << 20         # user-space send buffer per connection before sends block
-    shutdown_grace_s: float = 10.0
+    shutdown_grace_s: float = 30.0
 
 
 class TokenBucket:
