@@ -82,7 +82,32 @@ class _Queues:
         return out
 
 
-class IntervalJoin:
+class _RightStreamJoin:
+    """Shared driving of the two-sided joins: right items (frames) queue in `q`; subclasses emit."""
+
+    right: str
+    q: _Queues
+
+    def push(self, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
+        """Add a right item (frame); returns windows completed so far."""
+        self.q.push(self.right, ref_ns, item, now_ns)
+        return self._emit()
+
+    def poll(self, now_ns: int) -> list[AlignedWindow]:
+        """Advance processing time (idleness) without new data."""
+        self.q.now = max(self.q.now, now_ns)
+        return self._emit()
+
+    def flush(self) -> list[AlignedWindow]:
+        """End of input: complete every pending left item."""
+        self.q.flushed = True
+        return self._emit()
+
+    def _emit(self) -> list[AlignedWindow]:
+        raise NotImplementedError
+
+
+class IntervalJoin(_RightStreamJoin):
     """Join each segment of `left` (e.g. a VAD speech segment) with the `right` items overlapping it.
 
     Push segments with `push_segment(start, end, item, now)` (usually when the segment ends, so
@@ -114,21 +139,6 @@ class IntervalJoin:
         self.q.now = max(self.q.now, now_ns)
         return self._emit()
 
-    def push(self, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
-        """Add a right item (frame); returns windows completed so far."""
-        self.q.push(self.right, ref_ns, item, now_ns)
-        return self._emit()
-
-    def poll(self, now_ns: int) -> list[AlignedWindow]:
-        """Advance processing time (idleness) without new data."""
-        self.q.now = max(self.q.now, now_ns)
-        return self._emit()
-
-    def flush(self) -> list[AlignedWindow]:
-        """End of input: complete every pending segment."""
-        self.q.flushed = True
-        return self._emit()
-
     def _emit(self) -> list[AlignedWindow]:
         h = self.q.horizon()
         out: list[AlignedWindow] = []
@@ -155,7 +165,7 @@ class IntervalJoin:
         return out
 
 
-class AsOfJoin:
+class AsOfJoin(_RightStreamJoin):
     """For each `left` event at t, the latest `right` item at or before t (within `tolerance_ns`).
 
     A left event completes once the right watermark passes t (no earlier frame can still come);
@@ -183,21 +193,6 @@ class AsOfJoin:
             self.counts.add("late:query")
         bisect.insort(self._left, (ref_ns, item), key=lambda x: x[0])
         self.q.now = max(self.q.now, now_ns)
-        return self._emit()
-
-    def push(self, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
-        """Add a right item (frame)."""
-        self.q.push(self.right, ref_ns, item, now_ns)
-        return self._emit()
-
-    def poll(self, now_ns: int) -> list[AlignedWindow]:
-        """Advance processing time (idleness) without new data."""
-        self.q.now = max(self.q.now, now_ns)
-        return self._emit()
-
-    def flush(self) -> list[AlignedWindow]:
-        """End of input: answer every pending query."""
-        self.q.flushed = True
         return self._emit()
 
     def _emit(self) -> list[AlignedWindow]:
