@@ -16,13 +16,13 @@ from dataclasses import dataclass, field
 from tristream.sched.admission import ShedReason
 from tristream.sched.backend import VirtualClock
 from tristream.sched.config import ours_config
-from tristream.sched.driver import apply_event
+from tristream.sched.driver import run
 from tristream.sched.metrics import TierSummary, summarize
 from tristream.sched.scheduler import Scheduler
 from tristream.sched.session import WorkShape
 from tristream.sched.sim import SimulatedEngine
 from tristream.sched.steptime import StepTimeModel
-from tristream.sched.trace import EventKind, TraceConfig, generate_trace
+from tristream.sched.trace import TraceConfig, generate_trace
 from tristream.sched.types import MS, Kind, Tier
 
 HEAVY = WorkShape(asr_interval_ms=40.0, vision_fps=8.0, vision_tokens_per_frame=32)
@@ -76,10 +76,8 @@ def overload_run(sessions: int, duration_s: float, seed: int = 3) -> OverloadRes
     trace = TraceConfig(sessions=sessions, duration_s=duration_s, seed=seed)
     events = generate_trace(trace)
     until = int(duration_s * 1e9)
-    refused: set[int] = set()
     delays: dict[str, list[float]] = {r.value: [] for r in (ShedReason.QUEUE_FULL, ShedReason.TIMEOUT)}
     seen = 0
-    i, n, steps = 0, len(events), 0
 
     def verdicts(now: int) -> None:
         nonlocal seen
@@ -92,29 +90,8 @@ def overload_run(sessions: int, duration_s: float, seed: int = 3) -> OverloadRes
             delays.setdefault(rec.shed.value, []).append(max(0, now - due) / MS)
         seen = len(sched.turns)
 
-    while True:
-        now = clock.now_ns()
-        if now >= until:
-            break
-        while i < n and events[i].t_ns <= now:
-            ev = events[i]
-            if ev.kind is EventKind.CLOSE:
-                engine.release(ev.session_id)
-            apply_event(sched, ev, refused)
-            i += 1
-        verdicts(now)
-        plan = sched.plan(now)
-        verdicts(now)
-        if plan.empty:
-            nxt = min(events[i].t_ns if i < n else math.inf, sched.next_timer_ns() or math.inf, until)
-            clock.advance_to(int(max(nxt, now + 1)))
-            continue
-        res = engine.execute(plan, now)
-        clock.advance_to(now + res.duration_ns)
-        sched.complete(plan, res, clock.now_ns())
-        verdicts(clock.now_ns())
-        steps += 1
-    out = OverloadResult(sessions, duration_s, summarize(sched.turns, since_ns=WARMUP_NS), delays, steps=steps)
+    res = run(sched, engine, clock, events, until, on_step=verdicts)
+    out = OverloadResult(sessions, duration_s, summarize(sched.turns, since_ns=WARMUP_NS), delays, steps=res.steps)
     for rec in sched.turns:
         timeout = cfg.queue[rec.tier].timeouts_ms.get(Kind.TURN_END)
         if math.isfinite(rec.latency_ms):
@@ -124,5 +101,5 @@ def overload_run(sessions: int, duration_s: float, seed: int = 3) -> OverloadRes
         elif rec.shed is None:
             out.unanswered += 1
     out.ledger = sched.ledger.to_dict()
-    out.refused_sessions = len(refused)
+    out.refused_sessions = res.refused_sessions
     return out

@@ -8,6 +8,7 @@ applied at step boundaries (the engine is never interrupted mid-step).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from tristream.sched.backend import Clock, EngineBackend
@@ -51,8 +52,13 @@ def apply_event(sched: Scheduler, ev: TraceEvent, refused: set[int]) -> None:
 
 
 def run(sched: Scheduler, backend: EngineBackend, clock: Clock, events: list[TraceEvent],
-        until_ns: int, keep_plan_sizes: bool = False) -> RunResult:
-    """Drive `sched` over `events` until `until_ns` on `clock`."""
+        until_ns: int, keep_plan_sizes: bool = False,
+        on_step: Callable[[int], None] | None = None) -> RunResult:
+    """Drive `sched` over `events` until `until_ns` on `clock`.
+
+    `on_step(now_ns)`, when given, is called after each plan and after each completed step
+    (e.g. to watch shed verdicts as they happen).
+    """
     refused: set[int] = set()
     i, n, steps, busy = 0, len(events), 0, 0
     sizes: list[int] = []
@@ -67,6 +73,8 @@ def run(sched: Scheduler, backend: EngineBackend, clock: Clock, events: list[Tra
             apply_event(sched, ev, refused)
             i += 1
         plan = sched.plan(now)
+        if on_step is not None:
+            on_step(now)
         if plan.empty:
             nxt = min(events[i].t_ns if i < n else math.inf, sched.next_timer_ns() or math.inf, until_ns)
             clock.advance_to(int(max(nxt, now + 1)))
@@ -74,6 +82,8 @@ def run(sched: Scheduler, backend: EngineBackend, clock: Clock, events: list[Tra
         res = backend.execute(plan, now)
         clock.advance_to(now + res.duration_ns)
         sched.complete(plan, res, clock.now_ns())
+        if on_step is not None:
+            on_step(clock.now_ns())
         steps += 1
         busy += res.duration_ns
         if keep_plan_sizes:
