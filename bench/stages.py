@@ -28,17 +28,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import write_results  # noqa: E402
 from tristream.stages.asr import transcribe_offline  # noqa: E402
+from tristream.stages.synth import SENTENCES as SYNTH_SENTENCES  # noqa: E402
 from tristream.stages.synth import make_track  # noqa: E402
 from tristream.stages.tts import EspeakTTS, PiperTTS, espeak_available  # noqa: E402
 from tristream.stages.vad import SileroVAD  # noqa: E402
 
 SENTENCES = (
-    "The quick brown fox jumps over the lazy dog.",
-    "Please turn on the kitchen lights before dinner.",
-    "What is the weather going to be like tomorrow morning?",
-    "My favourite colour is green and I like to read books.",
-    "Call my sister and tell her I will be late.",
-    "There are seven apples and three oranges on the table.",
+    *SYNTH_SENTENCES,
     "Can you remind me to buy milk on the way home?",
     "The meeting has been moved to Thursday afternoon.",
     "I would like a cup of coffee with a little sugar.",
