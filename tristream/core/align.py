@@ -82,16 +82,10 @@ class _Queues:
         return out
 
 
-class _RightStreamJoin:
-    """Shared driving of the two-sided joins: right items (frames) queue in `q`; subclasses emit."""
+class _QueuedJoin:
+    """Shared driving of the joins over `_Queues`: idleness polls and end of input; subclasses emit."""
 
-    right: str
     q: _Queues
-
-    def push(self, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
-        """Add a right item (frame); returns windows completed so far."""
-        self.q.push(self.right, ref_ns, item, now_ns)
-        return self._emit()
 
     def poll(self, now_ns: int) -> list[AlignedWindow]:
         """Advance processing time (idleness) without new data."""
@@ -99,12 +93,23 @@ class _RightStreamJoin:
         return self._emit()
 
     def flush(self) -> list[AlignedWindow]:
-        """End of input: complete every pending left item."""
+        """End of input: emit every pending window."""
         self.q.flushed = True
         return self._emit()
 
     def _emit(self) -> list[AlignedWindow]:
         raise NotImplementedError
+
+
+class _RightStreamJoin(_QueuedJoin):
+    """A two-sided join whose right items (frames) queue in `q`."""
+
+    right: str
+
+    def push(self, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
+        """Add a right item (frame); returns windows completed so far."""
+        self.q.push(self.right, ref_ns, item, now_ns)
+        return self._emit()
 
 
 class IntervalJoin(_RightStreamJoin):

@@ -19,11 +19,11 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
-from tristream.core.align import AlignedWindow, _Queues
+from tristream.core.align import AlignedWindow, _QueuedJoin, _Queues
 from tristream.core.watermark import POS_INF
 
 
-class ApproximateTimeSync:
+class ApproximateTimeSync(_QueuedJoin):
     """Emit approximately synchronised sets (one message per stream) as they become final."""
 
     def __init__(
@@ -51,16 +51,6 @@ class ApproximateTimeSync:
             self.q.t[stream].pop(0)
             self.q.v[stream].pop(0)
             self.counts.add(f"overflow:{stream}")
-        return self._emit()
-
-    def poll(self, now_ns: int) -> list[AlignedWindow]:
-        """Advance processing time (idleness) without new data."""
-        self.q.now = max(self.q.now, now_ns)
-        return self._emit()
-
-    def flush(self) -> list[AlignedWindow]:
-        """End of every stream: emit every remaining set."""
-        self.q.flushed = True
         return self._emit()
 
     def pending(self) -> dict[str, int]:
