@@ -76,6 +76,7 @@ def child(port: int, max_sessions: int, leak_kb: int, sample_s: float) -> None:
             await asyncio.sleep(sample_s)
             st = proc_stats(os.getpid())
             st.update(t_s=time.monotonic() - t0, tasks=float(len(asyncio.all_tasks())),
+                      load1=os.getloadavg()[0],
                       sessions=float(len(srv.conns)),
                       sessions_total=srv.metrics.count("tristream_sessions_total"))
             print(json.dumps(st), flush=True)
@@ -148,16 +149,21 @@ def soak(minutes: float, load: int, max_sessions: int, leak_kb: int, sample_s: f
     assert proc.stdout is not None
     port = json.loads(proc.stdout.readline())["port"]
     samples: list[dict[str, float]] = []
+    lat: list[tuple[float, float]] = []
+    errors: dict[str, int] = {}
 
     def reader() -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             samples.append(json.loads(line))
+            if len(samples) % 60 == 0:  # progress on stderr, one line every ~5 min at 5 s sampling
+                s = samples[-1]
+                print(f"[soak] t={s['t_s']:.0f}s rss={s['rss_mb']:.1f}MB fds={s['fds']:.0f} "
+                      f"sessions_total={s['sessions_total']:.0f} load1={s.get('load1', 0):.2f} "
+                      f"turns={len(lat)} errors={errors}", file=sys.stderr, flush=True)
 
     th = threading.Thread(target=reader, daemon=True)
     th.start()
-    lat: list[tuple[float, float]] = []
-    errors: dict[str, int] = {}
     t0 = time.monotonic()
     stop_at = t0 + minutes * 60
 
@@ -176,6 +182,8 @@ def soak(minutes: float, load: int, max_sessions: int, leak_kb: int, sample_s: f
                            "leak_kb_per_session": leak_kb, "server_exit_code": rc,
                            "sessions_total": samples[-1]["sessions_total"] if samples else 0,
                            "turns_answered": len(lat), "client_errors": errors}
+    loads = [s["load1"] for s in samples if "load1" in s]
+    res["load1_min_mean_max"] = ([min(loads), sum(loads) / len(loads), max(loads)] if loads else None)
     res["rss_mb_first"] = samples[0]["rss_mb"] if samples else None
     res["rss_mb_last"] = samples[-1]["rss_mb"] if samples else None
     res["rss_slope_second_half_mb_per_h"] = slope_per_h([s["t_s"] for s in second], [s["rss_mb"] for s in second])
