@@ -96,3 +96,56 @@ def test_rope_store_and_norms_match_torch() -> None:
     assert _rel(res, x + r) < 1e-7 and _rel(y, torch_rms(x + r, w, 1e-5)) < 1e-6
     gu = torch.randn(3, 2 * 70, generator=g).to(dev)
     assert _rel(silu_mul(gu), torch.nn.functional.silu(gu[:, :70]) * gu[:, 70:]) < 1e-6
+
+
+@pytest.mark.parametrize("heads", [(9, 3, 64), (8, 2, 64), (14, 2, 64), (4, 4, 32), (32, 8, 128)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_attention_matches_reference(heads: tuple[int, int, int], dtype: torch.dtype) -> None:
+    """Varlen causal prefill over a paged cache: chunks with and without a cached prefix,
+    single-token chunks, chunks longer than one tile, block tables in shuffled order."""
+    _skip_without_triton()
+    if dtype == torch.bfloat16 and not torch.cuda.is_available():
+        pytest.skip("the Triton interpreter mishandles bf16")
+    from tristream.engine.kernels.prefill_attention import block_m, paged_prefill_attention
+
+    dev = _device()
+    nh, nkv, hd = heads
+    page, nblocks = 16, 96
+    g = torch.Generator().manual_seed(nh * hd)
+    kc = torch.randn(nblocks * page, nkv, hd, generator=g).to(dev, dtype)
+    vc = torch.randn(nblocks * page, nkv, hd, generator=g).to(dev, dtype)
+    chunks = [(5, 40), (1, 1), (70, 300), (3, 3), (33, 33), (1, 129)]  # (q_len, ctx_len)
+    perm = torch.randperm(nblocks, generator=g).tolist()
+    total = sum(q for q, _ in chunks)
+    q = torch.randn(total, nh, hd, generator=g).to(dev, dtype)
+    bm = block_m(nh // nkv)
+    tile_chunk, tile_m0, q_start, q_len, ctx_len, bt_off, flat = [], [], [], [], [], [], []
+    ref = torch.empty(total, nh, hd)
+    used = start = 0
+    for i, (ql, ctx) in enumerate(chunks):
+        nb = -(-ctx // page)
+        bt = perm[used:used + nb]
+        used += nb
+        bt_off.append(len(flat))
+        flat += bt
+        for m0 in range(0, ql, bm):
+            tile_chunk.append(i)
+            tile_m0.append(m0)
+        q_start.append(start)
+        q_len.append(ql)
+        ctx_len.append(ctx)
+        slots = torch.tensor([bt[p // page] * page + p % page for p in range(ctx)], device=dev)
+        k = kc[slots].float().cpu().repeat_interleave(nh // nkv, 1)
+        v = vc[slots].float().cpu().repeat_interleave(nh // nkv, 1)
+        s = torch.einsum("qhd,khd->hqk", q[start:start + ql].float().cpu(), k) * hd ** -0.5
+        allowed = torch.arange(ctx)[None, :] <= torch.arange(ctx - ql, ctx)[:, None]
+        s = s.masked_fill(~allowed, float("-inf"))
+        ref[start:start + ql] = torch.einsum("hqk,khd->qhd", s.softmax(-1), v)
+        start += ql
+
+    def t(x: list[int]) -> torch.Tensor:
+        return torch.tensor(x, dtype=torch.int64, device=dev)
+
+    out = paged_prefill_attention(q, kc, vc, t(tile_chunk), t(tile_m0), t(q_start), t(q_len), t(ctx_len),
+                                  t(bt_off), t(flat), page, hd ** -0.5)
+    assert _rel(out.cpu(), ref) < (1e-4 if dtype == torch.float32 else 2e-2)

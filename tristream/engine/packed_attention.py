@@ -152,22 +152,7 @@ class PackedPrefillPlan:
                 lim[k] = c.ctx_len - c.q_len + np.minimum(i, c.q_len - 1)
             parts += [q_src, rows, pad_rows, kv.ravel(), lim.ravel()]
             shapes.append((b, lq, lk, len(rows)))
-        sizes = [len(p) for p in parts]
-        # every part starts on a 128-byte boundary: kernels (Triton specialises on pointer
-        # alignment) see the same alignment every step, so nothing recompiles while serving
-        padded = [-(-n // PART_ALIGN) * PART_ALIGN for n in sizes]
-        host = staging.take(sum(padded)) if staging is not None else torch.zeros(sum(padded), dtype=torch.int64)
-        flat_np = host.numpy()
-        off = 0
-        offsets = []
-        for p, n in zip(parts, padded, strict=True):
-            flat_np[off:off + len(p)] = p
-            offsets.append(off)
-            off += n
-        dev_flat = host.to(device, non_blocking=staging is not None)  # the step's one copy of indices
-        if staging is not None:
-            staging.record()
-        views = [dev_flat[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+        views = ship(parts, device, staging)
         self.extra = views[:n_extra]
         self.groups: list[PackedGroup] = []
         pos = n_extra
@@ -180,11 +165,61 @@ class PackedPrefillPlan:
             self.groups.append(PackedGroup(b, lq, lk, d_q_src, d_rows, d_pad_rows, d_kv_src, mask))
 
 
+def ship(parts: list[np.ndarray], device: torch.device, staging: StagingBuffer | None) -> list[torch.Tensor]:
+    """int64 host arrays → device views, in ONE host→device copy; each part starts 128-byte
+    aligned, so kernels (Triton specialises on pointer alignment) see the same alignment every
+    step and nothing recompiles while serving."""
+    sizes = [len(p) for p in parts]
+    padded = [-(-n // PART_ALIGN) * PART_ALIGN for n in sizes]
+    total = max(PART_ALIGN, sum(padded))
+    host = staging.take(total) if staging is not None else torch.zeros(total, dtype=torch.int64)
+    flat_np = host.numpy()
+    off = 0
+    offsets = []
+    for p, n in zip(parts, padded, strict=True):
+        flat_np[off:off + len(p)] = p
+        offsets.append(off)
+        off += n
+    dev_flat = host.to(device, non_blocking=staging is not None)
+    if staging is not None:
+        staging.record()
+    return [dev_flat[o:o + n] for o, n in zip(offsets, sizes, strict=True)]
+
+
+class PagedPrefillPlan:
+    """Index arrays of one step's prefill for the Triton paged prefill kernel (CUDA).
+
+    Unlike `PackedPrefillPlan` nothing is padded or gathered: per chunk its first packed row,
+    q_len, ctx_len and its block table (concatenated into one flat array), plus the list of
+    query tiles (chunk, first query) the kernel's grid runs over."""
+
+    def __init__(self, chunks: list[ChunkLayout], block_tables: list[np.ndarray], block_m: int,
+                 device: torch.device, extra: list[np.ndarray] | None = None,
+                 staging: StagingBuffer | None = None) -> None:
+        parts: list[np.ndarray] = [np.asarray(a, dtype=np.int64) for a in (extra or [])]
+        n_extra = len(parts)
+        tiles = [(-(-c.q_len // block_m)) for c in chunks]
+        tile_chunk = np.repeat(np.arange(len(chunks), dtype=np.int64), tiles)
+        tile_m0 = np.concatenate([np.arange(n, dtype=np.int64) * block_m for n in tiles]) if chunks else \
+            np.zeros(0, dtype=np.int64)
+        bt_lens = np.asarray([len(b) for b in block_tables], dtype=np.int64)
+        bt_off = np.concatenate([[0], np.cumsum(bt_lens)[:-1]]).astype(np.int64)
+        parts += [tile_chunk, tile_m0,
+                  np.asarray([c.q_start for c in chunks], dtype=np.int64),
+                  np.asarray([c.q_len for c in chunks], dtype=np.int64),
+                  np.asarray([c.ctx_len for c in chunks], dtype=np.int64),
+                  bt_off, np.concatenate(block_tables).astype(np.int64)]
+        views = ship(parts, device, staging)
+        self.extra = views[:n_extra]
+        (self.tile_chunk, self.tile_m0, self.q_start, self.q_len, self.ctx_len, self.bt_off,
+         self.block_tables) = views[n_extra:]
+
+
 class PackedAttention:
     """Attention backend over a `PackedPrefillPlan`: a fixed number of launches per layer and group."""
 
     def __init__(self, cfg: ModelConfig, cos_sin: torch.Tensor, positions: torch.Tensor,
-                 slot_mapping: torch.Tensor, plan: PackedPrefillPlan, cache: KVCache, dtype: torch.dtype,
+                 slot_mapping: torch.Tensor, plan: PackedPrefillPlan | PagedPrefillPlan, cache: KVCache, dtype: torch.dtype,
                  fused_rope: bool = False) -> None:
         self.cfg = cfg
         self.cache = cache
@@ -222,6 +257,14 @@ class PackedAttention:
         grp = cfg.num_heads // nkv
         q = self._rope_store(layer, qkv)  # [T, heads, hd]
         kc, vc = self.cache.flat(layer)
+        if isinstance(self.plan, PagedPrefillPlan):
+            from tristream.engine.kernels.prefill_attention import paged_prefill_attention
+
+            p = self.plan
+            o = paged_prefill_attention(q, kc, vc, p.tile_chunk, p.tile_m0, p.q_start, p.q_len, p.ctx_len,
+                                        p.bt_off, p.block_tables, self.cache.block_size, self.scale)
+            return o.view(t, cfg.q_size)
+        assert isinstance(self.plan, PackedPrefillPlan)
         out = torch.empty(t, cfg.q_size, dtype=q.dtype, device=q.device)
         for g in self.plan.groups:
             b, lq, lk = g.batch, g.q_len, g.k_len

@@ -16,7 +16,13 @@ from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, c
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
-from tristream.engine.packed_attention import ChunkLayout, PackedAttention, PackedPrefillPlan, StagingBuffer
+from tristream.engine.packed_attention import (
+    ChunkLayout,
+    PackedAttention,
+    PackedPrefillPlan,
+    PagedPrefillPlan,
+    StagingBuffer,
+)
 from tristream.engine.sequence import Sequence
 
 
@@ -42,6 +48,13 @@ def slots_np(block_table: list[int], end: int, block_size: int) -> np.ndarray:
     nb = -(-end // block_size)
     bt = np.asarray(block_table[:nb], dtype=np.int64)
     return (bt[:, None] * block_size + np.arange(block_size, dtype=np.int64)[None, :]).reshape(-1)[:end]
+
+
+def slots_range(block_table: list[int], start: int, end: int, block_size: int) -> np.ndarray:
+    """Flat cache slots of positions [start, end) under a block table (host, numpy)."""
+    pos = np.arange(start, end, dtype=np.int64)
+    bt = np.asarray(block_table[start // block_size:-(-end // block_size)], dtype=np.int64)
+    return bt[pos // block_size - start // block_size] * block_size + pos % block_size
 
 
 def _consecutive(block_table: list[int], end: int, block_size: int) -> bool:
@@ -73,10 +86,15 @@ class ModelRunner:
             self.decoder = DecodeGraphs(model, cache, max_model_len=max_model_len,
                                         buckets=graph_buckets, use_graphs=use_graphs, kernels=decode_kernels)
         self.ops = None
+        self.paged_block_m = 0  # > 0: prefill attention through the Triton paged kernel
         if self.device.type == "cuda":  # fused norm / SiLU kernels for prefill too: fewer launches
             from tristream.engine.graphs import TritonOps
+            from tristream.engine.kernels.prefill_attention import block_m
 
             self.ops = TritonOps
+            hd = model.cfg.head_dim
+            if self.packed and hd >= 16 and not hd & (hd - 1):
+                self.paged_block_m = block_m(model.cfg.num_heads // model.cfg.num_kv_heads)
 
     def capture(self) -> None:
         """Capture decode graphs and warm the prefill kernels now (at start-up, never while serving)."""
@@ -172,13 +190,20 @@ class ModelRunner:
         rows: list[int] = []
         splices: list[tuple[int, torch.Tensor]] = []
         q = 0
+        tables: list[np.ndarray] = []
+        paged = self.paged_block_m > 0
         for c in chunks:
             s, end = c.seq, c.start + c.length
             ids.append(np.asarray(s.keys[c.start:end], dtype=np.int64))
-            kv = slots_np(s.block_table, end, bs)
             positions.append(np.arange(c.start, end, dtype=np.int64))
-            slots.append(kv[c.start:end])
-            layouts.append(ChunkLayout(q, c.length, end, kv))
+            if paged:
+                slots.append(slots_range(s.block_table, c.start, end, bs))
+                tables.append(np.asarray(s.block_table[:-(-end // bs)], dtype=np.int64))
+                layouts.append(ChunkLayout(q, c.length, end, slots[-1]))
+            else:
+                kv = slots_np(s.block_table, end, bs)
+                slots.append(kv[c.start:end])
+                layouts.append(ChunkLayout(q, c.length, end, kv))
             for seg_start, emb in s.embeds:
                 lo, hi = max(seg_start, c.start), min(seg_start + emb.shape[0], end)
                 if lo < hi:
@@ -188,8 +213,12 @@ class ModelRunner:
                 rows.append(q - 1)
         host = [np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots),
                 np.asarray(rows, dtype=np.int64)]
-        plan = PackedPrefillPlan(layouts, cfg.num_heads // cfg.num_kv_heads, model.dtype, self.device, host,
-                                 staging=self.staging)
+        plan: PackedPrefillPlan | PagedPrefillPlan
+        if paged:
+            plan = PagedPrefillPlan(layouts, tables, self.paged_block_m, self.device, host, staging=self.staging)
+        else:
+            plan = PackedPrefillPlan(layouts, cfg.num_heads // cfg.num_kv_heads, model.dtype, self.device, host,
+                                     staging=self.staging)
         d_ids, d_pos, d_slots, d_rows = plan.extra
         h = model.embed(d_ids)
         for row, emb in splices:
