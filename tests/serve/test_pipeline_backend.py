@@ -1,91 +1,38 @@
 """The real assistant pipeline behind the real server: 20 clients stream speech + camera at once.
 
 Real VAD (silero), real ASR (Whisper base, CTranslate2), real TTS (piper) and real vision
-(OpenCV); the LLM is a scripted chat backend that repeats the transcript, because what is
-checked here is the serving path (per-session isolation of audio, video, transcripts and
-answer audio), not the language model, which has its own tests.
+(OpenCV); the LLM is a scripted chat backend (`pipeline_helpers.RepeatChat`): what is checked
+here is the serving path (per-session isolation of audio, video, transcripts and answer
+audio), not the language model, which has its own tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import AsyncIterator
 
 import numpy as np
 import pytest
 
 from tests.serve.helpers import TOKEN, run, url
+from tests.serve.pipeline_helpers import SENTENCES, frames, speech, words
 from tristream.serve.client import stream_media
 from tristream.serve.limits import ServerLimits
 from tristream.serve.server import RealtimeServer
 
 pytestmark = pytest.mark.slow
 
-SENTENCES = (
-    "Please turn on the kitchen lights.",
-    "What is the weather like tomorrow?",
-    "Call my sister and tell her I am late.",
-    "There are seven apples on the table.",
-    "My favorite color is green.",
-)
-
-
-class RepeatChat:
-    """A deterministic chat backend: "You said: <user text>", plus a marker when a scene was aligned."""
-
-    name = "repeat"
-
-    async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
-        # The pipeline prefixes the user message with the aligned scene: "(<scene>)\n<text>".
-        lines = messages[-1]["content"].splitlines()
-        has_scene = len(lines) > 1 and lines[0].startswith("(") and lines[0].endswith(")")
-        seen = " (camera seen)" if has_scene else ""
-        user = " ".join(lines[1:] if has_scene else lines)
-        words = ("You said: " + user + seen).split(" ")
-        for i, w in enumerate(words[:max_tokens]):
-            await asyncio.sleep(0)
-            yield w if i == 0 else " " + w
-
-
-def words(text: str) -> list[str]:
-    return re.sub(r"[^a-z ]", "", text.lower()).split()
-
 
 @pytest.fixture(scope="module")
-def models() -> object:
-    pytest.importorskip("faster_whisper")
-    pytest.importorskip("piper")
-    from tristream.pipeline.models import SharedModels
-    from tristream.stages.asr_whisper import WhisperASR
-    from tristream.stages.tts import PiperTTS
-    from tristream.stages.vad import SileroVAD
-    from tristream.stages.vision_cpu import SceneDescriber
-
-    return SharedModels(SileroVAD(threads=1), WhisperASR(threads=2), PiperTTS(deterministic=True),
-                        SceneDescriber(threads=1), RepeatChat())
+def models(pipeline_models: object) -> object:
+    return pipeline_models
 
 
 def _speech(models: object, text: str) -> np.ndarray:
-    from tristream.stages.base import resample
-    from tristream.stages.synth import energy_edges
-
-    tts = models.tts  # type: ignore[attr-defined]
-    clip = resample(tts.synthesize(text), tts.sample_rate, 24_000)
-    a, b = energy_edges(clip, 24_000)
-    pcm = np.concatenate([np.zeros(12_000, np.float32), clip[a:b], np.zeros(24_000, np.float32)])
-    return (pcm * 32767).astype(np.int16)
+    return speech(models, text, lead_s=0.5, tail_s=1.0)
 
 
 def _frames() -> list[tuple[float, bytes]]:
-    import cv2
-
-    yy, xx = np.mgrid[0:120, 0:160]
-    out = []
-    for k in range(12):
-        img = np.stack([(xx + 10 * k) % 256, yy % 256, np.full_like(xx, 90)], axis=-1).astype(np.uint8)
-        out.append((k * 0.25, cv2.imencode(".jpg", img)[1].tobytes()))
-    return out
+    return frames()
 
 
 def test_twenty_clients_real_pipeline_transcripts(models: object) -> None:

@@ -11,9 +11,12 @@ both streams are mapped onto the server's reference clock by one `SourceClock` p
 (they come from one client clock), so the aligner joins frames to speech by capture time;
 without them, arrival time is used.
 
-Differences from the protocol's full surface (counted, documented in docs/protocol.md):
-turns always end by the pipeline's VAD (``input_audio_buffer.commit`` only answers pending
-text); ``create_response: false`` is not honoured for audio turns.
+Turn control (`pipeline_turns`): with ``turn_detection: null`` audio is buffered and
+``input_audio_buffer.commit`` ends the turn (``input_audio_buffer.clear`` drops it); with
+``create_response: false`` (and in manual mode) a finished turn waits for ``response.create``;
+``input_image`` parts join the camera frame ring, so the next answer's scene includes them.
+Still not honoured (counted): ``input_audio_buffer.clear`` while the pipeline's VAD owns the
+audio (server VAD mode).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ from tristream.serve.backend import (
     VideoFrame,
 )
 from tristream.serve.media import MediaError
+from tristream.serve.pipeline_metrics import STAGE_TOTALS, Family, StageTotals, stage_gauges
+from tristream.serve.pipeline_turns import ManualAudioBuffer, TurnGate, decode_image, transcribe_utterance
+
+__all__ = ["STAGE_TOTALS", "PipelineBackend", "StageTotals", "pipeline_factory"]
 
 _text_turn_ids = itertools.count(1_000_000)
 
@@ -114,6 +121,17 @@ class PipelineBackend:
         self._pending_texts: list[str] = []
         self._samples_in = 0
         self._active = False
+        self._manual = ManualAudioBuffer()
+        self._gate: TurnGate | None = None
+        self._transcribing: asyncio.Task[None] | None = None
+        self._answer_when_transcribed = False
+        self._last_frame_ns = -1
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    @property
+    def busy(self) -> bool:
+        """Work of this adapter still running outside the pipeline's stages (a manual transcription)."""
+        return self._transcribing is not None
 
     def _count(self, name: str, n: int = 1) -> None:
         self._counters[name] = self._counters.get(name, 0) + n
@@ -160,9 +178,14 @@ class PipelineBackend:
         s.vad = cast(Any, _Tap(s.vad, self._on_vad))
         s.asr = cast(Any, _Tap(s.asr, self._on_asr))
         s.llm = cast(Any, _TappedChat(s.llm, self._on_text, self._on_llm_error))
+        self._gate = TurnGate(s.llm_stage.inbox, self._hold_turns, self._count)
+        s.asr_stage.downstream = [cast(Any, self._gate)]
         self._session = s
         self._clock = SourceClock("client")
         s.start()
+
+    def _hold_turns(self) -> bool:
+        return self._cfg is not None and not self._cfg.create_response
 
     def update(self, config: BackendConfig) -> None:
         """Instructions apply to the next turn; VAD hangover is fixed at session start."""
@@ -215,7 +238,12 @@ class PipelineBackend:
         else:
             ref = ref_ns - dur_ns
         self._samples_in += pcm.size
-        if not self._session.push_audio(pcm.astype(np.float32) / 32768.0, ref):
+        f32 = pcm.astype(np.float32) / 32768.0
+        if self._cfg is not None and not self._cfg.vad:  # manual mode: the commit ends the turn
+            if not self._manual.add(f32, ref):
+                self._count("manual_audio_dropped_full")
+            return
+        if not self._session.push_audio(f32, ref):
             self._count("audio_chunks_dropped_input_full")
 
     def push_frame(self, frame: VideoFrame) -> None:
@@ -233,42 +261,129 @@ class PipelineBackend:
         else:
             img = np.frombuffer(frame.data, np.uint8).reshape(frame.height or 0, frame.width or 0)
         ref = self._clock.observe(frame.capture_ts_us * 1000, frame.ref_ns)
+        self._file_frame(img, ref)
+
+    def _file_frame(self, img: np.ndarray, ref: int) -> None:
+        self._last_frame_ns = max(self._last_frame_ns, ref)
         if not self._session.push_frame(img, ref):
             self._count("frames_dropped_input_full")
 
     def push_text(self, role: str, text: str, images: list[bytes], ref_ns: int) -> None:
-        """User text waits for ``response.create``; system text replaces the instructions."""
+        """User text waits for ``response.create``; images join the camera frame ring (the scene
+        of the next answer); system text replaces the instructions."""
         if role == "system":
             self._session.conversation.system = text
             return
-        if images:
-            self._count("images_ignored", len(images))
-        self._pending_texts.append(text)
+        decoded = [decode_image(im) for im in images]  # all or nothing: a bad image refuses the item
+        for img in decoded:
+            # filed at arrival, after any camera frame already filed (the ring is time-ordered)
+            ref = max(self._now(), self._last_frame_ns + 1)
+            self._file_frame(img, ref)
+            self._count("images_to_scene")
+        if text:
+            self._pending_texts.append(text)
 
     def commit_audio(self, ref_ns: int) -> None:
-        """Turns end by the pipeline's VAD; a manual commit answers pending text, if any."""
+        """Manual mode: the buffered audio becomes the user's turn (transcribed, scene described,
+        held for ``response.create``). With server VAD the pipeline's VAD owns the turns: a
+        commit answers pending text, if any."""
+        if self._cfg is not None and not self._cfg.vad:
+            pcm, start, end = self._manual.take()
+            if pcm.size == 0:
+                self._count("manual_commit_empty")
+                return
+            scene = self._session.describe_scene(start, end)  # in parallel with the ASR, as at a VAD end
+            prev = self._transcribing
+            self._transcribing = asyncio.get_running_loop().create_task(
+                self._manual_turn(prev, pcm, start, end, scene))
+            return
         if self._pending_texts:
             self.create_response(None, ref_ns)
         else:
             self._count("manual_commit_ignored")
 
-    def clear_audio(self, ref_ns: int) -> None:
-        """The pipeline's VAD owns its buffer; counted, nothing else."""
-        self._count("clear_ignored")
-
-    def create_response(self, instructions: str | None, ref_ns: int) -> None:
-        """Answer the pending text (or the last user turn again)."""
+    async def _manual_turn(self, prev: asyncio.Task[None] | None, pcm: np.ndarray, start: int, end: int,
+                           scene: Any) -> None:
         from tristream.pipeline.turns import UserTurn
 
+        me = self._transcribing
+        try:
+            if prev is not None:  # commits are answered in order
+                await asyncio.shield(prev)
+            s = self._session
+            loop = asyncio.get_running_loop()
+            text = await loop.run_in_executor(s.pool, transcribe_utterance, s.models.asr, s.id, pcm, start, end)
+            self._emit(TranscriptDelta(text, self._now()))
+            self._emit(TranscriptDone(text, self._now()))
+            if not text:
+                self._count("manual_turn_empty_transcript")
+            else:
+                assert self._gate is not None
+                self._gate.keep(UserTurn(next(_text_turn_ids), text, start, end, self._now(), scene))
+        except Exception as exc:  # the ASR failed: the turn is lost, the session is not
+            self._count("manual_turn_failed")
+            self._emit(TranscriptDone("", self._now()))
+            if self._answer_when_transcribed:
+                self._answer_when_transcribed = False
+                self._emit(ResponseStarted(self._now()))
+                self._emit(ResponseDone("failed", self._now(), f"{type(exc).__name__}: {exc}"))
+            return
+        finally:
+            if self._transcribing is me:
+                self._transcribing = None
+        if self._answer_when_transcribed and self._transcribing is None:
+            self._answer_when_transcribed = False
+            self.create_response(None, self._now())
+
+    def clear_audio(self, ref_ns: int) -> None:
+        """Manual mode: drop the buffered turn. Server VAD mode: the pipeline's VAD owns its
+        buffer; counted, nothing else."""
+        if self._cfg is not None and not self._cfg.vad:
+            self._manual.clear()
+            self._count("manual_buffer_cleared")
+        else:
+            self._count("clear_ignored")
+
+    def create_response(self, instructions: str | None, ref_ns: int) -> None:
+        """Answer the held turn and pending text (or, with neither, the last user turn again)."""
+        from tristream.pipeline.turns import UserTurn
+
+        if self._transcribing is not None:  # a committed turn is still in the ASR: answer it when done
+            self._answer_when_transcribed = True
+            return
+        assert self._gate is not None
+        held = self._gate.release()
         text = " ".join(self._pending_texts)
         self._pending_texts = []
-        if not text:
-            last = self._session.records[-1].user_text if self._session.records else ""
-            text = last or "Hello."
         now = self._now()
-        turn = UserTurn(next(_text_turn_ids), text, now, now, now)
+        if held is not None:
+            turn = held
+            if text:
+                turn.text = f"{turn.text} {text}"
+        else:
+            if not text:
+                last = self._session.records[-1].user_text if self._session.records else ""
+                text = last or "Hello."
+            turn = UserTurn(next(_text_turn_ids), text, now, now, now, self._scene_now(now))
         if not self._session.llm_stage.inbox.put_data(turn):
             self._count("responses_dropped_llm_full")
+
+    def _scene_now(self, now: int) -> Any:
+        """The scene for a text turn: the latest frame (camera or ``input_image``) once the input
+        stage has filed everything queued; None without any frame."""
+        if self._last_frame_ns < 0:
+            return None
+        s = self._session
+
+        async def scene() -> Any:
+            await s.settle_input()
+            fut = s.describe_scene(None, max(now, self._last_frame_ns))
+            return None if fut is None else await fut
+
+        task = asyncio.get_running_loop().create_task(scene())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
 
     def cancel_response(self, ref_ns: int) -> None:
         """Stop LLM, TTS and playout now (the pipeline's barge-in path)."""
@@ -282,92 +397,19 @@ class PipelineBackend:
                 out[f"session_{k}"] = v
         return out
 
-    def gauges(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    def gauges(self) -> list[Family]:
         """Per-stage latency, queue depth and drops, and the frame ring's watermark (Prometheus families)."""
-        s = self._session
-        if s is None:
-            return []
-        sid = s.id
-        lat: list[tuple[str, dict[str, str], float]] = []
-        depth: list[tuple[str, dict[str, str], float]] = []
-        drops: list[tuple[str, dict[str, str], float]] = []
-        for st in s.stats()["stages"]:
-            name = st["name"]
-            pm = st["process_ms"]
-            for q, key in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99")):
-                lat.append(("tristream_stage_process_seconds", {"session": sid, "stage": name, "quantile": q},
-                            pm.get(key, 0.0) / 1e3))
-            lat.append(("tristream_stage_process_seconds_count", {"session": sid, "stage": name}, pm.get("count", 0.0)))
-            depth.append(("tristream_stage_queue_depth", {"session": sid, "stage": name}, float(st["queued"])))
-            depth.append(("tristream_stage_queue_high_water", {"session": sid, "stage": name}, float(st["high_water"])))
-            for reason, n in st["drops"].items():
-                drops.append(("tristream_stage_drops_total", {"session": sid, "stage": name, "reason": reason},
-                              float(n)))
-        for reason, n in s.drops.snapshot().items():
-            drops.append(("tristream_stage_drops_total", {"session": sid, "stage": "session", "reason": reason},
-                          float(n)))
-        ring = [("tristream_frame_ring_fill_ratio", {"session": sid}, float(s.frames.fill_ratio)),
-                ("tristream_frame_ring_high_water", {"session": sid}, float(s.frames.high_water))]
-        return [
-            ("tristream_stage_process_seconds", "summary", "per-stage processing time per packet", lat),
-            ("tristream_stage_queue_depth", "gauge", "packets waiting in each stage inbox (and high water)", depth),
-            ("tristream_stage_drops_total", "counter", "packets dropped by stage and reason", drops),
-            ("tristream_frame_ring_fill_ratio", "gauge", "camera frame ring fill (and high water)", ring),
-        ]
+        return [] if self._session is None else stage_gauges(self._session)
 
     async def close(self) -> None:
         """Close the pipeline session (stops its stage tasks); its stage timings join the process totals."""
         self._sink = None
+        if self._transcribing is not None:
+            self._transcribing.cancel()
         if self._session is not None:
             await self._session.close()
             await asyncio.sleep(0)
             STAGE_TOTALS.add_session(self._session)
-
-
-class StageTotals:
-    """Per-stage processing-time histograms and drops summed over every closed session of the process."""
-
-    def __init__(self) -> None:
-        from tristream.core.metrics import DropCounter, LatencyHistogram
-
-        self._hist_cls = LatencyHistogram
-        self.timing: dict[str, Any] = {}
-        self.drops = DropCounter("stages")
-        self.sessions = 0
-
-    def add_session(self, session: Any) -> None:
-        """Merge one finished session's stage timings and drops."""
-        self.sessions += 1
-        for st in session.stages:
-            h = self.timing.get(st.name)
-            if h is None:
-                h = self.timing[st.name] = self._hist_cls()
-            try:
-                h.merge(st.timing)
-            except (ValueError, AttributeError):
-                continue
-            for reason, n in st.inbox.drops.snapshot().items():
-                self.drops.add(f"{st.name}:{reason}", n)
-        for reason, n in session.drops.snapshot().items():
-            self.drops.add(f"session:{reason}", n)
-
-    def families(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
-        """Prometheus families (no session label)."""
-        lat: list[tuple[str, dict[str, str], float]] = []
-        for name, h in sorted(self.timing.items()):
-            for q in (50.0, 95.0, 99.0):
-                lat.append(("tristream_stage_closed_process_seconds", {"stage": name, "quantile": f"{q / 100:g}"},
-                            h.percentile(q) / 1e9))
-            lat.append(("tristream_stage_closed_process_seconds_count", {"stage": name}, float(h.count)))
-        drops = [("tristream_stage_closed_drops_total", {"stage": k.split(":", 1)[0], "reason": k.split(":", 1)[1]},
-                  float(v)) for k, v in self.drops.snapshot().items()]
-        return [("tristream_stage_closed_process_seconds", "summary",
-                 "per-stage processing time per packet over closed sessions", lat),
-                ("tristream_stage_closed_drops_total", "counter", "drops by stage and reason over closed sessions",
-                 drops)]
-
-
-STAGE_TOTALS = StageTotals()
 
 
 def pipeline_factory(**load_kw: Any) -> BackendFactory:

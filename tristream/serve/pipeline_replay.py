@@ -45,6 +45,8 @@ class PipelineReplayDriver:
             s = b._session
             if s is None:
                 continue
+            if b.busy:  # a manual-mode transcription in a worker thread
+                return True
             for st in s.stages:
                 if st is s.playout and st._busy and self.vc._sleepers:
                     continue  # waiting for virtual time to play the next chunk

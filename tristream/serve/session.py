@@ -55,12 +55,18 @@ class TurnTiming:
     done: int = 0
     status: str = ""
 
+    def base_ns(self, milestone: str) -> int:
+        """What a milestone's latency counts from: the end of speech, or for the answer a later
+        ``response.create`` (manual mode, ``create_response: false``), whichever came last."""
+        if milestone == "transcript_done":
+            return self.speech_stopped or self.requested or self.response_started
+        return max(self.speech_stopped, self.requested) or self.response_started
+
     def latencies_ms(self) -> dict[str, float]:
         """End-of-speech-relative latencies in ms (only those reached)."""
         out: dict[str, float] = {}
-        base = self.speech_stopped or self.requested or self.response_started
         for name in ("transcript_done", "first_text", "first_audio", "done"):
-            t = getattr(self, name)
+            t, base = getattr(self, name), self.base_ns(name)
             if base and t:
                 out[f"eos_to_{name}_ms"] = (t - base) / 1e6
         return out
@@ -111,6 +117,7 @@ class RealtimeSession:
         self.started_ns = clock_ns()
         self.closed = False
         self._last_ts: dict[str, int] = {}  # newest capture_ts_us per media stream
+        self._in_item = False
 
     # ------------------------------------------------------------------ output
     def send(self, event: dict[str, Any]) -> None:
@@ -172,7 +179,8 @@ class RealtimeSession:
             self.send_error(err)
         except MediaError as exc:  # the backend's decoder refused the media: the client's fault, coded
             self.metrics.inc("tristream_messages_dropped_total", reason="undecodable_media")
-            self.send_error(P.ProtocolError(P.E_INVALID_VALUE, f"media could not be decoded: {exc}", "frame"))
+            param, self._in_item = ("item.content" if self._in_item else "frame"), False
+            self.send_error(P.ProtocolError(P.E_INVALID_VALUE, f"media could not be decoded: {exc}", param))
         except Exception as exc:  # a backend failing on one input must not end the session
             log.exception("session %s: backend failed on a client message", self.id)
             self.metrics.inc("tristream_messages_dropped_total", reason="backend_error")
@@ -182,6 +190,7 @@ class RealtimeSession:
             self.send_error(failure)
 
     def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
+        self._in_item = False
         if isinstance(ev, (P.AudioAppend, P.VideoFrameAppend)) and ev.capture_ts_us is not None:
             stream = "audio" if isinstance(ev, P.AudioAppend) else f"video:{ev.stream_id}"
             last = self._last_ts.get(stream)
@@ -219,6 +228,9 @@ class RealtimeSession:
             self.backend.clear_audio(now)
             self.send(P.server_event("input_audio_buffer.cleared"))
         elif isinstance(ev, P.ItemCreate):
+            self._in_item = True  # the backend decodes images first: a bad one refuses the whole item
+            self.backend.push_text(ev.role, "\n".join(ev.texts), [im.data for im in ev.images], now)
+            self._in_item = False
             item_id = ev.item_id or P.new_id("item")
             content = [{"type": "input_text", "text": t} for t in ev.texts]
             content += [{"type": "input_image", "image_url": f"<{len(im.data)} bytes {im.mime}>"} for im in ev.images]
@@ -226,13 +238,14 @@ class RealtimeSession:
                                      item={"id": item_id, "object": "realtime.item", "type": "message",
                                            "status": "completed", "role": ev.role, "content": content}))
             self._last_item_id = item_id
-            self.backend.push_text(ev.role, "\n".join(ev.texts), [im.data for im in ev.images], now)
         elif isinstance(ev, P.ResponseCreate):
             if self._response is not None:
                 raise P.ProtocolError(P.E_RESPONSE_ACTIVE, f"response {self._response.id} is still in progress; "
                                       "send response.cancel first or wait for response.done", None, ev.event_id)
             if not self.turn.speech_stopped:
                 self.turn = TurnTiming(requested=now)
+            else:  # a committed turn answered on request: the answer's latency counts from here
+                self.turn.requested = now
             self.backend.create_response(ev.instructions, now)
         elif isinstance(ev, P.ResponseCancel):
             if self._response is None or (ev.response_id and ev.response_id != self._response.id):
@@ -360,7 +373,7 @@ class RealtimeSession:
         for name, key in (("tristream_eos_to_first_text_seconds", "first_text"),
                           ("tristream_eos_to_first_audio_seconds", "first_audio"),
                           ("tristream_eos_to_transcript_seconds", "transcript_done")):
-            base = t.speech_stopped or t.requested or t.response_started
+            base = t.base_ns(key)
             if base and getattr(t, key):
                 self.metrics.observe_ns(name, getattr(t, key) - base)
         self.metrics.inc("tristream_responses_total", status=status)
