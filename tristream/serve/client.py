@@ -30,6 +30,10 @@ from tristream.serve import protocol as P
 from tristream.serve.audio import resample_int16
 
 CHUNK_MS = 20
+# beta and GA names (the server mirrors the API shape the client's session.update used)
+_TEXT_DELTAS = ("response.text.delta", "response.audio_transcript.delta", "response.output_text.delta",
+                "response.output_audio_transcript.delta")
+_AUDIO_DELTAS = ("response.audio.delta", "response.output_audio.delta")
 VOICED_RMS = 0.02
 
 
@@ -212,11 +216,11 @@ async def stream_media(
                 transcripts.append(ev["transcript"])
             elif t == "response.created":
                 state["responses_open"] += 1
-            elif t in ("response.text.delta", "response.audio_transcript.delta"):
+            elif t in _TEXT_DELTAS:
                 if cur.eos_to_first_text_ms is None and state["eos"]:
                     cur.eos_to_first_text_ms = (now - state["eos"]) * 1000
                 cur.answer += ev["delta"]
-            elif t == "response.audio.delta":
+            elif t in _AUDIO_DELTAS:
                 if cur.eos_to_first_audio_ms is None and state["eos"]:
                     cur.eos_to_first_audio_ms = (now - state["eos"]) * 1000
                 cur.audio_samples += len(base64.b64decode(ev["delta"])) // 2

@@ -1,4 +1,4 @@
-"""The wire protocol: a documented subset of the OpenAI Realtime API (beta, ``realtime=v1``).
+"""The wire protocol: a documented subset of the OpenAI Realtime API (beta ``realtime=v1`` names; GA in `ga`).
 
 Client events are parsed into small typed dataclasses with strict validation; every
 violation raises :class:`ProtocolError` carrying an OpenAI-style error ``code`` and the
@@ -69,6 +69,8 @@ class SessionUpdate:
 
     event_id: str | None
     changes: dict[str, Any]
+    api: str | None = None
+    """``"ga"`` / ``"beta"`` when the body's shape says which API the client speaks (`serve.ga`)."""
 
 
 @dataclass(slots=True)
@@ -163,7 +165,7 @@ _SESSION_KEYS = {
     "client_secret", "include",
 }
 _TURN_KEYS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
-              "interrupt_response", "eagerness"}
+              "interrupt_response", "eagerness", "idle_timeout_ms"}
 _IMAGE_MIMES = {"image/jpeg": "jpeg", "image/png": "png"}
 
 
@@ -331,7 +333,12 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
     etype = _require(ev, "type", str, eid)
     if etype == "session.update":
         _no_extra(ev, {"type", "event_id", "session"}, "", eid)
-        return SessionUpdate(eid, validate_session_changes(_require(ev, "session", dict, eid), eid))
+        from tristream.serve.ga import API_GA, ga_session_changes, session_api
+
+        sess = _require(ev, "session", dict, eid)
+        api = session_api(sess)
+        body = ga_session_changes(sess, eid) if api == API_GA else sess
+        return SessionUpdate(eid, validate_session_changes(body, eid), api)
     if etype == "input_audio_buffer.append":
         _no_extra(ev, {"type", "event_id", "audio", "capture_ts_us"}, "", eid)
         pcm = _b64(_require(ev, "audio", str, eid), "audio", eid)
@@ -356,9 +363,13 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         _no_extra(ev, {"type", "event_id", "response"}, "", eid)
         resp = _optional(ev, "response", dict, eid) or {}
         allowed = {"instructions", "modalities", "voice", "output_audio_format", "temperature",
-                   "max_response_output_tokens", "conversation", "metadata"}
+                   "max_response_output_tokens", "conversation", "metadata",
+                   # GA names (serve.ga), accepted like their beta twins
+                   "output_modalities", "audio", "max_output_tokens", "tools", "tool_choice", "prompt"}
         _no_extra(resp, allowed, "response.", eid)
-        mods = _optional(resp, "modalities", list, eid)
+        from tristream.serve.ga import ga_response_modalities
+
+        mods = _optional(resp, "modalities", list, eid) or ga_response_modalities(resp, eid)
         if mods is not None and (not mods or any(m not in ("text", "audio") for m in mods)):
             raise ProtocolError(E_INVALID_VALUE, "response.modalities must be a non-empty subset of "
                                 "['text', 'audio']", "response.modalities", eid)

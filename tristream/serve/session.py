@@ -31,6 +31,7 @@ from tristream.serve.backend import (
     TranscriptDone,
     VideoFrame,
 )
+from tristream.serve.ga import API_GA, to_ga
 from tristream.serve.limits import ServerLimits, TokenBucket
 from tristream.serve.media import MediaError
 from tristream.serve.metrics import ServeMetrics
@@ -121,14 +122,15 @@ class RealtimeSession:
 
     # ------------------------------------------------------------------ output
     def send(self, event: dict[str, Any]) -> None:
-        """Emit one server event (to the transport and the tap)."""
+        """Emit one server event (to the transport and the tap), in the session's API shape."""
         if self.closed:
             self.metrics.inc("tristream_events_dropped_total", reason="session_closed")
             return
-        if self.tap is not None:
-            self.tap("out", P.dumps(event), self.clock_ns())
-        self.metrics.inc("tristream_events_out_total", type=event["type"])
-        self._send_raw(event)
+        for ev in (to_ga(event) if self.settings.api == API_GA else (event,)):
+            if self.tap is not None:
+                self.tap("out", P.dumps(ev), self.clock_ns())
+            self.metrics.inc("tristream_events_out_total", type=ev["type"])
+            self._send_raw(ev)
 
     def send_error(self, err: P.ProtocolError) -> None:
         """Emit an ``error`` event and count it by code."""
@@ -213,6 +215,8 @@ class RealtimeSession:
         elif isinstance(ev, P.SessionUpdate):
             for key, val in ev.changes.items():
                 setattr(self.settings, key, val)
+            if ev.api is not None:  # mirror the client: GA-shaped updates get GA events back
+                self.settings.api = ev.api
             self.backend.update(self._backend_config())
             self.send(P.server_event("session.updated", session=self.settings.to_json()))
         elif isinstance(ev, P.AudioCommit):

@@ -42,6 +42,8 @@ class SessionSettings:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     temperature: float = 0.8
     max_response_output_tokens: int | str = "inf"
+    api: str = "beta"
+    """Event names and session shape sent to the client: ``"beta"`` or ``"ga"`` (`serve.ga`); not in `to_json`."""
 
     def to_json(self) -> dict[str, Any]:
         """The ``session`` object as OpenAI clients expect it (plus the ``input_audio_sample_rate`` extension)."""
