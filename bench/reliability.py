@@ -404,38 +404,87 @@ async def _slow_with_p99(lim: Any) -> dict[str, Any]:
 
 
 def _idle(n: int) -> dict[str, Any]:
+    """`n` idle sessions on a `tristream serve` process, then 20 more that must be refused.
+
+    Diagnosis of the two earlier failures (handshake timeouts after ~1,000 connections): the
+    server's stderr was a pipe nobody read; its INFO line per connection filled the 64 KiB pipe
+    and the event loop blocked on the write. `start_server` now logs to a file. The open-file
+    limits of both processes are raised to the hard limit, and clients connect in batches no
+    larger than the listen backlog (asyncio's default 100) so no SYN waits for a retransmit.
+    """
+    import urllib.error
+    import urllib.request
+
     from soak import proc_stats  # type: ignore[import-not-found]
     from websockets.asyncio.client import connect
     from websockets.exceptions import InvalidStatus
 
+    from tests.reliability.shutdown import raise_nofile_limit
+
+    client_nofile = raise_nofile_limit()
+    if client_nofile < n + 256:
+        raise RuntimeError(f"this process may open {client_nofile} files; {n} idle connections need "
+                           f"{n + 256}: raise the hard limit (ulimit -Hn) or pass a smaller --idle")
     proc, port = _server_proc(max_sessions=n)
     u = f"ws://127.0.0.1:{port}/v1/realtime"
+    hdr = {"Authorization": f"Bearer {TOKEN}"}
+    batch = 100
 
     async def go() -> dict[str, Any]:
         await asyncio.sleep(0.5)
         s0 = proc_stats(proc.pid)
+        c0 = proc_stats(os.getpid())
         conns = []
         t0 = time.perf_counter()
-        for k in range(0, n, 250):
-            conns += await asyncio.gather(*(connect(u, additional_headers={"Authorization": f"Bearer {TOKEN}"},
-                                                    open_timeout=120, ping_interval=None, max_queue=1)
-                                            for _ in range(min(250, n - k))))
+        for k in range(0, n, batch):
+            conns += await asyncio.gather(*(connect(u, additional_headers=hdr, open_timeout=120,
+                                                    ping_interval=None, max_queue=1)
+                                            for _ in range(min(batch, n - k))))
         t_open = time.perf_counter() - t0
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(2.0)
         s1 = proc_stats(proc.pid)
-        statuses = []
+        c1 = proc_stats(os.getpid())
+        statuses, bodies, retry_after, refusal_ms = [], set(), set(), []
         for _ in range(20):
+            t1 = time.perf_counter()
             try:
-                async with connect(u, additional_headers={"Authorization": f"Bearer {TOKEN}"}):
+                async with connect(u, additional_headers=hdr):
                     statuses.append(101)
             except InvalidStatus as e:
                 statuses.append(e.response.status_code)
+                bodies.add(e.response.body.decode(errors="replace").strip() if e.response.body else "")
+                retry_after.add(e.response.headers.get("Retry-After"))
+            refusal_ms.append((time.perf_counter() - t1) * 1000)
+
+        def readyz() -> int:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as e:
+                return int(e.code)
+        ready_full = await asyncio.get_running_loop().run_in_executor(None, readyz)
+        # the held sessions are still served after the refusals: ping a sample of them
+        sample = conns[:: max(1, n // 100)]
+        waiters = [await c.ping() for c in sample]
+        pongs = await asyncio.gather(*(asyncio.wait_for(w, 30) for w in waiters), return_exceptions=True)
+        t2 = time.perf_counter()
         for k in range(0, len(conns), 500):
             await asyncio.gather(*(c.close() for c in conns[k:k + 500]))
-        return {"connections": n, "open_s": t_open, "server_rss_mb_before": s0["rss_mb"],
-                "server_rss_mb_open": s1["rss_mb"],
+        t_close = time.perf_counter() - t2
+        await asyncio.sleep(2.0)
+        s2 = proc_stats(proc.pid)
+        return {"connections": n, "open_s": t_open, "connect_batch": batch, "close_s": t_close,
+                "nofile_soft_limit_client": client_nofile,
+                "server_rss_mb_before": s0["rss_mb"], "server_rss_mb_open": s1["rss_mb"],
                 "server_rss_kb_per_connection": (s1["rss_mb"] - s0["rss_mb"]) * 1024 / n,
-                "server_fds_open": s1["fds"], "extra_attempts": 20, "extra_refused_503": statuses.count(503)}
+                "client_rss_kb_per_connection": (c1["rss_mb"] - c0["rss_mb"]) * 1024 / n,
+                "server_fds_before": s0["fds"], "server_fds_open": s1["fds"],
+                "server_rss_mb_after_close": s2["rss_mb"], "server_fds_after_close": s2["fds"],
+                "extra_attempts": 20, "extra_refused_503": statuses.count(503),
+                "refusal_body": sorted(bodies), "refusal_retry_after": sorted(map(str, retry_after)),
+                "time_to_refusal_ms_max": max(refusal_ms), "readyz_when_full": ready_full,
+                "held_sessions_pinged": len(sample),
+                "held_sessions_answered_ping": sum(not isinstance(p, BaseException) for p in pongs)}
     try:
         return asyncio.run(go())
     finally:

@@ -12,9 +12,11 @@ import asyncio
 import base64
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,17 +28,37 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def raise_nofile_limit() -> int:
+    """Raise this process's open-file soft limit to its hard limit; return the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # not allowed here: the caller reports the limit it got
+    return int(soft)
+
+
 def start_server(token: str, pace: float = 1.0, max_sessions: int = 64) -> tuple[subprocess.Popen[str], int]:
     """`tristream serve --backend echo` on a free port; returns the process and its port."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # The server logs a line per connection at INFO: its stderr goes to a file, never to a pipe
+    # nobody reads (a full 64 KiB pipe blocks the server's event loop: that hung the 10,000
+    # idle-connection run after ~1,000 connections).
+    log = tempfile.NamedTemporaryFile("w+", prefix="tristream-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-c", "from tristream.cli import main; main()", "serve", "--port", "0",
                              "--token", token, "--pace", str(pace), "--max-sessions", str(max_sessions)],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
+                            preexec_fn=raise_nofile_limit)
+    log.close()
+    proc.log_path = log.name  # type: ignore[attr-defined]
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line.startswith("ws://"):
         proc.kill()
-        raise RuntimeError(f"server did not start: {line!r} {proc.stderr.read() if proc.stderr else ''}")
+        raise RuntimeError(f"server did not start: {line!r} {Path(log.name).read_text()[-4000:]}")
     port = int(line.split()[0].rsplit(":", 1)[1].split("/")[0])
     return proc, port
 

@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.reliability.abuse import compressed_frame, idle_connections, oversize, slow_reader
 from tests.reliability.live import text_turn
 from tests.serve.helpers import TOKEN, run, running_server, url
@@ -63,3 +65,41 @@ def test_slow_reader_cannot_grow_server_buffers_and_others_are_served() -> None:
             assert await text_turn(good, "hello there") == ref
             await good.close()
     run(go(), timeout=60)
+
+
+def test_server_process_keeps_accepting_past_a_pipes_worth_of_log_lines() -> None:
+    """Regression: `tristream serve` logs a line per connection; an unread stderr pipe (64 KiB)
+    once blocked its event loop after ~1,000 connections. 1,500 idle sessions, then a refusal."""
+    import asyncio
+    import signal
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    from tests.reliability.shutdown import raise_nofile_limit, start_server
+
+    n = 1500
+    if raise_nofile_limit() < n + 200:
+        pytest.skip(f"this process may not open {n + 200} files (ulimit -Hn)")
+    proc, port = start_server(TOKEN, pace=0.0, max_sessions=n)
+    u = f"ws://127.0.0.1:{port}/v1/realtime"
+    hdr = {"Authorization": f"Bearer {TOKEN}"}
+
+    async def go() -> int:
+        conns = []
+        for _ in range(0, n, 100):
+            conns += await asyncio.gather(*(connect(u, additional_headers=hdr, open_timeout=20, ping_interval=None)
+                                            for _k in range(100)))
+        try:
+            async with connect(u, additional_headers=hdr, open_timeout=20):
+                status = 101
+        except InvalidStatus as e:
+            status = e.response.status_code
+        await asyncio.gather(*(c.close() for c in conns))
+        return status
+
+    try:
+        assert run(go(), timeout=60) == 503
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
