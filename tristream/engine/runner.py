@@ -164,7 +164,9 @@ class ModelRunner:
             return self._forward(chunks)
 
     def _forward(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
-        if self.packed and not (len(chunks) == 1 and chunks[0].start == 0):
+        # a lone fresh prompt needs no cache reads: plain causal SDPA, except on CUDA, where
+        # SDPA may pick cuDNN, which builds a plan per new shape (~50 ms, seconds the first time)
+        if self.packed and (self.paged_block_m > 0 or not (len(chunks) == 1 and chunks[0].start == 0)):
             return self._forward_packed(chunks)
         h, meta = self._inputs(chunks)
         attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
