@@ -90,17 +90,39 @@ async def session_loop(url: str, stop_at: float, lat: list[float], think_s: floa
         await c.close()
 
 
-async def load(url: str, n: int, duration_s: float, think_s: float, warm_s: float = 1.0) -> dict[str, Any]:
-    """N sessions for ``duration_s``; latencies of the first ``warm_s`` (connects) are dropped."""
+async def _sessions(url: str, n: int, duration_s: float, think_s: float, seed: int
+                    ) -> tuple[list[float], list[str]]:
+    """N sessions in this process for ``duration_s``; each session's first turn (warm-up) dropped."""
+    random.seed(seed)
     lat_all: list[list[float]] = [[] for _ in range(n)]
     errors: list[str] = []
-    t_start = time.monotonic()
-    stop_at = t_start + duration_s
+    stop_at = time.monotonic() + duration_s
     await asyncio.gather(*(session_loop(url, stop_at, lat_all[i], think_s, random.random() * min(1.0, think_s),
                                         errors) for i in range(n)))
-    lat = [x for xs in lat_all for x in xs[1:]]  # drop each session's first turn (warm-up)
-    return {"sessions": n, "turns": len(lat), "p50_ms": pct(lat, 50), "p99_ms": pct(lat, 99),
-            "max_ms": max(lat) if lat else None, "errors": errors[:20], "n_errors": len(errors)}
+    return [x for xs in lat_all for x in xs[1:]], errors
+
+
+def _sessions_proc(args: tuple[str, int, float, float, int]) -> tuple[list[float], list[str]]:
+    return asyncio.run(_sessions(*args))
+
+
+def load(url: str, n: int, duration_s: float, think_s: float, procs: int = 1) -> dict[str, Any]:
+    """N client sessions for ``duration_s``, spread over ``procs`` client processes (so that the
+    load generator's own event loop is never what saturates)."""
+    procs = max(1, min(procs, n))
+    if procs == 1:
+        lat, errors = asyncio.run(_sessions(url, n, duration_s, think_s, 0))
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+        with ProcessPoolExecutor(procs) as ex:
+            parts = list(ex.map(_sessions_proc, [(url, k, duration_s, think_s, i) for i, k in enumerate(shares)]))
+        lat = [x for p in parts for x in p[0]]
+        errors = [e for p in parts for e in p[1]]
+    return {"sessions": n, "client_procs": procs, "turns": len(lat), "p50_ms": pct(lat, 50),
+            "p99_ms": pct(lat, 99), "max_ms": max(lat) if lat else None, "errors": errors[:20],
+            "n_errors": len(errors)}
 
 
 def start_direct(backend: str, backend_kw: dict[str, Any], port: int) -> subprocess.Popen[bytes]:
@@ -174,6 +196,8 @@ def main() -> None:
     ap.add_argument("--target-ms", type=float, default=50.0)
     ap.add_argument("--overhead-turns", type=int, default=60)
     ap.add_argument("--name", default=None, help="results file name (default scale_<mode>)")
+    ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4),
+                    help="client processes the sessions are spread over")
     args = ap.parse_args()
     random.seed(0)
 
@@ -216,10 +240,10 @@ def main() -> None:
         cap: dict[str, Any] = {}
         for nrep in args.replicas:
             url = deploy(http_port, nrep, args.backend, backend_kw, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
-            asyncio.run(load(url, 4, 3.0, 0.1))  # warm the fresh replicas (first calls, imports); discarded
+            load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
             rows = []
             for n in args.sessions:
-                row = asyncio.run(load(url, n, args.duration, args.think))
+                row = load(url, n, args.duration, args.think, args.client_procs)
                 rows.append(row)
                 print(f"replicas={nrep} sessions={n:>4} turns={row['turns']:>5} P50={row['p50_ms'] or 0:8.2f} "
                       f"P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
