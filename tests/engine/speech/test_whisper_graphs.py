@@ -16,11 +16,12 @@ TOKENS = WhisperTokens.for_vocab(51865)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_graph_replay_equals_eager_for_every_bucket(dtype: torch.dtype, make_whisper) -> None:  # type: ignore[no-untyped-def]
     model = make_whisper().to("cuda", dtype)
-    kw = dict(batch_buckets=(1, 2, 4), audio_buckets_s=(2.0, 5.0), max_new_tokens=12, chunk=4, early_stop=False)
+    kw = dict(batch_buckets=(1, 2, 4), audio_buckets_s=(2.0, 5.0), max_new_tokens=12, chunk=4, early_stop=False,
+              max_draft=8)
     graphed = WhisperRunner(model, TOKENS, use_graphs=True, **kw)  # type: ignore[arg-type]
     eager = WhisperRunner(model, TOKENS, use_graphs=False, **kw)  # type: ignore[arg-type]
     graphed.capture()
-    assert graphed.stats.captured == 2 * 3 * 2
+    assert graphed.stats.captured == 3 * 3 * 2
     rng = np.random.default_rng(0)
     for ab in (2.0, 5.0):
         for bb in (1, 2, 4):
@@ -29,6 +30,13 @@ def test_graph_replay_equals_eager_for_every_bucket(dtype: torch.dtype, make_whi
             assert (g.batch_bucket, g.audio_bucket_s) == (bb, ab)
             np.testing.assert_array_equal(g.tokens, e.tokens)
             np.testing.assert_array_equal(g.frames, e.frames)
+            drafts = [row[:8].tolist() for row in e.tokens]
+            drafts[0][3] = (drafts[0][3] + 1) % 50000
+            gd, ed = graphed.run(audio, drafts), eager.run(audio, drafts)
+            np.testing.assert_array_equal(gd.tokens, ed.tokens)
+            np.testing.assert_array_equal(gd.accepted, ed.accepted)
+            np.testing.assert_array_equal(gd.frames, ed.frames)
+            assert gd.accepted[0] <= 3 and gd.steps <= g.steps
 
 
 @pytest.mark.gpu

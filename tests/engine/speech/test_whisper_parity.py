@@ -62,9 +62,9 @@ def test_step_decoding_equals_full_decoding() -> None:
         full = ours.decode_full(ids, enc)
         cache = ours.new_cache(3, enc.shape[1], 16)
         ours.fill_cross(enc, cache)
-        got = [ours.decode(ids[:, :4], torch.arange(4), cache)[0]]
+        got = [ours.decode(ids[:, :4], torch.arange(4), cache)]
         for i in range(4, 9):
-            got.append(ours.decode(ids[:, i : i + 1], torch.tensor([i]), cache)[0])
+            got.append(ours.decode(ids[:, i : i + 1], torch.tensor([i]), cache))
     assert _rel(torch.cat(got, dim=1), full) < 1e-5
 
 

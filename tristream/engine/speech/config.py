@@ -106,3 +106,13 @@ class WhisperTokens:
         """`<|startoftranscript|><|lang|><|transcribe|><|notimestamps|>`."""
         lang = () if self.language is None else (self.language,)
         return (self.sot, *lang, self.transcribe, self.no_timestamps)
+
+
+# OpenAI's alignment heads (decoder layer, head) whose cross-attention tracks the spoken word,
+# as published with the multilingual checkpoints (whisper/__init__.py `_ALIGNMENT_HEADS`).
+ALIGNMENT_HEADS: dict[str, tuple[tuple[int, int], ...]] = {
+    "tiny": ((2, 2), (3, 0), (3, 2), (3, 3), (3, 4), (3, 5)),
+    "base": ((3, 1), (4, 2), (4, 3), (4, 7), (5, 1), (5, 2), (5, 4), (5, 6)),
+    "small": ((5, 3), (5, 9), (8, 0), (8, 4), (8, 7), (8, 8), (9, 0), (9, 7), (9, 9), (10, 5)),
+    "medium": ((13, 15), (15, 4), (15, 15), (16, 1), (20, 0), (23, 4)),
+}

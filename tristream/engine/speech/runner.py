@@ -2,15 +2,18 @@
 
 One pass takes the audio buffers of many streams, pads them into one `(batch bucket, audio
 bucket)` shape, computes log-mel, runs the encoder, fills the static cross-attention K/V,
-prefills the task prompt and then greedy-decodes `max_new_tokens` tokens with a static
-self-attention KV. Two graphs per bucket: "encode" (encoder + cross K/V + prompt prefill + first
-token) and "steps" (`chunk` decoder steps unrolled). All buckets share one memory pool and one
-set of static buffers (sliced per bucket), captured largest first. Tokens and the encoder frame
-each token attends to leave the GPU once per pass.
+prefills the task prompt plus each stream's draft (its previous hypothesis) in parallel, keeps
+the agreeing draft prefix, then greedy-decodes the rest with a static self-attention KV, every
+sequence at its own position. Three graphs per bucket: "encode" (encoder + cross K/V + prefill +
+draft acceptance + first token), "steps" (`chunk` decoder steps unrolled, argmax on the device)
+and "align" (teacher-forced alignment-heads pass → word-timing matrix). All buckets share one
+memory pool and one set of static buffers (sliced per bucket), captured largest first. Tokens
+and the timing matrix leave the GPU once per pass; DTW on the host turns it into token times.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +23,7 @@ from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.mel import LogMel
+from tristream.engine.speech.timing import alignment_matrix, dtw_token_starts
 from tristream.engine.speech.whisper import DecoderCache, Whisper
 
 SAMPLES_PER_POSITION = 2 * HOP
@@ -27,25 +31,43 @@ SAMPLES_PER_POSITION = 2 * HOP
 
 @dataclass(slots=True)
 class PassResult:
-    """Greedy tokens `[B, K]` (text ids, EOT-terminated or full) and each token's encoder frame `[B, K]`."""
+    """One pass: greedy tokens `[B, K]` (text ids, EOT-terminated or full) and per-token frames.
+
+    `frames[b, j]` is the encoder frame (20 ms units from the buffer start) where token `j` starts:
+    its DTW jump time with `word_times`, else 0; `frames[b, n]` (n = number of text tokens, when
+    below K) is the end-of-text row's jump, i.e. where the last word ends. `accepted[b]`: draft
+    tokens confirmed by the parallel prefill; `steps`: serial decoder steps run.
+    """
 
     tokens: np.ndarray
     frames: np.ndarray
     audio_bucket_s: float
     batch_bucket: int
+    accepted: np.ndarray
+    steps: int
 
 
 @dataclass(slots=True)
 class RunnerStats:
-    """Counters: passes per bucket, eager passes, graph captures."""
+    """Counters: passes per bucket, eager passes, graph captures, serial decode steps, draft tokens."""
 
     passes: dict[tuple[int, float], int] = field(default_factory=dict)
     captured: int = 0
     eager_passes: int = 0
+    decode_steps: int = 0
+    draft_tokens: int = 0
+    draft_accepted: int = 0
+    truncated_drafts: int = 0
 
 
 class WhisperRunner:
-    """Fixed-bucket batched Whisper passes (graphs on CUDA, eager elsewhere or when disabled)."""
+    """Fixed-bucket batched Whisper passes (graphs on CUDA, eager elsewhere or when disabled).
+
+    Drafts: a stream may hand its previous hypothesis (text token ids) as a draft. The prefill runs
+    prompt + draft in parallel, keeps the longest draft prefix the model's own greedy choice agrees
+    with (exactly what step-by-step greedy decoding would produce) and continues step by step from
+    there, every sequence at its own position. In steady streaming only the new tail is decoded.
+    """
 
     def __init__(
         self,
@@ -58,6 +80,8 @@ class WhisperRunner:
         chunk: int = 8,
         use_graphs: bool | None = None,
         early_stop: bool = True,
+        max_draft: int = 0,
+        word_times: bool = True,
     ) -> None:
         self.model = model.eval()
         self.tokens = tokens
@@ -71,28 +95,39 @@ class WhisperRunner:
                 raise AudioInputError(f"audio bucket {s} s must be a multiple of 20 ms and at most 30 s")
         self.prompt = tokens.prompt()
         self.k = max_new_tokens
+        if not 0 <= max_draft < max_new_tokens:
+            raise AudioInputError(f"max_draft {max_draft} must be in [0, max_new_tokens={max_new_tokens})")
+        self.max_draft = max_draft
         self.chunk = max(1, min(chunk, max_new_tokens))
-        t_max = len(self.prompt) + self.k + self.chunk
-        if t_max > model.dims.max_target_positions:
-            raise AudioInputError(f"prompt + max_new_tokens + chunk = {t_max} exceeds the decoder's "
+        self.word_times = word_times
+        n_prompt = len(self.prompt)
+        t_max = -(-(n_prompt + self.k + 1) // 16) * 16  # rounded up: aligned attention-mask rows
+        if n_prompt + self.k + 1 > model.dims.max_target_positions:
+            raise AudioInputError(f"prompt + max_new_tokens + 1 = {n_prompt + self.k + 1} exceeds the decoder's "
                                   f"{model.dims.max_target_positions} positions")
+        t_max = min(t_max, model.dims.max_target_positions)
         self.use_graphs = (self.device.type == "cuda") if use_graphs is None else use_graphs
         self.early_stop = early_stop
         self.stats = RunnerStats()
         bmax = self.batch_buckets[-1]
         smax = int(round(self.audio_buckets[-1] * SAMPLE_RATE))
+        tmax_enc = smax // SAMPLES_PER_POSITION
         dev = self.device
+        self.t_max = t_max
         self.mel = LogMel(model.dims.n_mels).to(dev)
         self.audio = torch.zeros(bmax, smax, device=dev)
         self.mel_buf = torch.zeros(bmax, model.dims.n_mels, smax // HOP, device=dev, dtype=self.dtype)
-        self.cache = model.new_cache(bmax, smax // SAMPLES_PER_POSITION, t_max, device=dev, dtype=self.dtype)
+        self.cache = model.new_cache(bmax, tmax_enc, t_max, device=dev, dtype=self.dtype)
         self.prompt_ids = torch.tensor(self.prompt, device=dev)
-        self.prompt_pos = torch.arange(len(self.prompt), device=dev)
-        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
-        self.out_base = torch.full((1,), len(self.prompt), dtype=torch.long, device=dev)
+        self.draft = torch.full((bmax, max_draft), tokens.eot, dtype=torch.long, device=dev)
+        self.draft_len = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self.valid_frames = torch.ones(bmax, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(bmax, dtype=torch.long, device=dev)  # next input position, per sequence
         self.tok = torch.zeros(bmax, dtype=torch.long, device=dev)
-        self.out_tok = torch.full((bmax, self.k + self.chunk + 1), tokens.eot, dtype=torch.long, device=dev)
-        self.out_frame = torch.zeros(bmax, self.k + self.chunk + 1, dtype=torch.long, device=dev)
+        self.accepted = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self.out_tok = torch.full((bmax, self.k + 1), tokens.eot, dtype=torch.long, device=dev)  # last col: overflow
+        self.cols = torch.arange(self.k, device=dev)
+        self.align = torch.zeros(bmax, self.k + 1, tmax_enc, device=dev, dtype=torch.float32)
         self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
         self._pool: object | None = None
 
@@ -118,34 +153,66 @@ class WhisperRunner:
         t = n // SAMPLES_PER_POSITION
         return self.mel_buf[:bb, :, : n // HOP], self.cache.rows(bb, t)
 
-    # ---- the two captured regions ------------------------------------------------------------
+    # ---- the three captured regions ----------------------------------------------------------
     def _encode(self, bb: int, ab: float) -> None:
+        """Encoder, cross K/V, parallel prefill of prompt + draft, draft acceptance, first new token."""
         mel, cache = self._views(bb, ab)
         m = self.model
+        n_prompt, d = len(self.prompt), self.max_draft
         enc = m.encode(mel)
         m.fill_cross(enc, cache)
-        logits, _ = m.decode(self.prompt_ids.expand(bb, -1), self.prompt_pos, cache, vocab_limit=self.tokens.sot)
-        self.tok[:bb].copy_(logits[:, -1].argmax(-1))
-        self.out_tok[:bb, 0].copy_(self.tok[:bb])
-        self.pos.copy_(self.out_base)
+        ids = torch.cat([self.prompt_ids.expand(bb, -1), self.draft[:bb]], dim=1)
+        pos = torch.arange(n_prompt + d, device=self.device)
+        greedy = m.decode(ids, pos, cache, vocab_limit=self.tokens.sot, logits_from=n_prompt - 1).argmax(-1)
+        j = torch.arange(d, device=self.device)
+        agree = (greedy[:, :d] == self.draft[:bb]) & (j[None, :] < self.draft_len[:bb, None])
+        acc = agree.long().cumprod(dim=1).sum(dim=1)  # [bb] longest agreeing draft prefix
+        nxt = greedy.gather(1, acc[:, None])  # the model's own token after it
+        out = self.out_tok[:bb]
+        out.fill_(self.tokens.eot)
+        out[:, :d].copy_(torch.where(j[None, :] < acc[:, None], self.draft[:bb], self.tokens.eot))
+        out.scatter_(1, acc[:, None], nxt)
+        self.accepted[:bb].copy_(acc)
+        self.tok[:bb].copy_(nxt[:, 0])
+        self.pos[:bb].copy_(acc + n_prompt)
 
     def _steps(self, bb: int, ab: float) -> None:
+        """`chunk` greedy steps, each sequence at its own position (clamped at the buffer's end)."""
         _, cache = self._views(bb, ab)
         m = self.model
-        sot = self.tokens.sot
+        n_prompt = len(self.prompt)
         for _ in range(self.chunk):
-            logits, align = m.decode(self.tok[:bb, None], self.pos, cache, vocab_limit=sot)
+            pos = self.pos[:bb]
+            logits = m.decode(self.tok[:bb, None], pos[:, None], cache, vocab_limit=self.tokens.sot)
             nxt = logits[:, 0].argmax(-1)
-            j = self.pos - self.out_base
-            self.out_frame[:bb].index_copy_(1, j, align[:, 0].argmax(-1, keepdim=True))
-            self.out_tok[:bb].index_copy_(1, j + 1, nxt[:, None])
+            col = (pos - n_prompt + 1).clamp_(max=self.k)  # column k is the overflow slot
+            self.out_tok[:bb].scatter_(1, col[:, None], nxt[:, None])
             self.tok[:bb].copy_(nxt)
-            self.pos.add_(1)
+            pos.add_(1).clamp_(max=self.t_max - 1)
 
+    def _align(self, bb: int, ab: float) -> None:
+        """Teacher-forced pass over prompt + tokens → alignment matrix rows `[bb, K + 1, T]`."""
+        _, cache = self._views(bb, ab)
+        n_prompt = len(self.prompt)
+        out = self.out_tok[:bb, : self.k]
+        ids = torch.cat([self.prompt_ids.expand(bb, -1), out], dim=1)
+        logits = self.model.alignment_logits(ids, cache)  # [bb, heads, P + K, T]
+        is_eot = out == self.tokens.eot
+        n_text = torch.where(is_eot.any(1), is_eot.long().argmax(1), self.k)
+        rows = torch.arange(n_prompt + self.k, device=self.device)[None, :] <= (n_text + n_prompt)[:, None]
+        mat = alignment_matrix(logits, self.valid_frames[:bb], rows)
+        self.align[:bb, :, : mat.shape[-1]].copy_(mat[:, n_prompt - 1 :])
+
+    def _fn(self, kind: str) -> Callable[[int, float], None]:
+        return {"encode": self._encode, "steps": self._steps, "align": self._align}[kind]
+
+    def _kinds(self) -> tuple[str, ...]:
+        return ("encode", "steps", "align") if self.word_times else ("encode", "steps")
+
+    @torch.inference_mode()
     def _run(self, kind: str, bb: int, ab: float) -> None:
-        fn = self._encode if kind == "encode" else self._steps
         if not self.use_graphs:
-            fn(bb, ab)
+            self._fn(kind)(bb, ab)
             return
         key = (kind, bb, ab)
         g = self._graphs.get(key)
@@ -156,32 +223,35 @@ class WhisperRunner:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every (batch, audio) bucket's two graphs, largest first, into one pool."""
+        """Capture every (batch, audio) bucket's graphs (encode, steps, align), largest first, into one pool."""
         if not self.use_graphs or self._graphs:
             return
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for _ in range(2):
-                self._encode(self.batch_buckets[-1], self.audio_buckets[-1])
-                self._steps(self.batch_buckets[-1], self.audio_buckets[-1])
+                for kind in self._kinds():
+                    self._fn(kind)(self.batch_buckets[-1], self.audio_buckets[-1])
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
         self._pool = torch.cuda.graph_pool_handle()
         for ab in reversed(self.audio_buckets):
             for bb in reversed(self.batch_buckets):
-                for kind, fn in (("encode", self._encode), ("steps", self._steps)):
+                for kind in self._kinds():
                     g = torch.cuda.CUDAGraph()
                     with torch.cuda.graph(g, pool=self._pool):
-                        fn(bb, ab)
+                        self._fn(kind)(bb, ab)
                     self._graphs[(kind, bb, ab)] = g
                     self.stats.captured += 1
         torch.cuda.synchronize(self.device)
 
     # ---- one pass ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, audio: list[np.ndarray]) -> PassResult:
-        """Transcribe each host buffer (float32 16 kHz mono, ≤ largest bucket) in one batched pass."""
+    def run(self, audio: list[np.ndarray], drafts: Sequence[Sequence[int]] | None = None) -> PassResult:
+        """Transcribe each host buffer (float32 16 kHz mono, ≤ largest bucket) in one batched pass.
+
+        `drafts[i]`: optional previous hypothesis of stream i (text token ids), see the class doc.
+        """
         if not audio:
             raise AudioInputError("run() needs at least one audio buffer")
         bb = self.batch_bucket(len(audio))
@@ -196,36 +266,86 @@ class WhisperRunner:
         if self.device.type == "cuda":
             src = src.pin_memory()
         self.audio[:bb, :n].copy_(src, non_blocking=True)
-        return self._pass(len(audio), bb, ab)
+        return self._pass([a.shape[0] for a in audio], bb, ab, drafts)
 
     @torch.inference_mode()
-    def run_store(self, store: AudioStore, slots: list[int]) -> PassResult:
+    def run_store(self, store: AudioStore, slots: list[int], drafts: Sequence[Sequence[int]] | None = None
+                  ) -> PassResult:
         """Transcribe device-resident rows of `store` in one batched pass (no host audio copy)."""
         if not slots:
             raise AudioInputError("run_store() needs at least one slot")
         bb = self.batch_bucket(len(slots))
-        ab = self.audio_bucket(int(max(store.lengths[s] for s in slots)))
+        lengths = [int(store.lengths[s]) for s in slots]
+        ab = self.audio_bucket(max(lengths))
         n = int(round(ab * SAMPLE_RATE))
         idx = torch.tensor(slots, device=store.device)
         self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, idx))
-        return self._pass(len(slots), bb, ab)
+        return self._pass(lengths, bb, ab, drafts)
 
-    def _pass(self, n_real: int, bb: int, ab: float) -> PassResult:
+    @torch.inference_mode()
+    def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None) -> None:
+        """One small host→device copy: valid frames, draft lengths and draft tokens of every row."""
+        d = self.max_draft
+        host = np.zeros((bb, 2 + d), np.int64)
+        host[:, 2:] = self.tokens.eot
+        host[:, 0] = 1
+        for i, n in enumerate(lengths):
+            host[i, 0] = max(1, -(-n // SAMPLES_PER_POSITION))
+        if drafts is not None:
+            if len(drafts) != len(lengths):
+                raise AudioInputError(f"{len(drafts)} drafts for {len(lengths)} streams; pass one per stream")
+            for i, dr in enumerate(drafts):
+                if len(dr) > d:
+                    self.stats.truncated_drafts += 1
+                dr = [t for t in list(dr)[:d] if t < self.tokens.eot]
+                host[i, 1] = len(dr)
+                host[i, 2 : 2 + len(dr)] = dr
+                self.stats.draft_tokens += len(dr)
+        src = torch.from_numpy(host)
+        if self.device.type == "cuda":
+            src = src.pin_memory()
+        dev = src.to(self.device, non_blocking=True)
+        self.valid_frames[:bb].copy_(dev[:, 0])
+        self.draft_len[:bb].copy_(dev[:, 1])
+        self.draft[:bb].copy_(dev[:, 2:])
+
+    def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None) -> PassResult:
+        n_real = len(lengths)
         n = int(round(ab * SAMPLE_RATE))
+        self._set_inputs(lengths, bb, drafts)
         self.mel_buf[:bb, :, : n // HOP].copy_(self.mel(self.audio[:bb, :n]))
-        self.out_tok.fill_(self.tokens.eot)
         self._run("encode", bb, ab)
-        done = 0
-        while done < self.k:
+        eot = self.tokens.eot
+        steps = 0
+        while steps < self.k:
+            # one sync per chunk: stop once every stream has written end-of-text (early_stop) or
+            # filled its K columns; checked before the first chunk too (fully accepted drafts)
+            written = self.pos[:n_real] - len(self.prompt)  # last written column per stream
+            row_done = written >= self.k - 1
+            if self.early_stop:
+                row_done |= ((self.out_tok[:n_real, : self.k] == eot)
+                             & (self.cols[None, :] <= written[:, None])).any(1)
+            if bool(row_done.all()):
+                break
             self._run("steps", bb, ab)
-            done += self.chunk
-            if self.early_stop and done < self.k:
-                if bool((self.out_tok[:n_real, : done + 1] == self.tokens.eot).any(1).all()):
-                    break
+            steps += self.chunk
+        if self.word_times:
+            self._run("align", bb, ab)
         toks = self.out_tok[:n_real, : self.k].cpu().numpy().copy()
-        frames = self.out_frame[:n_real, : self.k].cpu().numpy().copy()
+        accepted = self.accepted[:n_real].cpu().numpy().copy()
+        frames = np.zeros((n_real, self.k + 1), np.int64)
+        if self.word_times:
+            is_eot = toks == eot
+            n_text = np.where(is_eot.any(1), is_eot.argmax(1), self.k)
+            rows = int(n_text.max()) + 1
+            valid = np.array([max(1, -(-x // SAMPLES_PER_POSITION)) for x in lengths])
+            t = min(int(valid.max()), self.align.shape[-1])
+            mat = self.align[:n_real, :rows, :t].cpu().numpy()
+            frames[:, :rows] = dtw_token_starts(mat, n_text + 1, valid)
         key = (bb, ab)
         self.stats.passes[key] = self.stats.passes.get(key, 0) + 1
+        self.stats.decode_steps += steps
+        self.stats.draft_accepted += int(accepted.sum())
         if not self.use_graphs:
             self.stats.eager_passes += 1
-        return PassResult(toks, frames, ab, bb)
+        return PassResult(toks, frames[:, : self.k + 1], ab, bb, accepted, steps)

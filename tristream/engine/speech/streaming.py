@@ -3,8 +3,8 @@
 Audio arrives per stream in chunks (160–500 ms) stamped with the reference-clock time of their
 first sample; each chunk is uploaded once (pinned, async) into the stream's device-resident row
 of an `AudioStore`. `step()` takes every stream with at least `min_update_s` of new audio, runs them in
-one `WhisperRunner` pass (one encoder call for all), turns tokens into words timed from the
-cross-attention frames on the reference clock, and feeds each stream's `LocalAgreement`. A
+one `WhisperRunner` pass (one encoder call for all), turns tokens into words timed by the
+alignment heads' cross-attention (DTW) on the reference clock, and feeds each stream's `LocalAgreement`. A
 buffer longer than `trim_after_s` is cut at the end of its last committed word (or, with nothing
 committed, to its newest `keep_s` — counted in `stats.forced_trims`).
 """
@@ -12,7 +12,7 @@ committed, to its newest `keep_s` — counted in `stats.forced_trims`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +49,7 @@ class StreamingStats:
     forced_trims: int = 0
     discontinuities: int = 0
     clipped_samples: int = 0
+    draft_resets: int = 0
 
 
 @dataclass(slots=True)
@@ -58,6 +59,7 @@ class _Stream:
     agreement: LocalAgreement
     length: int = 0
     new_samples: int = 0
+    draft: list[int] = field(default_factory=list)
 
     def end_ns(self) -> int:
         return self.t0_ns + self.length * NS // SAMPLE_RATE
@@ -65,28 +67,40 @@ class _Stream:
 
 def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[int], str], eot: int,
                     t0_ns: int, valid_frames: int) -> list[Word]:
-    """Group tokens into words (a token starting with a space opens a word) timed by their frames."""
+    """Group tokens into words (a token starting with a space opens a word) timed by their frames.
+
+    `frames[j]` is token j's start frame (DTW jump); the end-of-text token's frame, when present,
+    ends the last word (else one frame after its last token). Frames never go back and are clamped
+    to the audio.
+    """
     words: list[Word] = []
     cur_text: list[str] = []
     cur_start = 0
     last = 0
+    end: int | None = None
+    hi = max(valid_frames - 1, 0)
+
+    def at(f: int) -> int:
+        return t0_ns + int(f * FRAME_S * NS)
+
     for tid, fr in zip(token_ids, frames, strict=False):
+        fr = min(max(int(fr), last), hi)
         if tid == eot:
+            end = fr
             break
-        fr = min(max(int(fr), last), max(valid_frames - 1, 0))
         last = fr
         piece = text_of(int(tid))
         if not piece:
             continue
         if cur_text and piece[0].isspace():
-            words.append(Word("".join(cur_text), t0_ns + int(cur_start * FRAME_S * NS), t0_ns + int(fr * FRAME_S * NS)))
+            words.append(Word("".join(cur_text), at(cur_start), at(fr)))
             cur_text = []
         if not cur_text:
             cur_start = fr
         cur_text.append(piece)
     if cur_text:
-        end = min(last + 1, max(valid_frames, 1))
-        words.append(Word("".join(cur_text), t0_ns + int(cur_start * FRAME_S * NS), t0_ns + int(end * FRAME_S * NS)))
+        stop = end if end is not None and end > cur_start else min(last + 1, max(valid_frames, 1))
+        words.append(Word("".join(cur_text), at(cur_start), at(stop)))
     return words
 
 
@@ -170,18 +184,24 @@ class StreamingWhisper:
         s.length -= n
         s.t0_ns += n * NS // SAMPLE_RATE
         s.agreement.forget_before(s.t0_ns)
+        if s.draft:  # the draft's first tokens were for the audio just cut; decode afresh
+            s.draft = []
+            self.stats.draft_resets += 1
         self.stats.trims += 1
         self.stats.forced_trims += int(forced)
 
     def _pass(self, ids: list[str]) -> list[TranscriptEvent]:
         streams = [self._get(i) for i in ids]
-        res = self.runner.run_store(self.store, [s.slot for s in streams])
+        drafts = [s.draft for s in streams] if self.runner.max_draft else None
+        res = self.runner.run_store(self.store, [s.slot for s in streams], drafts)
         self.stats.passes += 1
         out: list[TranscriptEvent] = []
         for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
             valid = int(np.ceil(s.length / (FRAME_S * SAMPLE_RATE)))
-            words = tokens_to_words(res.tokens[k].tolist(), res.frames[k].tolist(), self.text_of,
-                                    self.runner.tokens.eot, s.t0_ns, valid)
+            toks = res.tokens[k].tolist()
+            words = tokens_to_words(toks, res.frames[k].tolist(), self.text_of, self.runner.tokens.eot, s.t0_ns, valid)
+            eot = self.runner.tokens.eot
+            s.draft = toks[: toks.index(eot)] if eot in toks else toks
             r = s.agreement.insert(words)
             s.new_samples = 0
             self.stats.updates += 1

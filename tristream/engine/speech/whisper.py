@@ -2,9 +2,10 @@
 
 The encoder runs on any padded length up to 30 s (positional embeddings sliced, as whisper.cpp's
 `audio_ctx`), so streaming updates encode a short fixed bucket instead of 30 s. The decoder
-works on static buffers: a parallel prefill of the prompt writes positions `0..P-1`, then each
-`step` writes one position (a device scalar, so the step is CUDA-graph capturable) and returns
-logits plus the encoder frame the alignment layers' cross-attention points at (word times).
+works on static buffers: a parallel prefill writes positions `0..P-1`, then each step writes one
+position per sequence (device tensors, so steps are CUDA-graph capturable and sequences may sit
+at different positions). `alignment_logits` re-runs a finished sequence teacher-forced and returns
+the alignment heads' cross-attention (word times by DTW, see `timing.py`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tristream.engine.speech.config import WhisperDims
+from tristream.engine.speech.config import ALIGNMENT_HEADS, PRESETS, WhisperDims
 from tristream.engine.speech.errors import AudioInputError, WhisperWeightsError
 
 
@@ -72,46 +73,58 @@ class DecoderLayer(nn.Module):
         k, v = self.xkv(enc).view(b, t, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
-    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, pos: torch.Tensor, xk: torch.Tensor,
-                xv: torch.Tensor, self_mask: torch.Tensor, want_align: bool
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x `[B, S, D]` at positions `pos` `[S]`; `kv_cache` `[2, B, H, Tmax, hd]` is written in place.
+    def self_attend(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: torch.Tensor,
+                    mask: torch.Tensor) -> torch.Tensor:
+        """Residual stream after causal self-attention; writes this step's K/V into the cache.
 
-        With `want_align` the cross-attention is computed explicitly and its head-averaged
-        probabilities `[B, S, T]` are returned (word timing); otherwise one fused SDPA call.
+        `kv_cache` `[2, B, H, Tmax, hd]`; `kv_index` `[B*H*S]` flat row indices into its
+        `[2, B*H*Tmax, hd]` view (per-sequence positions); `mask` additive `[B, 1, S, Tmax]`.
         """
         b, s, d = x.shape
         h, hd = self.heads, d // self.heads
         qkv = self.qkv(self.ln1(x)).view(b, s, 3, h, hd).permute(2, 0, 3, 1, 4)
-        kv_cache.index_copy_(3, pos, qkv[1:])
-        a = F.scaled_dot_product_attention(qkv[0], kv_cache[0], kv_cache[1], attn_mask=self_mask)
-        x = x + self.out(a.transpose(1, 2).reshape(b, s, d))
-        q = self.xq(self.lnx(x)).view(b, s, h, hd).transpose(1, 2)
-        probs: torch.Tensor | None = None
-        if want_align:
-            p = torch.softmax((q @ xk.transpose(-1, -2)) * (hd**-0.5), dim=-1)
-            a = p @ xv
-            probs = p.mean(dim=1)
-        else:
-            a = F.scaled_dot_product_attention(q, xk, xv)
+        flat = kv_cache.view(2, -1, hd)
+        flat.index_copy_(1, kv_index, qkv[1:].reshape(2, b * h * s, hd))
+        a = F.scaled_dot_product_attention(qkv[0], kv_cache[0], kv_cache[1], attn_mask=mask)
+        return x + self.out(a.transpose(1, 2).reshape(b, s, d))
+
+    def cross_query(self, x: torch.Tensor) -> torch.Tensor:
+        """Cross-attention queries `[B, H, S, hd]`."""
+        b, s, d = x.shape
+        return self.xq(self.lnx(x)).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: torch.Tensor, xk: torch.Tensor,
+                xv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """x `[B, S, D]`; see `self_attend` for the cache arguments; cross K/V `[B, H, T, hd]`."""
+        b, s, d = x.shape
+        x = self.self_attend(x, kv_cache, kv_index, mask)
+        a = F.scaled_dot_product_attention(self.cross_query(x), xk, xv)
         x = x + self.xout(a.transpose(1, 2).reshape(b, s, d))
-        x = x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
-        return x, probs
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
 
 @dataclass(slots=True)
 class DecoderCache:
-    """Static decoder buffers: self K/V `[L, 2, B, H, Tmax, hd]`, cross K/V `[L, B, H, T, hd]`, causal table."""
+    """Static decoder buffers: self K/V `[L, 2, B, H, Tmax, hd]`, cross K/V `[L, B, H, T, hd]`.
+
+    `mask` is the additive causal table `[Tmax, Tmax]` (row p: 0 for positions ≤ p, -inf after);
+    `head_base` `[B, H, 1]` holds `(b * H + h) * Tmax`, the flat cache row of position 0.
+    """
 
     kv: torch.Tensor
     xk: torch.Tensor
     xv: torch.Tensor
-    causal: torch.Tensor  # [Tmax, Tmax] bool: row p allows positions <= p
+    mask: torch.Tensor
+    head_base: torch.Tensor
 
     def rows(self, batch: int, enc_len: int) -> DecoderCache:
         """View of the first `batch` sequences and `enc_len` encoder positions (for shape buckets)."""
         return DecoderCache(self.kv[:, :, :batch], self.xk[:, :batch, :, :enc_len], self.xv[:, :batch, :, :enc_len],
-                            self.causal)
+                            self.mask, self.head_base[:batch])
+
+    @property
+    def max_len(self) -> int:
+        return int(self.mask.shape[0])
 
 
 class Whisper(nn.Module):
@@ -130,9 +143,9 @@ class Whisper(nn.Module):
         self.dec_pos = nn.Parameter(torch.zeros(dims.max_target_positions, d))
         self.dec_layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.decoder_layers))
         self.dec_ln = nn.LayerNorm(d)
-        # Word times come from one mid-late decoder layer's cross-attention (OpenAI's alignment heads
-        # sit in the second half); the other layers use fused attention.
-        self.align_layers: tuple[int, ...] = ((2 * dims.decoder_layers) // 3,)
+        # Word times come from the cross-attention of these (layer, head) pairs: OpenAI's published
+        # alignment heads for the released checkpoints, else every head of the second half (their default).
+        self.alignment_heads: tuple[tuple[int, int], ...] = default_alignment_heads(dims)
 
     # ---- encoder ---------------------------------------------------------------------------
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
@@ -154,7 +167,7 @@ class Whisper(nn.Module):
     # ---- decoder ---------------------------------------------------------------------------
     def new_cache(self, batch: int, enc_len: int, max_len: int, device: torch.device | str | None = None,
                   dtype: torch.dtype | None = None) -> DecoderCache:
-        """Empty static buffers for `batch` sequences."""
+        """Empty static buffers for `batch` sequences of up to `max_len` decoder positions."""
         dims = self.dims
         device = device if device is not None else self.tok.device
         dtype = dtype or self.tok.dtype
@@ -162,8 +175,12 @@ class Whisper(nn.Module):
         xshp = (dims.decoder_layers, batch, dims.heads, enc_len, dims.head_dim)
         z = torch.zeros
         ar = torch.arange(max_len, device=device)
+        mask = torch.zeros(max_len, max_len, device=device, dtype=dtype)
+        mask.masked_fill_(ar[None, :] > ar[:, None], float("-inf"))
+        base = (torch.arange(batch, device=device)[:, None] * dims.heads
+                + torch.arange(dims.heads, device=device)[None, :]) * max_len
         return DecoderCache(z(shp, device=device, dtype=dtype), z(xshp, device=device, dtype=dtype),
-                            z(xshp, device=device, dtype=dtype), ar[None, :] <= ar[:, None])
+                            z(xshp, device=device, dtype=dtype), mask, base[:, :, None].contiguous())
 
     def fill_cross(self, enc: torch.Tensor, cache: DecoderCache) -> None:
         """Write the cross-attention K/V of `enc` into `cache` (first `enc.shape[0]` rows)."""
@@ -173,31 +190,70 @@ class Whisper(nn.Module):
             cache.xk[i, :b, :, :t].copy_(k)
             cache.xv[i, :b, :, :t].copy_(v)
 
-    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache, vocab_limit: int | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens `[B, S]` at positions `pos` `[S]` → logits `[B, S, V]`, alignment attention `[B, S, T]`.
+    def _embed(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b, s = tokens.shape
+        if pos.dim() == 1:
+            pos = pos.expand(b, s)
+        kv_index = (cache.head_base[:b] + pos[:, None, :]).reshape(-1)
+        mask = cache.mask.index_select(0, pos.reshape(-1)).view(b, 1, s, cache.max_len)
+        x = F.embedding(tokens, self.tok) + F.embedding(pos, self.dec_pos).to(self.tok.dtype)
+        return x, kv_index, mask
 
-        Writes the self-attention cache at `pos`; attends to cache positions ≤ each query's position.
-        `vocab_limit` keeps only the first ids' logits (text tokens), a smaller final matmul.
+    def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache, vocab_limit: int | None = None,
+               logits_from: int = 0) -> torch.Tensor:
+        """Tokens `[B, S]` at positions `pos` (`[S]` shared, or `[B, S]` per sequence) → logits.
+
+        Writes the self-attention cache at `pos`; each query attends to cache positions ≤ its own.
+        Logits `[B, S - logits_from, V]`: only queries from `logits_from` on (a prefill needs the last
+        ones); `vocab_limit` keeps only the first ids (text tokens), a smaller final matmul.
         """
-        x = F.embedding(tokens, self.tok) + self.dec_pos.index_select(0, pos).to(self.tok.dtype)
-        mask = cache.causal.index_select(0, pos)
-        align: torch.Tensor | None = None
+        x, kv_index, mask = self._embed(tokens, pos, cache)
         for i, layer in enumerate(self.dec_layers):
-            x, p = layer(x, cache.kv[i], pos, cache.xk[i], cache.xv[i], mask, i in self.align_layers)
-            if p is not None:
-                align = p if align is None else align + p
-        x = self.dec_ln(x)
-        assert align is not None
+            x = layer(x, cache.kv[i], kv_index, cache.xk[i], cache.xv[i], mask)
+        x = self.dec_ln(x[:, logits_from:])
         w = self.tok if vocab_limit is None else self.tok[:vocab_limit]
-        return x @ w.T, align
+        return x @ w.T
+
+    def alignment_logits(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        """Teacher-forced pass over `tokens` `[B, S]` (positions 0..S-1) → scaled cross-attention
+        logits of `self.alignment_heads`, `[B, n_heads, S, T]` (pre-softmax). Overwrites the cache."""
+        x, kv_index, mask = self._embed(tokens, torch.arange(tokens.shape[1], device=tokens.device), cache)
+        b, s, d = x.shape
+        hd = self.dims.head_dim
+        last = max(layer for layer, _ in self.alignment_heads)
+        out: list[torch.Tensor] = []
+        for i in range(last + 1):
+            layer = self.dec_layers[i]
+            x = layer.self_attend(x, cache.kv[i], kv_index, mask)  # type: ignore[operator]
+            q = layer.cross_query(x)  # type: ignore[operator]
+            heads = [h for li, h in self.alignment_heads if li == i]
+            if heads:
+                sel = torch.tensor(heads, device=x.device) if len(heads) > 1 else None
+                qh = q.index_select(1, sel) if sel is not None else q[:, heads[0] : heads[0] + 1]
+                kh = cache.xk[i].index_select(1, sel) if sel is not None else cache.xk[i][:, heads[0] : heads[0] + 1]
+                out.append((qh @ kh.transpose(-1, -2)) * (hd**-0.5))
+            if i < last:
+                a = F.scaled_dot_product_attention(q, cache.xk[i], cache.xv[i])
+                x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))  # type: ignore[operator]
+                x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))  # type: ignore[operator]
+        return torch.cat(out, dim=1)
 
     def decode_full(self, tokens: torch.Tensor, enc: torch.Tensor) -> torch.Tensor:
         """Reference: logits of a whole token sequence `[B, S]` with fresh buffers (HF-comparable)."""
         b, s = tokens.shape
         cache = self.new_cache(b, enc.shape[1], s, device=enc.device, dtype=enc.dtype)
         self.fill_cross(enc, cache)
-        return self.decode(tokens, torch.arange(s, device=tokens.device), cache)[0]
+        return self.decode(tokens, torch.arange(s, device=tokens.device), cache)
+
+
+def default_alignment_heads(dims: WhisperDims) -> tuple[tuple[int, int], ...]:
+    """OpenAI's alignment heads when `dims` is a released multilingual size, else the second half's heads."""
+    for name, heads in ALIGNMENT_HEADS.items():
+        if PRESETS[name] == dims:
+            return heads
+    return tuple((layer, h) for layer in range(dims.decoder_layers // 2, dims.decoder_layers)
+                 for h in range(dims.heads))
 
 
 def load_whisper(dims: WhisperDims, state: dict[str, torch.Tensor]) -> Whisper:

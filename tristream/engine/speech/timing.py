@@ -1,0 +1,101 @@
+"""Word times from cross-attention: alignment heads → normalised matrix → DTW (whisper's word_timestamps).
+
+`alignment_matrix` runs on the device inside the runner's graphed pass: softmax of the alignment
+heads' cross-attention over each stream's real audio frames, z-scored along the tokens,
+median-filtered along time, averaged over heads. `dtw_token_starts` then finds, per stream, the
+monotonic token-to-frame path of least cost through the negated matrix (dynamic time warping) and
+returns the frame where each token's row is entered: OpenAI's "jump times". A word starts at its
+first token's jump and ends at the next word's (the last word at the end-of-text row's).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def alignment_matrix(logits: torch.Tensor, valid_frames: torch.Tensor, valid_rows: torch.Tensor,
+                     medfilt: int = 7) -> torch.Tensor:
+    """`[B, heads, S, T]` scaled cross-attention logits → `[B, S, T]` alignment matrix.
+
+    `valid_frames` `[B]`: encoder frames holding audio (the rest is bucket padding, masked before
+    the softmax); `valid_rows` `[B, S]` bool: token rows that take part in the normalisation.
+    """
+    b, h, s, t = logits.shape
+    frame_ok = torch.arange(t, device=logits.device)[None, :] < valid_frames[:, None]  # [B, T]
+    x = logits.float().masked_fill(~frame_ok[:, None, None, :], float("-inf")).softmax(dim=-1)
+    rows = valid_rows[:, None, :, None].to(x.dtype)  # [B, 1, S, 1]
+    n = rows.sum(dim=2, keepdim=True).clamp_min(1.0)
+    mean = (x * rows).sum(dim=2, keepdim=True) / n
+    var = (((x - mean) * rows) ** 2).sum(dim=2, keepdim=True) / n
+    x = (x - mean) / var.sqrt().clamp_min(1e-6)
+    if medfilt > 1:
+        pad = medfilt // 2
+        x = F.pad(x.reshape(b * h, s, t), (pad, pad), mode="reflect").unfold(-1, medfilt, 1).median(dim=-1).values
+        x = x.view(b, h, s, t)
+    return x.mean(dim=1)
+
+
+def dtw_token_starts(matrix: np.ndarray, n_rows: np.ndarray, n_frames: np.ndarray) -> np.ndarray:
+    """Per stream, the frame where the least-cost monotonic path through `-matrix` enters each row.
+
+    `matrix` `[B, N, M]` (higher = more attention); stream `b` uses its first `n_rows[b]` rows and
+    `n_frames[b]` frames; the path runs from `(0, 0)` to `(n_rows-1, n_frames-1)` with diagonal,
+    down and right moves (whisper's `dtw`). Returns `[B, N]` int frames (rows past `n_rows` repeat
+    the last). Vectorised over streams and frames: one pass per row (a prefix minimum), then a backtrace that
+    looks up one prefix argmin per row.
+    """
+    b, n, m = matrix.shape
+    # layout [row, frame, stream]: the prefix scans along frames run over contiguous stream vectors
+    cost = np.ascontiguousarray(-np.asarray(matrix, dtype=np.float32).transpose(1, 2, 0))
+    acc = np.empty((n, m, b), np.float32)  # least cost of a path ending at (row, frame)
+    gap = np.empty((n, m, b), np.float32)  # arrive_k - cost[row, :k]: its prefix argmin is the entry frame
+    csum = np.cumsum(cost, axis=1)
+    acc[0] = csum[0]
+    arrive = np.empty((m, b), np.float32)
+    for i in range(1, n):
+        prev = acc[i - 1]
+        arrive[0] = prev[0]
+        np.minimum(prev[:-1], prev[1:], out=arrive[1:])
+        e = gap[i]
+        np.subtract(arrive, csum[i], out=e)
+        e += cost[i]
+        np.add(csum[i], np.minimum.accumulate(e, axis=0), out=acc[i])
+    starts = np.zeros((b, n), dtype=np.int64)
+    for k in range(b):
+        rows, frames = int(max(1, n_rows[k])), int(max(1, min(n_frames[k], m)))
+        j = frames - 1
+        for i in range(rows - 1, 0, -1):
+            seg = gap[i, : j + 1, k]
+            c = j - int(np.argmin(seg[::-1]))  # last minimum: prefer entering late (diagonal/down before right)
+            starts[k, i] = c
+            j = c - 1 if c and acc[i - 1, c - 1, k] <= acc[i - 1, c, k] else c
+        starts[k, rows:] = starts[k, rows - 1]
+    return starts
+
+
+def dtw_reference(cost: np.ndarray) -> list[int]:
+    """Plain O(N·M) DTW (whisper's loop) on one `[N, M]` cost; entry frame per row. For tests."""
+    n, m = cost.shape
+    acc = np.full((n + 1, m + 1), np.inf)
+    acc[0, 0] = 0.0
+    trace = np.zeros((n + 1, m + 1), dtype=np.int64)
+    for j in range(1, m + 1):
+        for i in range(1, n + 1):
+            c = (acc[i - 1, j - 1], acc[i - 1, j], acc[i, j - 1])
+            k = int(np.argmin(c))
+            acc[i, j] = cost[i - 1, j - 1] + c[k]
+            trace[i, j] = k
+    i, j = n, m
+    starts = [0] * n
+    while i > 0 and j > 0:
+        starts[i - 1] = j - 1
+        t = trace[i, j]
+        if t == 0:
+            i, j = i - 1, j - 1
+        elif t == 1:
+            i -= 1
+        else:
+            j -= 1
+    return starts
