@@ -6,8 +6,8 @@ sessions cancelled / closed / reset, engine faults (engine thread, live pipeline
 `kill -9` of the serving process, malformed media next to well-behaved sessions (their P99
 with and without the abuser), >= 10,000 hypothesis stateful sequences over a live socket and
 >= 1,000,000 atheris executions, oversize / compression / 10,000 idle connections / slow
-reader, auth and isolation, SIGTERM under load. Item 9 (Ray) is in `bench/scale.py`'s
-area; item 10 is `bench/soak.py`.
+reader, auth and isolation, replica death on Ray (`ray.kill` under load, its own local cluster
+in a subprocess), SIGTERM under load. Item 10 is `bench/soak.py`.
 
     python bench/reliability.py                 # everything (~10 min on 2 cores)
     python bench/reliability.py --only 6 7      # some items
@@ -496,6 +496,14 @@ def _idle(n: int) -> dict[str, Any]:
             proc.wait()
 
 
+# ---------------------------------------------------------------- 9
+def item_ray(sessions: int) -> dict[str, Any]:
+    """`ray.kill` one of 2 echo replicas with every session mid-answer (local CPU Ray cluster)."""
+    from tests.reliability.ray_death import run_subprocess
+
+    return run_subprocess(sessions=sessions, words=30, after_s=10.0, timeout_s=600)
+
+
 # ---------------------------------------------------------------- 8, 11
 def item_auth(tmp: Path) -> dict[str, Any]:
     """Run the auth/isolation checks and report what they established."""
@@ -528,14 +536,15 @@ def item_shutdown() -> dict[str, Any]:
 def main() -> None:
     """CLI."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--only", nargs="*", default=None, help="item numbers to run (default: 1-8 and 11)")
+    ap.add_argument("--only", nargs="*", default=None, help="item numbers to run (default: 1-9 and 11)")
+    ap.add_argument("--ray-sessions", type=int, default=40)
     ap.add_argument("--sequences", type=int, default=10_000)
     ap.add_argument("--atheris-runs", type=int, default=1_000_000)
     ap.add_argument("--idle", type=int, default=10_000)
     ap.add_argument("--out", default="reliability")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
-    want = set(a.only or ["1", "3", "4", "5", "6", "7", "8", "11"])
+    want = set(a.only or ["1", "3", "4", "5", "6", "7", "8", "9", "11"])
     import tempfile
 
     from bench._common import write_results
@@ -551,6 +560,7 @@ def main() -> None:
         ("6", "6_fuzz", lambda: item_fuzz(a.sequences, a.atheris_runs)),
         ("7", "7_size_and_resources", lambda: item_abuse(a.idle)),
         ("8", "8_auth_isolation", lambda: item_auth(Path(tempfile.mkdtemp()))),
+        ("9", "9_ray_replica_death", lambda: item_ray(a.ray_sessions)),
         ("11", "11_graceful_shutdown", item_shutdown),
     ]
     for num, key, fn in steps:
