@@ -35,6 +35,8 @@ class BackendConfig:
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    tier: str = "silver"
+    """SLA tier (gold / silver / bronze) for backends that schedule turns (``--backend engine``)."""
 
 
 @dataclass(slots=True)

@@ -2,29 +2,73 @@
 
 - ``echo``: `EchoBackend` (no models; protocol tests and serving-layer load).
 - ``pipeline``: the assistant pipeline (VAD -> ASR -> LLM -> TTS) through
-  `tristream.serve.pipeline_backend`, once the pipeline session exists.
+  `tristream.serve.pipeline_backend`.
+- ``engine``: answers on our `LLMEngine`, turn by turn through the scheduler
+  (`tristream.serve.sched_backend`). Options ride on the name, so ``tristream serve --backend``
+  needs nothing else: ``engine:device=cuda,model=llama-3.2-1b,stages=none,max_tokens=32``
+  (defaults: ``device`` cuda when available else cpu, ``model`` tiny-random on cpu and
+  llama-3.2-1b (random weights) on cuda, ``stages`` none; ``model=smollm2`` is the embedded
+  GGUF, a path loads a HF folder or GGUF file).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from tristream.serve.backend import BackendFactory
 from tristream.serve.echo import EchoBackend
 
-BACKENDS = ("echo", "pipeline")
+BACKENDS = ("echo", "pipeline", "engine")
 
 
 class UnknownBackend(Exception):
     """A backend name that is not in `BACKENDS`, or one whose parts are not installed."""
 
 
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``name:key=val,key=val`` -> (name, options)."""
+    name, _, rest = spec.partition(":")
+    opts: dict[str, str] = {}
+    for part in filter(None, rest.split(",")):
+        key, eq, val = part.partition("=")
+        if not eq or not key:
+            raise UnknownBackend(f"backend option {part!r} in {spec!r} is not key=value")
+        opts[key.strip()] = val.strip()
+    return name, opts
+
+
+def engine_options(opts: dict[str, str]) -> dict[str, Any]:
+    """Keyword arguments of `sched_backend.engine_factory` from ``engine:`` options (defaults filled)."""
+    known = {"device", "model", "stages", "max_tokens", "kv_bytes"}
+    extra = sorted(set(opts) - known)
+    if extra:
+        raise UnknownBackend(f"unknown engine option {extra[0]!r}; known: {sorted(known)}")
+    device = opts.get("device")
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    kw: dict[str, Any] = {"device": device, "stages": opts.get("stages", "none"),
+                          "model": opts.get("model", "llama-3.2-1b" if device.startswith("cuda") else "tiny-random")}
+    for key in ("max_tokens", "kv_bytes"):
+        if key in opts:
+            kw[key] = int(opts[key])
+    return kw
+
+
 def make_factory(name: str, pace: float = 0.0) -> BackendFactory:
     """A zero-argument callable creating one backend per session."""
-    if name == "echo":
+    base, opts = parse_spec(name)
+    if base == "echo":
         return lambda: EchoBackend(pace=pace)
-    if name == "pipeline":
+    if base == "pipeline":
         try:
             from tristream.serve.pipeline_backend import pipeline_factory
         except ImportError as exc:
             raise UnknownBackend(f"backend 'pipeline' is not available: {exc}") from exc
         return pipeline_factory()
+    if base == "engine":
+        from tristream.serve.sched_backend import engine_factory
+
+        return engine_factory(**engine_options(opts))
     raise UnknownBackend(f"unknown backend {name!r}; choose one of {BACKENDS}")

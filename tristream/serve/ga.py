@@ -28,7 +28,7 @@ BETA_SESSION_MARKERS = frozenset({"modalities", "input_audio_format", "output_au
                                   "input_audio_noise_reduction"})
 _GA_SESSION_KEYS = {"type", "output_modalities", "audio", "instructions", "max_output_tokens", "model", "tools",
                     "tool_choice", "tracing", "truncation", "prompt", "include", "temperature", "client_secret",
-                    "expires_at", "id", "object"}
+                    "expires_at", "id", "object", "tier"}
 _RENAMED = {
     "response.text.delta": "response.output_text.delta",
     "response.text.done": "response.output_text.done",
@@ -81,7 +81,7 @@ def ga_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str, Any]:
         raise P.ProtocolError(P.E_INVALID_VALUE, "session.type must be 'realtime' (transcription sessions are "
                               "not supported)", "session.type", eid)
     out: dict[str, Any] = {k: sess[k] for k in ("instructions", "model", "tools", "tool_choice", "tracing",
-                                                  "include", "temperature") if k in sess}
+                                                  "include", "temperature", "tier") if k in sess}
     if "output_modalities" in sess:
         mods = sess["output_modalities"]
         if not isinstance(mods, list) or not mods or any(m not in ("text", "audio") for m in mods):
@@ -140,7 +140,7 @@ def ga_session(beta: dict[str, Any]) -> dict[str, Any]:
             "output": {"format": {"type": "audio/pcm", "rate": rate_out}, "voice": beta["voice"], "speed": 1.0},
         },
         "tools": [], "tool_choice": "none", "max_output_tokens": beta["max_response_output_tokens"],
-        "tracing": None, "truncation": "auto", "prompt": None, "include": None,
+        "tracing": None, "truncation": "auto", "prompt": None, "include": None, "tier": beta.get("tier"),
     }
 
 

@@ -110,8 +110,12 @@ class _Sink:
 class PipelineBackend:
     """One server session driven by one pipeline `Session` over process-wide `SharedModels`."""
 
-    def __init__(self, models: Any, clock: Any | None = None) -> None:
+    def __init__(self, models: Any, clock: Any | None = None, chat_for_session: Any = None) -> None:
+        """``chat_for_session(tier_getter)``: a per-session chat backend replacing ``models.llm``
+        (``--backend engine --stages embedded``: the session's turns on the scheduled engine)."""
         self.models = models
+        self._chat_for_session = chat_for_session
+        self._own_chat: Any = None
         self._session_clock = clock
         self._cfg: BackendConfig | None = None
         self._sink: EventSink | None = None
@@ -177,7 +181,9 @@ class PipelineBackend:
         s = _HookedSession(self.models, sink=_Sink(self), clock=self._session_clock, config=scfg)
         s.vad = cast(Any, _Tap(s.vad, self._on_vad))
         s.asr = cast(Any, _Tap(s.asr, self._on_asr))
-        s.llm = cast(Any, _TappedChat(s.llm, self._on_text, self._on_llm_error))
+        if self._chat_for_session is not None:
+            self._own_chat = self._chat_for_session(lambda: self._cfg.tier if self._cfg else "silver")
+        s.llm = cast(Any, _TappedChat(self._own_chat or s.llm, self._on_text, self._on_llm_error))
         self._gate = TurnGate(s.llm_stage.inbox, self._hold_turns, self._count)
         s.asr_stage.downstream = [cast(Any, self._gate)]
         self._session = s
@@ -215,7 +221,9 @@ class PipelineBackend:
         self._count("llm_failures")
         if self._active:
             self._active = False
-            self._emit(ResponseDone("failed", self._now(), f"{type(exc).__name__}: {exc}"))
+            shed = getattr(exc, "shed_reason", None)  # `sched_backend.TurnShed`
+            stats = {"shed": shed, "tier": getattr(exc, "tier", "")} if shed else {}
+            self._emit(ResponseDone("failed", self._now(), f"{type(exc).__name__}: {exc}", stats))
 
     def _on_text(self, delta: str) -> None:
         if self._active:
@@ -408,6 +416,8 @@ class PipelineBackend:
             self._transcribing.cancel()
         if self._session is not None:
             await self._session.close()
+            if self._own_chat is not None:
+                self._own_chat.close()
             await asyncio.sleep(0)
             STAGE_TOTALS.add_session(self._session)
 

@@ -41,11 +41,15 @@ E_SESSION_EXPIRED = "session_expired"
 E_SLOW_CLIENT = "slow_client"
 E_SERVER_ERROR = "server_error"
 E_SHUTTING_DOWN = "server_shutting_down"
+E_SHED = "scheduler_shed"
+E_TIER_NOT_ALLOWED = "tier_not_allowed"
 
 MAX_TS_US = 1 << 62  # capture timestamps beyond this overflow int64 nanoseconds downstream
 SUPPORTED_SAMPLE_RATES = (8_000, 16_000, 24_000, 48_000)
 VIDEO_FORMATS = ("jpeg", "rgb24", "gray8")
 VIDEO_FRAME_EVENT = "tristream.input_video_frame.append"
+TIER_NAMES = ("gold", "silver", "bronze")
+"""SLA tiers, most important first (the scheduler's `Tier` order)."""
 
 
 class ProtocolError(Exception):
@@ -159,7 +163,7 @@ ClientEvent = (
 _SESSION_KEYS = {
     "modalities", "instructions", "voice", "input_audio_format", "output_audio_format",
     "input_audio_sample_rate", "output_audio_sample_rate", "input_audio_transcription",
-    "turn_detection", "temperature", "max_response_output_tokens",
+    "turn_detection", "temperature", "max_response_output_tokens", "tier",
     # Accepted for compatibility with official clients, ignored (documented):
     "model", "tools", "tool_choice", "input_audio_noise_reduction", "tracing", "speed",
     "client_secret", "include",
@@ -230,6 +234,11 @@ def validate_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str,
                 raise ProtocolError(E_INVALID_VALUE, f"session.{key} must be one of {SUPPORTED_SAMPLE_RATES}",
                                     f"session.{key}", eid)
             out[key] = rate
+    if "tier" in sess:
+        tier = _require(sess, "tier", str, eid)
+        if tier not in TIER_NAMES:
+            raise ProtocolError(E_INVALID_VALUE, f"session.tier must be one of {TIER_NAMES}", "session.tier", eid)
+        out["tier"] = tier
     if "input_audio_transcription" in sess:
         out["input_audio_transcription"] = _optional(sess, "input_audio_transcription", dict, eid)
     if "temperature" in sess:

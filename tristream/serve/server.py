@@ -80,7 +80,20 @@ class RealtimeServer:
         record_dir: Path | None = None,
         tracer: TurnTracer | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
+        token_tiers: dict[str, str] | None = None,
     ) -> None:
+        """``tokens`` may carry a tier as ``SECRET@bronze`` (the CLI's way); ``token_tiers`` maps
+        tokens to the best SLA tier their sessions may use (default: any)."""
+        tiers = dict(token_tiers or {})
+        plain: list[str] = []
+        for t in tokens or []:
+            secret, sep, tier = t.rpartition("@")
+            if sep and tier in P.TIER_NAMES and secret:
+                tiers[secret] = tier
+                plain.append(secret)
+            else:
+                plain.append(t)
+        tokens = plain
         if require_auth and not tokens:
             raise AuthError("auth is required but no token was given: pass --token (or TRISTREAM_TOKEN), "
                             "or --no-auth for a trusted local demo")
@@ -88,6 +101,7 @@ class RealtimeServer:
         self.host = host
         self.port = port
         self.tokens = [t.encode() for t in (tokens or [])]
+        self.token_tiers = {k.encode(): v for k, v in tiers.items()}
         self.require_auth = require_auth
         self.limits = limits or ServerLimits()
         self.record_dir = record_dir
@@ -157,6 +171,10 @@ class RealtimeServer:
     def _authorized(self, request: Request) -> bool:
         if not self.require_auth:
             return True
+        return self._token_of(request) is not None
+
+    def _token_of(self, request: Request) -> bytes | None:
+        """The configured token this request presents (None: none valid)."""
         offered: list[str] = []
         auth = request.headers.get("Authorization", "")
         if auth.lower().startswith("bearer "):
@@ -164,7 +182,11 @@ class RealtimeServer:
         for proto in request.headers.get_all("Sec-WebSocket-Protocol"):
             offered += [p.strip()[len(KEY_SUBPROTOCOL):] for p in proto.split(",")
                         if p.strip().startswith(KEY_SUBPROTOCOL)]
-        return any(hmac.compare_digest(o.encode(), t) for o in offered for t in self.tokens)
+        for o in offered:
+            for t in self.tokens:
+                if hmac.compare_digest(o.encode(), t):
+                    return t
+        return None
 
     def _respond(self, conn: ServerConnection, status: int, body: bytes | str, ctype: str) -> Response:
         resp = conn.respond(HTTPStatus(status), "")
@@ -300,9 +322,11 @@ class RealtimeServer:
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600))  # owner-only before any byte
             recorder = McapRecorder(path, sid)
         holder: list[_Conn] = []
+        token = self._token_of(ws.request) if self.require_auth and ws.request is not None else None
         session = RealtimeSession(sid, self.factory(), self._sender(holder), self.clock_ns, self.limits,
                                   self.metrics, tap=recorder.tap if recorder else None,
-                                  on_turn=lambda t: self._on_turn(sid, t))
+                                  on_turn=lambda t: self._on_turn(sid, t),
+                                  tier_cap=self.token_tiers.get(token) if token is not None else None)
         c = _Conn(session, ws, asyncio.Queue())
         holder.append(c)
         self.conns[sid] = c

@@ -95,7 +95,9 @@ class RealtimeSession:
         metrics: ServeMetrics | None = None,
         tap: Tap | None = None,
         on_turn: Callable[[TurnTiming], None] | None = None,
+        tier_cap: str | None = None,
     ) -> None:
+        """``tier_cap``: the best SLA tier the client's token allows (its default tier too)."""
         self.id = session_id
         self.backend = backend
         self._send_raw = send
@@ -105,6 +107,9 @@ class RealtimeSession:
         self.tap = tap
         self.on_turn = on_turn
         self.settings = P.SessionSettings(id=session_id)
+        self.tier_cap = tier_cap
+        if tier_cap is not None:
+            self.settings.tier = tier_cap
         now_s = clock_ns() / 1e9
         self._msg_bucket = TokenBucket(self.limits.max_messages_per_s, self.limits.burst_messages, now_s)
         self._byte_bucket = TokenBucket(self.limits.max_bytes_per_s, self.limits.burst_bytes, now_s)
@@ -148,6 +153,7 @@ class RealtimeSession:
             silence_duration_ms=td.silence_duration_ms if td else 500,
             create_response=td.create_response if td else False,
             interrupt_response=td.interrupt_response if td else False,
+            tier=s.tier,
         )
 
     async def open(self) -> None:
@@ -213,6 +219,11 @@ class RealtimeSession:
             self.backend.push_frame(VideoFrame(ev.data, ev.format, ev.capture_ts_us, ev.width, ev.height,
                                                ev.stream_id, now))
         elif isinstance(ev, P.SessionUpdate):
+            tier = ev.changes.get("tier")
+            if tier is not None and self.tier_cap is not None and \
+                    P.TIER_NAMES.index(tier) < P.TIER_NAMES.index(self.tier_cap):
+                raise P.ProtocolError(P.E_TIER_NOT_ALLOWED, f"this token allows tier '{self.tier_cap}' at best; "
+                                      f"'{tier}' needs another token", "session.tier", ev.event_id)
             for key, val in ev.changes.items():
                 setattr(self.settings, key, val)
             if ev.api is not None:  # mirror the client: GA-shaped updates get GA events back
@@ -352,7 +363,14 @@ class RealtimeSession:
             self.metrics.inc("tristream_events_dropped_total", reason="done_without_response")
             return
         self._response = None
-        if ev.status == "failed":  # the engine failed under this answer: say so, the session goes on
+        shed = ev.stats.get("shed") if ev.status == "failed" else None
+        if shed:  # the scheduler dropped this answer under load: say why, the session goes on
+            failure = P.ProtocolError(P.E_SHED, f"the scheduler shed this answer: {shed} (tier "
+                                      f"{ev.stats.get('tier', self.settings.tier)}); the server is overloaded, "
+                                      "retry later or use a higher tier")
+            failure.error_type = "server_error"
+            self.send_error(failure)
+        elif ev.status == "failed":  # the engine failed under this answer: say so, the session goes on
             failure = P.ProtocolError(P.E_SERVER_ERROR, f"the answer failed ({ev.reason or 'engine error'}); "
                                       "the session goes on: send response.create or speak again")
             failure.error_type = "server_error"
@@ -371,8 +389,13 @@ class RealtimeSession:
         t.done = now
         t.status = status
         lat = t.latencies_ms()
+        robj = P.response_object(resp.id, status, [item], resp.modalities)
+        if status == "failed":
+            robj["status_details"] = {"type": "failed", "reason": f"shed:{shed}" if shed else "engine_error",
+                                      "error": {"type": "server_error", "code": P.E_SHED if shed else P.E_SERVER_ERROR,
+                                                "message": ev.reason}}
         self.send(P.server_event("response.done",
-                                 response=P.response_object(resp.id, status, [item], resp.modalities),
+                                 response=robj,
                                  x_tristream={"latency_ms": lat, "audio_samples": resp.audio_samples}))
         for name, key in (("tristream_eos_to_first_text_seconds", "first_text"),
                           ("tristream_eos_to_first_audio_seconds", "first_audio"),

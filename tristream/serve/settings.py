@@ -42,6 +42,8 @@ class SessionSettings:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     temperature: float = 0.8
     max_response_output_tokens: int | str = "inf"
+    tier: str = "silver"
+    """Extension: SLA tier of the session's turns (gold / silver / bronze); capped by the auth token."""
     api: str = "beta"
     """Event names and session shape sent to the client: ``"beta"`` or ``"ga"`` (`serve.ga`); not in `to_json`."""
 
@@ -75,4 +77,5 @@ class SessionSettings:
             "tool_choice": "none",
             "temperature": self.temperature,
             "max_response_output_tokens": self.max_response_output_tokens,
+            "tier": self.tier,
         }

@@ -1,0 +1,257 @@
+"""``--backend engine``: sessions whose answers run on our engine, turn by turn through the scheduler.
+
+- `ScheduledChat`: a pipeline `ChatBackend` bound to one session; each ``stream()`` is one turn
+  submitted to the process's `ScheduledEngine` at the session's SLA tier. A turn the scheduler
+  sheds raises `TurnShed` (an `EngineStepError`, so the pipeline ends the turn cleanly).
+- `EngineSessionBackend`: text turns only (``conversation.item.create`` + ``response.create``),
+  no speech models: what a GPU box without the embedded CPU stages serves, and what the GPU
+  bench drives. Audio and frames are counted and ignored.
+- ``stages=embedded``: the full assistant (`PipelineBackend`: VAD, Whisper, piper, OpenCV) with
+  its LLM replaced by the session's `ScheduledChat`, so spoken turns go through the scheduler too.
+
+Sheds reach the client as an ``error`` event with code ``scheduler_shed`` (the reason in the
+message and in ``response.status_details``) and ``response.done`` with status ``failed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from tristream.pipeline.llm import EngineStepError
+from tristream.sched.types import Modality
+from tristream.serve.backend import (
+    BackendConfig,
+    BackendFactory,
+    EventSink,
+    ResponseDone,
+    ResponseStarted,
+    TextDelta,
+    VideoFrame,
+)
+from tristream.serve.sched_engine import ScheduledEngine
+
+DEFAULT_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
+
+
+class TurnShed(EngineStepError):
+    """The scheduler shed this turn (``shed_reason``: queue_full, timeout, answer_aborted, session_refused)."""
+
+    def __init__(self, reason: str, tier: str) -> None:
+        super().__init__(f"the scheduler shed this turn ({reason}, tier {tier})")
+        self.shed_reason = reason
+        self.tier = tier
+
+
+class ScheduledChat:
+    """One session's turns on the shared `ScheduledEngine` (see the module docstring)."""
+
+    name = "engine+sched"
+
+    def __init__(self, se: ScheduledEngine, tier: Callable[[], str], modality: Modality = Modality.SPEECH) -> None:
+        self.se = se
+        self._tier = tier
+        self.modality = modality
+        self.sid: int | None = None
+        self._open_tier = ""
+
+    def _session(self) -> int:
+        tier = self._tier()
+        if self.sid is None or tier != self._open_tier:  # a new tier applies from the next turn
+            if self.sid is not None:
+                self.se.close(self.sid)
+            self.sid = self.se.open(tier)
+            self._open_tier = tier
+        return self.sid
+
+    async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
+        """Text deltas of this turn's answer; closing the iterator cancels the answer."""
+        sid = self._session()
+        h = self.se.submit(sid, self.se.encode(messages), max_tokens, self.modality)
+        ended = False
+        try:
+            while True:
+                kind, value = await h.events.get()
+                if kind == "delta":
+                    yield value
+                    continue
+                ended = True
+                if kind == "shed":
+                    raise TurnShed(value, self._open_tier)
+                if kind == "error":
+                    raise EngineStepError(value)
+                return
+        finally:
+            if not ended:
+                self.se.cancel(sid)
+
+    def close(self) -> None:
+        """The session ended: its scheduler state goes."""
+        if self.sid is not None:
+            self.se.close(self.sid)
+            self.sid = None
+
+
+class EngineSessionBackend:
+    """Text turns of one session on the scheduled engine; see the module docstring."""
+
+    def __init__(self, se: ScheduledEngine, max_tokens: int = 32, max_history_turns: int = 6) -> None:
+        self.se = se
+        self.max_tokens = max_tokens
+        self.max_history = 2 * max_history_turns
+        self.cfg: BackendConfig | None = None
+        self.sink: EventSink | None = None
+        self.chat: ScheduledChat | None = None
+        self.system = ""
+        self.history: list[dict[str, str]] = []
+        self.pending: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._counters: dict[str, int] = {}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._counters[name] = self._counters.get(name, 0) + n
+
+    def _emit(self, ev: Any) -> None:
+        if self.sink is not None:
+            self.sink(ev)
+
+    async def start(self, config: BackendConfig, sink: EventSink) -> None:
+        """Bind the session to the scheduler (opened at its first turn, at the tier then in force)."""
+        self.cfg, self.sink = config, sink
+        self.chat = ScheduledChat(self.se, lambda: self.cfg.tier if self.cfg else "silver", Modality.TEXT)
+
+    def update(self, config: BackendConfig) -> None:
+        """Instructions and tier apply from the next turn."""
+        self.cfg = config
+
+    def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
+        """No speech models in this backend (``stages=embedded`` has them): counted."""
+        self._count("ignored_audio_chunks")
+
+    def push_frame(self, frame: VideoFrame) -> None:
+        """No vision here: counted."""
+        self._count("ignored_frames")
+
+    def push_text(self, role: str, text: str, images: list[bytes], ref_ns: int) -> None:
+        """User text waits for ``response.create``; system text replaces the instructions."""
+        if role == "system":
+            self.system = text
+            return
+        if images:
+            self._count("ignored_images", len(images))
+        if text:
+            self.pending.append(text)
+
+    def commit_audio(self, ref_ns: int) -> None:
+        """No audio turns: a commit answers pending text, if any."""
+        if self.pending:
+            self.create_response(None, ref_ns)
+        else:
+            self._count("manual_commit_ignored")
+
+    def clear_audio(self, ref_ns: int) -> None:
+        """No audio buffer."""
+
+    def create_response(self, instructions: str | None, ref_ns: int) -> None:
+        """Answer the pending text (or the last user message again) as one scheduled turn."""
+        user = " ".join(self.pending) or next((m["content"] for m in reversed(self.history)
+                                                if m["role"] == "user"), "Hello.")
+        self.pending = []
+        system = instructions or (self.cfg.instructions if self.cfg else "") or self.system or DEFAULT_SYSTEM
+        messages = [{"role": "system", "content": system}, *self.history[-self.max_history:],
+                    {"role": "user", "content": user}]
+        self.history.append({"role": "user", "content": user})
+        self._emit(ResponseStarted(time.monotonic_ns()))
+        self._task = asyncio.get_running_loop().create_task(self._answer(messages))
+
+    async def _answer(self, messages: list[dict[str, str]]) -> None:
+        assert self.chat is not None
+        parts: list[str] = []
+        status, reason, stats = "completed", "", {}
+        try:
+            async with contextlib.aclosing(self.chat.stream(messages, self.max_tokens)) as deltas:  # type: ignore[type-var]
+                async for d in deltas:
+                    parts.append(d)
+                    self._emit(TextDelta(d, time.monotonic_ns()))
+        except TurnShed as exc:
+            self._count(f"shed_{exc.shed_reason}")
+            status, reason, stats = "failed", str(exc), {"shed": exc.shed_reason, "tier": exc.tier}
+        except EngineStepError as exc:
+            self._count("engine_errors")
+            status, reason = "failed", str(exc)
+        self.history.append({"role": "assistant", "content": "".join(parts)})
+        self._task = None
+        self._emit(ResponseDone(status, time.monotonic_ns(), reason, stats))
+
+    def cancel_response(self, ref_ns: int) -> None:
+        """Stop the answer: the scheduler drops its work, the engine frees its blocks at the next step."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+            self._emit(ResponseDone("cancelled", time.monotonic_ns()))
+
+    def counters(self) -> dict[str, int]:
+        """Ignored inputs and shed turns, by kind."""
+        return dict(self._counters)
+
+    async def close(self) -> None:
+        """Cancel an answer in flight and leave the scheduler."""
+        self.cancel_response(time.monotonic_ns())
+        self.sink = None
+        await asyncio.sleep(0)
+        if self.chat is not None:
+            self.chat.close()
+
+
+def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
+                   kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None) -> BackendFactory:
+    """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
+    for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
+
+    ``stages``: ``none`` (text turns) or ``embedded`` (the CPU speech/vision stages around it).
+    ``scheduler``: a `SchedulerConfig` (default: ours).
+    """
+    from tristream.sched.real import build_engine
+
+    if model == "smollm2":
+        from tristream.pipeline.models import smollm2_gguf
+
+        model = smollm2_gguf()
+    if kv_bytes is None:
+        kv_bytes = (8 << 30) if device.startswith("cuda") else (64 << 20)
+    se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler)
+    factory: Any
+    if stages == "none":
+        def factory() -> EngineSessionBackend:
+            return EngineSessionBackend(se, max_tokens)
+    elif stages == "embedded":
+        from tristream.pipeline.models import load_models
+        from tristream.serve.pipeline_backend import PipelineBackend
+
+        models = load_models(llm_url="unused://")  # the LLM is the scheduled engine, per session
+
+        def factory() -> PipelineBackend:
+            return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier))
+    else:
+        raise ValueError(f"stages must be 'none' or 'embedded', got {stages!r}")
+    factory.se = se
+    factory.collect = lambda: sched_families(se)
+    factory.healthy = lambda: se.error is None
+    return factory  # type: ignore[no-any-return]
+
+
+def sched_families(se: ScheduledEngine) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    """The scheduler's shed ledger and the engine loop's counters as Prometheus families."""
+    st = se.stats()
+    shed = [("tristream_sched_shed_total", dict(zip(("reason", "tier", "kind"), k.split("/"), strict=True)),
+             float(v)) for k, v in st["shed"].items()]
+    counters = [("tristream_sched_counter", {"name": k}, float(v)) for k, v in sorted(st["counters"].items())]
+    return [("tristream_sched_shed_total", "counter", "work shed by the scheduler (reason, tier, kind)", shed),
+            ("tristream_sched_counter", "gauge", "scheduled engine loop counters", counters),
+            ("tristream_sched_steps_total", "counter", "engine steps run by the scheduler",
+             [("tristream_sched_steps_total", {}, float(st["steps"]))])]

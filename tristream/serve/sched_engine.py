@@ -1,0 +1,243 @@
+"""`ScheduledEngine`: the server's turns on our `LLMEngine`, planned step by step by `tristream.sched`.
+
+One per process. A dedicated thread owns the engine and one cross-session `Scheduler`
+(ours by default): sessions' turns arrive from the asyncio loop as commands, the thread
+applies them at step boundaries, asks the scheduler for the next plan, runs it on the engine
+(`TurnExecutor`) and hands the outputs back to each turn's asyncio queue. With CUDA the engine
+replays its captured graphs; on a CPU the same code runs eagerly.
+
+What the scheduler sheds reaches the turn as ``("shed", reason)`` as soon as the scheduler
+decides it, at most one engine step later: a TURN_END refused by a full tier queue
+(``queue_full``) or expired before it ran (``timeout``), an answer aborted because its
+decode tokens timed out (``answer_aborted``), a session refused by admission control
+(``session_refused``). Every shed is also in the scheduler's ledger (``/metrics``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tristream.sched.admission import ShedReason
+from tristream.sched.backend import WallClock
+from tristream.sched.config import SchedulerConfig, ours_config
+from tristream.sched.scheduler import Scheduler
+from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
+from tristream.sched.types import Modality, SessionRefused, Tier, UnknownSession
+from tristream.serve.turn_executor import TurnExecutor
+
+log = logging.getLogger("tristream.serve")
+TIERS = {t.name.lower(): t for t in Tier}
+
+
+@dataclass(slots=True)
+class TurnHandle:
+    """One answer in flight: its events arrive on ``events`` (on the submitting loop).
+
+    Events: ``("delta", text)``, ``("done", finish_reason)``, ``("shed", reason)``,
+    ``("error", message)``; the last three end the turn.
+    """
+
+    sid: int
+    turn: int
+    events: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
+    loop: asyncio.AbstractEventLoop | None = None
+    t_submit_ns: int = 0
+
+
+class ScheduledEngine:
+    """See the module docstring. Thread-safe entry points: `open`, `submit`, `cancel`, `close`."""
+
+    def __init__(self, engine: Any, config: SchedulerConfig | None = None, temperature: float = 0.0,
+                 repetition_penalty: float = 1.1) -> None:
+        self.engine = engine
+        self.clock = WallClock()
+        self.sched = Scheduler(config or ours_config(), CalibratedStepTime(StepTimeModel()))
+        self.executor = TurnExecutor(engine, temperature, repetition_penalty)
+        self.tokenizer = getattr(engine, "tokenizer", None)
+        self.vocab = int(engine.model.cfg.vocab_size)
+        self.handles: dict[int, TurnHandle] = {}
+        self.tiers: dict[int, Tier] = {}
+        self.counters: dict[str, int] = {}
+        self.steps = 0
+        self.error: BaseException | None = None
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stop = False
+        self._next_sid = 0
+        self._sid_lock = threading.Lock()
+        self._turns_seen = 0
+        self._thread = threading.Thread(target=self._run, name="tristream-sched-engine", daemon=True)
+        self._thread.start()
+
+    # ---------------------------------------------------------------- loop side
+    def encode(self, messages: list[dict[str, str]]) -> list[int]:
+        """Prompt token ids: the chat template, or (a model without tokenizer) bytes mod vocab."""
+        if self.tokenizer is not None:
+            return list(self.tokenizer.apply_chat_template(messages))
+        text = "\n".join(m["content"] for m in messages)
+        return [1 + b % (self.vocab - 1) for b in text.encode()] or [1]
+
+    def open(self, tier: str) -> int:
+        """A new scheduler session at ``tier`` (gold / silver / bronze); returns its id."""
+        with self._sid_lock:
+            self._next_sid += 1
+            sid = self._next_sid
+        t = TIERS[tier]
+        self._put(lambda: self._open(sid, t))
+        return sid
+
+    def submit(self, sid: int, prompt: list[int], max_tokens: int, modality: Modality) -> TurnHandle:
+        """End of a user turn: answer ``prompt`` (call on the event loop; events come back there)."""
+        h = TurnHandle(sid, 0, loop=asyncio.get_running_loop(), t_submit_ns=self.clock.now_ns())
+        self._put(lambda: self._turn(h, prompt, max_tokens, modality))
+        return h
+
+    def cancel(self, sid: int) -> None:
+        """Stop the session's answer (barge-in, ``response.cancel``) at the next step boundary."""
+        self._put(lambda: self._cancel(sid, "cancelled"))
+
+    def close(self, sid: int) -> None:
+        """The session ended."""
+        self._put(lambda: self._close(sid))
+
+    def shutdown(self) -> None:
+        """Stop the thread (tests, process exit)."""
+        self._stop = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, the scheduler's shed ledger and the engine's step count (for /metrics)."""
+        return {"counters": dict(self.counters), "shed": self.sched.ledger.to_dict(), "steps": self.steps,
+                "healthy": self.error is None}
+
+    def _put(self, cmd: Callable[[], None]) -> None:
+        self._commands.put(cmd)
+        self._wake.set()
+
+    # ---------------------------------------------------------------- engine thread
+    def _count(self, name: str, n: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + n
+
+    def _send(self, h: TurnHandle, kind: str, value: str) -> None:
+        if h.loop is not None and not h.loop.is_closed():
+            h.loop.call_soon_threadsafe(h.events.put_nowait, (kind, value))
+
+    def _end(self, sid: int, kind: str, value: str) -> None:
+        h = self.handles.pop(sid, None)
+        if h is not None:
+            self._send(h, kind, value)
+
+    def _open(self, sid: int, tier: Tier) -> None:
+        self.tiers[sid] = tier
+        try:
+            self.sched.open_session(sid, tier, self.clock.now_ns(), camera_fps=0.0)
+        except SessionRefused:
+            self._count("sessions_refused")
+            self.tiers[sid] = tier  # turns of a refused session are shed one by one (below)
+
+    def _turn(self, h: TurnHandle, prompt: list[int], max_tokens: int, modality: Modality) -> None:
+        sid = h.sid
+        if sid not in self.sched.sessions:  # refused at open (overload): retry admission now
+            try:
+                self.sched.open_session(sid, self.tiers[sid], self.clock.now_ns(), camera_fps=0.0)
+            except SessionRefused:
+                self._count("turns_shed_session_refused")
+                self._send(h, "shed", ShedReason.SESSION_REFUSED.value)
+                return
+        if sid in self.handles:  # a new turn while one runs: the old answer is cut
+            self._cancel(sid, "superseded")
+        self.handles[sid] = h
+        limit = int(self.engine.config.max_model_len) - max_tokens - 1
+        if len(prompt) > limit:  # the oldest history goes first
+            self._count("prompts_truncated")
+            prompt = prompt[-limit:]
+        self.executor.begin(sid, prompt, max_tokens, ignore_eos=self.tokenizer is None)
+        now = self.clock.now_ns()
+        try:
+            self.sched.turn_end(sid, now, len(prompt), max_tokens, modality)
+        except UnknownSession:
+            self._end(sid, "error", "session closed")
+
+    def _cancel(self, sid: int, why: str) -> None:
+        self.executor.cancel(sid)
+        h = self.handles.pop(sid, None)
+        if h is not None:
+            self._send(h, "done", why)
+        s = self.sched.sessions.get(sid)
+        if s is not None and (s.answer is not None or s.queued_turn_end is not None):
+            # the scheduler has no "cancel answer": a fresh session state drops the queued work (counted)
+            self.sched.close_session(sid, self.clock.now_ns())
+            self.sched.open_session(sid, s.tier, self.clock.now_ns(), camera_fps=0.0)
+            self._count(f"answers_{why}")
+
+    def _close(self, sid: int) -> None:
+        self._cancel(sid, "session_closed")
+        self.executor.release(sid)
+        if sid in self.sched.sessions:
+            self.sched.close_session(sid, self.clock.now_ns())
+        self.tiers.pop(sid, None)
+
+    def _report_sheds(self) -> None:
+        turns = self.sched.turns
+        for rec in turns[self._turns_seen:]:
+            if rec.shed is not None and rec.session_id in self.handles:
+                self._count(f"turns_shed_{rec.shed.value}")
+                self.executor.cancel(rec.session_id)
+                self._end(rec.session_id, "shed", rec.shed.value)
+        if len(turns) > 1024:  # the scheduler keeps every turn's record: bounded for a long-running server
+            del turns[: len(turns) - 1024]
+        self._turns_seen = len(turns)
+        for sid in self.executor.generating():
+            s = self.sched.sessions.get(sid)
+            if s is not None and s.answer is None and s.queued_turn_end is None:
+                # decode tokens timed out: the scheduler aborted the answer
+                self._count("answers_shed_answer_aborted")
+                self.executor.cancel(sid)
+                self._end(sid, "shed", ShedReason.ANSWER_ABORTED.value)
+
+    def _run(self) -> None:
+        while not self._stop:
+            while True:
+                try:
+                    cmd = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                cmd()
+            now = self.clock.now_ns()
+            plan = self.sched.plan(now)
+            self._report_sheds()
+            if plan.empty:
+                nxt = self.sched.next_timer_ns()
+                wait = 0.05 if nxt is None else min(0.05, max(0.0, (nxt - now) / 1e9))
+                self._wake.wait(wait)
+                self._wake.clear()
+                continue
+            try:
+                res, outs = self.executor.execute(plan)
+            except Exception as exc:  # the engine failed: every answer in flight fails, the loop goes on
+                log.exception("engine step failed")
+                self.error = exc
+                self._count("engine_step_errors")
+                for sid in list(self.handles):
+                    self.executor.cancel(sid)
+                    self._end(sid, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            self.error = None
+            self.steps += 1
+            self.sched.complete(plan, res, self.clock.now_ns())
+            for sid, text, finished, reason in outs:
+                h = self.handles.get(sid)
+                if h is None:
+                    continue
+                if text:
+                    self._send(h, "delta", text)
+                if finished:
+                    self._end(sid, "done", reason)
+            self._report_sheds()
