@@ -53,8 +53,11 @@ class ScheduledChat:
 
     name = "engine+sched"
 
-    def __init__(self, se: ScheduledEngine, tier: Callable[[], str], modality: Modality = Modality.SPEECH) -> None:
+    def __init__(self, se: ScheduledEngine, tier: Callable[[], str], modality: Modality = Modality.SPEECH,
+                 max_tokens: int | None = None) -> None:
+        """``max_tokens``: a cap on every answer (below the caller's own)."""
         self.se = se
+        self.max_tokens = max_tokens
         self._tier = tier
         self.modality = modality
         self.sid: int | None = None
@@ -72,7 +75,8 @@ class ScheduledChat:
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
         """Text deltas of this turn's answer; closing the iterator cancels the answer."""
         sid = self._session()
-        h = self.se.submit(sid, self.se.encode(messages), max_tokens, self.modality)
+        n = max_tokens if self.max_tokens is None else min(max_tokens, self.max_tokens)
+        h = self.se.submit(sid, self.se.encode(messages), n, self.modality)
         ended = False
         try:
             while True:
@@ -224,6 +228,8 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         model = smollm2_gguf()
     if kv_bytes is None:
         kv_bytes = (8 << 30) if device.startswith("cuda") else (64 << 20)
+    if scheduler is None and not device.startswith("cuda"):
+        scheduler = scaled_config(CPU_TARGET_FACTOR)
     se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler)
     factory: Any
     if stages == "none":
@@ -236,13 +242,32 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         models = load_models(llm_url="unused://")  # the LLM is the scheduled engine, per session
 
         def factory() -> PipelineBackend:
-            return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier))
+            return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
     else:
         raise ValueError(f"stages must be 'none' or 'embedded', got {stages!r}")
     factory.se = se
     factory.collect = lambda: sched_families(se)
     factory.healthy = lambda: se.error is None
     return factory  # type: ignore[no-any-return]
+
+
+CPU_TARGET_FACTOR = 20.0
+"""On a CPU the tiers' P99 targets and queue timeouts are this many times the GPU ones
+(gold 1 s, silver 3 s, bronze 10 s): the defaults are set for an H200."""
+
+
+def scaled_config(factor: float) -> Any:
+    """Our scheduler with every tier's response target and queue timeout multiplied by ``factor``."""
+    import dataclasses
+
+    from tristream.sched.config import ours_config
+    from tristream.sched.types import TierSpec
+
+    base = ours_config()
+    tiers = {t: TierSpec(t, spec.p99_target_ms * factor) for t, spec in base.tiers.items()}
+    queue = {t: dataclasses.replace(q, timeouts_ms={k: v * factor for k, v in q.timeouts_ms.items()})
+             for t, q in base.queue.items()}
+    return dataclasses.replace(base, tiers=tiers, queue=queue)
 
 
 def sched_families(se: ScheduledEngine) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:

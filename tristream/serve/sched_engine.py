@@ -214,6 +214,8 @@ class ScheduledEngine:
             plan = self.sched.plan(now)
             self._report_sheds()
             if plan.empty:
+                if self.engine.has_work():  # cancellations: the engine frees their blocks when it drains
+                    self.engine.step(allow=set())
                 nxt = self.sched.next_timer_ns()
                 wait = 0.05 if nxt is None else min(0.05, max(0.0, (nxt - now) / 1e9))
                 self._wake.wait(wait)
