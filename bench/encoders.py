@@ -199,20 +199,23 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                 for sl in slots:
                     store.trim(sl, 10 * 16000)
                     store.append(sl, (0.1 * rng.standard_normal(int(buf_s * 16000) - 1600)).astype(np.float32))
-                own = runner.run_store(store, slots).tokens  # the model's own hypothesis = a stable previous one
+                first = runner.run_store(store, slots)  # the model's own hypothesis = a stable previous one
+                own, own_frames = first.tokens, first.frames
                 row[f"ours_graph_{int(buf_s)}s_no_draft_{cap}tok"] = time_ms(
                     lambda st=store, sl=slots: runner.run_store(st, sl), dev, iters)  # type: ignore[misc]
                 for tail in TAILS:
                     drafts = [r[: cap - tail].tolist() for r in own]
-                    got = runner.run_store(store, slots, drafts)
+                    dfr = [f[: cap - tail + 1].tolist() for f in own_frames]
+                    got = runner.run_store(store, slots, drafts, dfr)
                     key = f"ours_graph_{int(buf_s)}s_tail{tail}"
                     row[key] = time_ms(
-                        lambda st=store, sl=slots, d=drafts: runner.run_store(st, sl, d), dev, iters)  # type: ignore[misc]
+                        lambda st=store, sl=slots, d=drafts, f=dfr: runner.run_store(st, sl, d, f), dev, iters)  # type: ignore[misc]
                     row[key].update(serial_steps=got.steps, accepted_min=int(got.accepted.min()),
                                     accepted_mean=float(got.accepted.mean()),
                                     same_tokens_as_no_draft=bool((got.tokens == own).all()))
             bb = runner.batch_bucket(n)
             drafts = [r[: cap - 4].tolist() for r in own]
+            dfr = [f[: cap - 3].tolist() for f in own_frames]
             runner._set_inputs([10 * 16000 - 1600] * n, bb, drafts)
             enc_ms = time_ms(lambda b=bb: runner._run("encode", b, 10.0), dev, iters)["median_ms"]
             step_ms = time_ms(lambda b=bb: runner._run("steps", b, 10.0), dev, iters)["median_ms"]
@@ -220,15 +223,19 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             mat = runner.align[:n, : cap + 1, :500].cpu().numpy()
             dtw = time_ms(lambda m=mat, k=n: dtw_token_starts(m, np.full(k, cap + 1), np.full(k, 500)),
                           torch.device("cpu"), iters)
+            sub = mat[:, cap - 8 :, 250:]  # anchored: the last 9 rows over the newest 5 s
+            dtw_tail = time_ms(lambda m=sub, k=n: dtw_token_starts(m, np.full(k, 9), np.full(k, 250)),
+                               torch.device("cpu"), iters)
             row["breakdown_10s"] = {"encode_prefill_accept_graph_ms": enc_ms,
                                     "decode_ms_per_token": round(step_ms / runner.chunk, 4),
-                                    "align_graph_ms": align_ms, "host_dtw_ms_all_rows": dtw["median_ms"]}
+                                    "align_graph_ms": align_ms, "host_dtw_ms_all_rows": dtw["median_ms"],
+                                    "host_dtw_ms_anchored_9rows_250frames": dtw_tail["median_ms"]}
             audio = [store.host_copy(sl) for sl in slots]
             row["ours_graph_10s_tail4_host_upload"] = time_ms(
-                lambda a=audio, d=drafts: runner.run(a, d), dev, iters)  # type: ignore[misc]
+                lambda a=audio, d=drafts, f=dfr: runner.run(a, d, f), dev, iters)  # type: ignore[misc]
             eager = WhisperRunner(ours, toks, batch_buckets=(n,), audio_buckets_s=(10.0,), max_new_tokens=cap, chunk=4,
                                   early_stop=False, use_graphs=False, max_draft=cap - 1)
-            row["ours_eager_10s_tail4"] = time_ms(lambda a=audio, e=eager, d=drafts: e.run(a, d), dev,  # type: ignore[misc]
+            row["ours_eager_10s_tail4"] = time_ms(lambda a=audio, e=eager, d=drafts, f=dfr: e.run(a, d, f), dev,  # type: ignore[misc]
                                                   max(3, iters // 4))
             with torch.inference_mode():
                 pad = torch.zeros(n, 480000, device=dev)

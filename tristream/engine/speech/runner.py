@@ -35,8 +35,10 @@ class PassResult:
 
     `frames[b, j]` is the encoder frame (20 ms units from the buffer start) where token `j` starts:
     its DTW jump time with `word_times`, else 0; `frames[b, n]` (n = number of text tokens, when
-    below K) is the end-of-text row's jump, i.e. where the last word ends. `accepted[b]`: draft
-    tokens confirmed by the parallel prefill; `steps`: serial decoder steps run.
+    below K) is the end-of-text row's jump, i.e. where the last word ends. `voiced[b, f]` (with word
+    times): frame f is within `silence_db` of the buffer's loudest 20 ms frame, for snapping word
+    edges to pauses (`timing.snap_words`). `accepted[b]`: draft tokens confirmed by the parallel
+    prefill; `steps`: serial decoder steps run.
     """
 
     tokens: np.ndarray
@@ -45,6 +47,7 @@ class PassResult:
     batch_bucket: int
     accepted: np.ndarray
     steps: int
+    voiced: np.ndarray | None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +85,8 @@ class WhisperRunner:
         early_stop: bool = True,
         max_draft: int = 0,
         word_times: bool = True,
+        retime: int = 4,
+        silence_db: float = 35.0,
     ) -> None:
         self.model = model.eval()
         self.tokens = tokens
@@ -100,6 +105,8 @@ class WhisperRunner:
         self.max_draft = max_draft
         self.chunk = max(1, min(chunk, max_new_tokens))
         self.word_times = word_times
+        self.retime = max(1, retime)
+        self.silence_db = silence_db
         n_prompt = len(self.prompt)
         t_max = -(-(n_prompt + self.k + 1) // 16) * 16  # rounded up: aligned attention-mask rows
         if n_prompt + self.k + 1 > model.dims.max_target_positions:
@@ -247,10 +254,13 @@ class WhisperRunner:
 
     # ---- one pass ----------------------------------------------------------------------------
     @torch.inference_mode()
-    def run(self, audio: list[np.ndarray], drafts: Sequence[Sequence[int]] | None = None) -> PassResult:
+    def run(self, audio: list[np.ndarray], drafts: Sequence[Sequence[int]] | None = None,
+            draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
         """Transcribe each host buffer (float32 16 kHz mono, ≤ largest bucket) in one batched pass.
 
-        `drafts[i]`: optional previous hypothesis of stream i (text token ids), see the class doc.
+        `drafts[i]`: optional previous hypothesis of stream i (text token ids), see the class doc;
+        `draft_frames[i]`: that hypothesis's token start frames (previous `PassResult.frames` row), so
+        only the tail is re-timed.
         """
         if not audio:
             raise AudioInputError("run() needs at least one audio buffer")
@@ -266,11 +276,11 @@ class WhisperRunner:
         if self.device.type == "cuda":
             src = src.pin_memory()
         self.audio[:bb, :n].copy_(src, non_blocking=True)
-        return self._pass([a.shape[0] for a in audio], bb, ab, drafts)
+        return self._pass([a.shape[0] for a in audio], bb, ab, drafts, draft_frames)
 
     @torch.inference_mode()
-    def run_store(self, store: AudioStore, slots: list[int], drafts: Sequence[Sequence[int]] | None = None
-                  ) -> PassResult:
+    def run_store(self, store: AudioStore, slots: list[int], drafts: Sequence[Sequence[int]] | None = None,
+                  draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
         """Transcribe device-resident rows of `store` in one batched pass (no host audio copy)."""
         if not slots:
             raise AudioInputError("run_store() needs at least one slot")
@@ -280,7 +290,7 @@ class WhisperRunner:
         n = int(round(ab * SAMPLE_RATE))
         idx = torch.tensor(slots, device=store.device)
         self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, idx))
-        return self._pass(lengths, bb, ab, drafts)
+        return self._pass(lengths, bb, ab, drafts, draft_frames)
 
     @torch.inference_mode()
     def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None) -> None:
@@ -309,7 +319,45 @@ class WhisperRunner:
         self.draft_len[:bb].copy_(dev[:, 1])
         self.draft[:bb].copy_(dev[:, 2:])
 
-    def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None) -> PassResult:
+    def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
+                     draft_frames: Sequence[Sequence[int]] | None) -> np.ndarray:
+        """Start frame of every token (and of the end-of-text row) by DTW over the alignment matrix.
+
+        With `draft_frames` (the previous pass's frames of the draft tokens, same buffer start), the
+        accepted draft keeps its times except its last `retime` tokens, and DTW runs from there:
+        rows `r0..n`, frames `f0..valid` (the path is anchored at the re-timed token's old start).
+        """
+        n_real = toks.shape[0]
+        eot = self.tokens.eot
+        is_eot = toks == eot
+        n_text = np.where(is_eot.any(1), is_eot.argmax(1), self.k)
+        valid = np.array([max(1, -(-x // SAMPLES_PER_POSITION)) for x in lengths])
+        valid = np.minimum(valid, self.align.shape[-1])
+        r0 = np.zeros(n_real, np.int64)
+        f0 = np.zeros(n_real, np.int64)
+        frames = np.zeros((n_real, self.k + 1), np.int64)
+        if draft_frames is not None:
+            for i, df in enumerate(draft_frames):
+                r = max(0, min(int(accepted[i]) - self.retime, len(df), int(n_text[i])))
+                if r > 0:
+                    r0[i], f0[i] = r, min(max(int(df[r]) if r < len(df) else int(df[-1]), 0), int(valid[i]) - 1)
+                    frames[i, :r] = np.minimum(np.maximum.accumulate(np.asarray(df[:r], np.int64)), f0[i])
+        lo_r, hi_r = int(r0.min()), int(n_text.max()) + 1
+        lo_f, hi_f = int(f0.min()), int(valid.max())
+        block = self.align[:n_real, lo_r:hi_r, lo_f:hi_f].cpu().numpy()  # one copy, only the rows/frames in play
+        rows = n_text + 1 - r0
+        cols = valid - f0
+        sub = np.zeros((n_real, int(rows.max()), int(cols.max())), np.float32)
+        for i in range(n_real):
+            sub[i, : rows[i], : cols[i]] = block[i, r0[i] - lo_r : n_text[i] + 1 - lo_r, f0[i] - lo_f : valid[i] - lo_f]
+        starts = dtw_token_starts(sub, rows, cols)
+        for i in range(n_real):
+            frames[i, r0[i] : n_text[i] + 1] = starts[i, : rows[i]] + f0[i]
+            frames[i, n_text[i] + 1 :] = frames[i, n_text[i]]
+        return frames
+
+    def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None,
+              draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
         n_real = len(lengths)
         n = int(round(ab * SAMPLE_RATE))
         self._set_inputs(lengths, bb, drafts)
@@ -334,18 +382,17 @@ class WhisperRunner:
         toks = self.out_tok[:n_real, : self.k].cpu().numpy().copy()
         accepted = self.accepted[:n_real].cpu().numpy().copy()
         frames = np.zeros((n_real, self.k + 1), np.int64)
+        voiced: np.ndarray | None = None
         if self.word_times:
-            is_eot = toks == eot
-            n_text = np.where(is_eot.any(1), is_eot.argmax(1), self.k)
-            rows = int(n_text.max()) + 1
-            valid = np.array([max(1, -(-x // SAMPLES_PER_POSITION)) for x in lengths])
-            t = min(int(valid.max()), self.align.shape[-1])
-            mat = self.align[:n_real, :rows, :t].cpu().numpy()
-            frames[:, :rows] = dtw_token_starts(mat, n_text + 1, valid)
+            frames = self._token_times(toks, accepted, lengths, draft_frames)
+            t = n // SAMPLES_PER_POSITION
+            power = self.audio[:n_real, : t * SAMPLES_PER_POSITION].view(n_real, t, -1).square().mean(-1)
+            db = (10.0 * torch.log10(power + 1e-10)).cpu().numpy()
+            voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
         key = (bb, ab)
         self.stats.passes[key] = self.stats.passes.get(key, 0) + 1
         self.stats.decode_steps += steps
         self.stats.draft_accepted += int(accepted.sum())
         if not self.use_graphs:
             self.stats.eager_passes += 1
-        return PassResult(toks, frames[:, : self.k + 1], ab, bb, accepted, steps)
+        return PassResult(toks, frames, ab, bb, accepted, steps, voiced)

@@ -21,6 +21,7 @@ from tristream.engine.speech.commit import LocalAgreement, Word
 from tristream.engine.speech.config import FRAME_S, SAMPLE_RATE
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.runner import WhisperRunner
+from tristream.engine.speech.timing import snap_words
 
 NS = 1_000_000_000
 
@@ -60,29 +61,26 @@ class _Stream:
     length: int = 0
     new_samples: int = 0
     draft: list[int] = field(default_factory=list)
+    draft_frames: list[int] = field(default_factory=list)
 
     def end_ns(self) -> int:
         return self.t0_ns + self.length * NS // SAMPLE_RATE
 
 
 def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[int], str], eot: int,
-                    t0_ns: int, valid_frames: int) -> list[Word]:
+                    t0_ns: int, valid_frames: int, voiced: np.ndarray | None = None) -> list[Word]:
     """Group tokens into words (a token starting with a space opens a word) timed by their frames.
 
-    `frames[j]` is token j's start frame (DTW jump); the end-of-text token's frame, when present,
-    ends the last word (else one frame after its last token). Frames never go back and are clamped
-    to the audio.
+    `frames[j]` is token j's start frame (DTW jump); a word ends where the next one starts, the last
+    at the end-of-text token's frame when present (else one frame after its last token). Frames
+    never go back and are clamped to the audio. With `voiced` (per-frame speech mask) the edges
+    are snapped onto pauses (`snap_words`).
     """
-    words: list[Word] = []
-    cur_text: list[str] = []
-    cur_start = 0
+    texts: list[str] = []
+    bounds: list[list[int]] = []
     last = 0
     end: int | None = None
     hi = max(valid_frames - 1, 0)
-
-    def at(f: int) -> int:
-        return t0_ns + int(f * FRAME_S * NS)
-
     for tid, fr in zip(token_ids, frames, strict=False):
         fr = min(max(int(fr), last), hi)
         if tid == eot:
@@ -92,16 +90,21 @@ def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[
         piece = text_of(int(tid))
         if not piece:
             continue
-        if cur_text and piece[0].isspace():
-            words.append(Word("".join(cur_text), at(cur_start), at(fr)))
-            cur_text = []
-        if not cur_text:
-            cur_start = fr
-        cur_text.append(piece)
-    if cur_text:
-        stop = end if end is not None and end > cur_start else min(last + 1, max(valid_frames, 1))
-        words.append(Word("".join(cur_text), at(cur_start), at(stop)))
-    return words
+        if texts and not piece[0].isspace():
+            texts[-1] += piece
+            continue
+        if bounds:
+            bounds[-1][1] = fr
+        texts.append(piece)
+        bounds.append([fr, fr])
+    if bounds:
+        a = bounds[-1][0]
+        bounds[-1][1] = end if end is not None and end > a else min(last + 1, max(valid_frames, 1))
+    spans = [(a, z) for a, z in bounds]
+    if voiced is not None:
+        spans = snap_words(spans, voiced[:valid_frames])
+    return [Word(w, t0_ns + int(a * FRAME_S * NS), t0_ns + int(z * FRAME_S * NS)) for w, (a, z) in zip(texts, spans,
+                                                                                                       strict=True)]
 
 
 class StreamingWhisper:
@@ -164,12 +167,13 @@ class StreamingWhisper:
     def close(self, stream_id: str) -> TranscriptEvent:
         """Final update for a stream, then flush its partial as final and forget it."""
         s = self._get(stream_id)
-        if s.new_samples:
-            self._pass([stream_id])
-        res = s.agreement.flush()
+        committed: list[Word] = []
+        if s.new_samples:  # the last pass may itself commit words: keep them
+            committed += self._pass([stream_id])[0].committed
+        committed += s.agreement.flush().committed
         self.store.release(s.slot)
         del self.streams[stream_id]
-        return TranscriptEvent(stream_id, res.committed, [], final=True)
+        return TranscriptEvent(stream_id, committed, [], final=True)
 
     # ---- internals ---------------------------------------------------------------------------
     def _get(self, stream_id: str) -> _Stream:
@@ -185,7 +189,7 @@ class StreamingWhisper:
         s.t0_ns += n * NS // SAMPLE_RATE
         s.agreement.forget_before(s.t0_ns)
         if s.draft:  # the draft's first tokens were for the audio just cut; decode afresh
-            s.draft = []
+            s.draft, s.draft_frames = [], []
             self.stats.draft_resets += 1
         self.stats.trims += 1
         self.stats.forced_trims += int(forced)
@@ -193,15 +197,18 @@ class StreamingWhisper:
     def _pass(self, ids: list[str]) -> list[TranscriptEvent]:
         streams = [self._get(i) for i in ids]
         drafts = [s.draft for s in streams] if self.runner.max_draft else None
-        res = self.runner.run_store(self.store, [s.slot for s in streams], drafts)
+        frames = [s.draft_frames for s in streams] if self.runner.max_draft else None
+        res = self.runner.run_store(self.store, [s.slot for s in streams], drafts, frames)
         self.stats.passes += 1
         out: list[TranscriptEvent] = []
         for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
             valid = int(np.ceil(s.length / (FRAME_S * SAMPLE_RATE)))
             toks = res.tokens[k].tolist()
-            words = tokens_to_words(toks, res.frames[k].tolist(), self.text_of, self.runner.tokens.eot, s.t0_ns, valid)
+            words = tokens_to_words(toks, res.frames[k].tolist(), self.text_of, self.runner.tokens.eot, s.t0_ns, valid,
+                                    None if res.voiced is None else res.voiced[k])
             eot = self.runner.tokens.eot
             s.draft = toks[: toks.index(eot)] if eot in toks else toks
+            s.draft_frames = res.frames[k, : len(s.draft) + 1].tolist()
             r = s.agreement.insert(words)
             s.new_samples = 0
             self.stats.updates += 1

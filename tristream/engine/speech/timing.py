@@ -5,7 +5,8 @@ heads' cross-attention over each stream's real audio frames, z-scored along the 
 median-filtered along time, averaged over heads. `dtw_token_starts` then finds, per stream, the
 monotonic token-to-frame path of least cost through the negated matrix (dynamic time warping) and
 returns the frame where each token's row is entered: OpenAI's "jump times". A word starts at its
-first token's jump and ends at the next word's (the last word at the end-of-text row's).
+first token's jump and ends at the next word's (the last word at the end-of-text row's);
+`snap_words` then moves those edges onto nearby pauses, since DTW counts a pause into a word.
 """
 
 from __future__ import annotations
@@ -73,6 +74,40 @@ def dtw_token_starts(matrix: np.ndarray, n_rows: np.ndarray, n_frames: np.ndarra
             j = c - 1 if c and acc[i - 1, c - 1, k] <= acc[i - 1, c, k] else c
         starts[k, rows:] = starts[k, rows - 1]
     return starts
+
+
+def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
+               ) -> list[tuple[int, int]]:
+    """Move DTW word edges onto pauses: `bounds` `(start, end)` frames per word, `voiced` `[T]` bool.
+
+    DTW hands every frame to some token, so a pause is counted inside the next word (or the last
+    one). For each boundary between consecutive words, the longest unvoiced run (≥ `min_gap`
+    frames) within `window` frames of it that lies inside the two words becomes the pause: the
+    first word ends where it starts, the second starts where it ends. Then each word is trimmed to
+    its first and last voiced frame. Words without a voiced frame keep their bounds.
+    """
+    t = voiced.shape[0]
+    if not bounds or t == 0:
+        return list(bounds)
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], voiced.astype(np.int8), [1]])))
+    gaps = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a >= min_gap]
+    out = [(int(a), int(b)) for a, b in bounds]
+    for j in range(len(out) - 1):
+        s0, b = out[j][0], out[j + 1][0]
+        e1 = out[j + 1][1]
+        best: tuple[int, int] | None = None
+        for g0, g1 in gaps:
+            if g0 < b + window and g1 > b - window and g0 > s0 and g1 < e1:
+                if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
+                    best = (g0, g1)
+        if best is not None:
+            out[j] = (out[j][0], best[0])
+            out[j + 1] = (best[1], out[j + 1][1])
+    for j, (a, z) in enumerate(out):
+        seg = np.flatnonzero(voiced[max(a, 0) : min(z, t)])
+        if seg.size:
+            out[j] = (a + int(seg[0]), a + int(seg[-1]) + 1)
+    return out
 
 
 def dtw_reference(cost: np.ndarray) -> list[int]:
