@@ -20,6 +20,18 @@ layer costs on top. Backends: ``echo`` (no models; serving layer alone) or ``pip
 
     .venv/bin/python bench/serve.py                 # echo backend, 1/8/32 clients
     .venv/bin/python bench/serve.py --backend pipeline --clients 1 8
+
+``--backend engine`` measures text turns on our engine through the scheduler instead
+(``--device cuda|cpu --model NAME``): N clients (tiers gold/silver/bronze in turn) each send
+``--turns`` questions with a random think time; per turn ``response.create`` -> first text delta
+on the client's clock and the server's ``eos_to_first_text_ms``. Variants in the same run, one
+server each: ``ours`` (our scheduler), ``fifo`` (the FIFO preset of the same scheduler) and
+``none`` (the engine's own continuous batching, no scheduler: the peer); then a shed probe
+(``ours`` with every silver/bronze end of turn timed out) gives ``response.create`` -> the
+``scheduler_shed`` error on the client.
+
+    .venv/bin/python bench/serve.py --backend engine --device cpu --model tiny-random --clients 1 8 32
+    python3 bench/serve.py --backend engine --device cuda --model llama-3.2-1b --clients 1 8 32 64
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ import sys
 import time
 from collections import deque
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -250,17 +263,176 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
     }
 
 
+# ------------------------------------------------------------------ engine backend (text turns)
+
+TIERS = ("gold", "silver", "bronze")
+
+
+def start_server(backend: str, n_max: int) -> tuple[subprocess.Popen[str], int]:
+    """`tristream serve` in its own process; returns it once it listens (models loaded)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tristream.cli", "serve", "--port", str(port), "--token", TOKEN,
+           "--backend", backend, "--max-sessions", str(max(64, n_max)), "--max-messages-per-s", "1000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 600
+    tail: deque[str] = deque(maxlen=20)
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"server exited: rc={proc.poll()}\n" + "".join(tail))
+        tail.append(line)
+        if "ws://" in line:
+            return proc, port
+    proc.kill()
+    raise RuntimeError("server did not start in 600 s")
+
+
+async def text_client(url: str, k: int, turns: int, think_s: float, words: int) -> dict[str, Any]:
+    """One client's text turns; latencies in ms, sheds and errors counted."""
+    from websockets.asyncio.client import connect
+
+    rng = np.random.default_rng(k)
+    tier = TIERS[k % len(TIERS)]
+    out: dict[str, Any] = {"tier": tier, "client": [], "server": [], "shed": [], "errors": 0, "tokens": 0}
+    async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
+                       max_size=None) as ws:
+        json.loads(await ws.recv())
+        await ws.send(json.dumps({"type": "session.update", "session": {"modalities": ["text"], "tier": tier}}))
+        json.loads(await ws.recv())
+        for turn in range(turns):
+            await asyncio.sleep(float(rng.uniform(0, think_s)))
+            text = " ".join(f"w{int(x)}" for x in rng.integers(0, 1000, words)) + f" (client {k} turn {turn})"
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}}))
+            t0 = time.perf_counter()
+            await ws.send(json.dumps({"type": "response.create"}))
+            first = None
+            while True:
+                ev = json.loads(await asyncio.wait_for(ws.recv(), 120))
+                t = ev["type"]
+                if t == "response.text.delta":
+                    out["tokens"] += 1
+                    if first is None:
+                        first = (time.perf_counter() - t0) * 1000
+                        out["client"].append(first)
+                elif t == "error":
+                    if ev["error"]["code"] == "scheduler_shed":
+                        out["shed"].append((time.perf_counter() - t0) * 1000)
+                    elif ev["error"]["code"] != "conversation_already_has_active_response":
+                        out["errors"] += 1
+                elif t == "response.done":
+                    lat = ev.get("x_tristream", {}).get("latency_ms", {}).get("eos_to_first_text_ms")
+                    if lat is not None and ev["response"]["status"] == "completed":
+                        out["server"].append(lat)
+                    break
+    return out
+
+
+def pct(a: list[float], q: float) -> float | None:
+    return round(float(np.percentile(np.array(a), q)), 2) if a else None
+
+
+def run_engine_variant(backend: str, label: str, clients: list[int], turns: int, think_s: float,
+                       words: int) -> list[dict[str, Any]]:
+    proc, port = start_server(backend, max(clients))
+    url = f"ws://127.0.0.1:{port}/v1/realtime"
+    rows = []
+    try:
+        async def warm_up() -> None:
+            await asyncio.gather(*(text_client(url, k, 1, 0.0, words) for k in range(4)))
+
+        asyncio.run(warm_up())
+        for n in clients:
+            cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
+
+            async def all_clients(n: int = n) -> list[dict[str, Any]]:
+                return await asyncio.gather(*(text_client(url, k, turns, think_s, words) for k in range(n)))
+
+            res = asyncio.run(all_clients())
+            cpu1, wall = cpu_seconds(proc.pid), time.perf_counter() - w0
+            client = [v for r in res for v in r["client"]]
+            server = [v for r in res for v in r["server"]]
+            shed = [v for r in res for v in r["shed"]]
+            row: dict[str, Any] = {
+                "variant": label, "backend": backend, "clients": n, "turns_expected": n * turns,
+                "turns_answered": len(client), "turns_shed": len(shed),
+                "errors": sum(r["errors"] for r in res), "tokens": sum(r["tokens"] for r in res),
+                "first_text_client_ms": {"p50": pct(client, 50), "p99": pct(client, 99), "max": pct(client, 100)},
+                "first_text_server_ms": {"p50": pct(server, 50), "p99": pct(server, 99)},
+                "first_text_client_p99_by_tier_ms": {t: pct([v for r in res if r["tier"] == t for v in r["client"]], 99)
+                                                     for t in TIERS},
+                "shed_to_client_ms": {"p50": pct(shed, 50), "p99": pct(shed, 99), "max": pct(shed, 100)},
+                "wall_s": round(wall, 2), "server_cpu_s": round(cpu1 - cpu0, 3),
+                "server_cpu_per_session_pct": round(100 * (cpu1 - cpu0) / (n * wall), 3),
+                "loadavg_1m_after": round(os.getloadavg()[0], 2),
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return rows
+
+
+def engine_main(args: argparse.Namespace) -> None:
+    from _common import write_results
+    from rich.console import Console
+    from rich.table import Table
+
+    spec = f"engine:device={args.device},model={args.model},max_tokens={args.max_tokens}"
+    rows: list[dict[str, Any]] = []
+    variants = [("ours", f"{spec},sched=ours")]
+    if not args.no_baseline:
+        variants += [("fifo", f"{spec},sched=fifo"), ("none (engine batching, no scheduler)", f"{spec},sched=none")]
+    for label, backend in variants:
+        rows += run_engine_variant(backend, label, args.clients, args.turns, args.think_s, args.words)
+    if not args.no_shed_probe:
+        rows += run_engine_variant(f"{spec},sched=ours,turn_timeout_ms=-1", "shed probe (ours, silver/bronze "
+                                   "turns timed out)", [min(8, max(args.clients))], 3, 0.2, args.words)
+    table = Table(title=f"serve --backend engine ({args.device}, {args.model}): response.create -> first text "
+                        f"over loopback, {args.turns} turns per client, {args.max_tokens}-token answers")
+    for col in ("variant", "clients", "answered", "shed", "errors", "client P50 ms", "client P99 ms",
+                "server P50 ms", "server P99 ms", "shed->client P99 ms", "CPU/session %"):
+        table.add_column(col)
+    for r in rows:
+        c, s, sh = r["first_text_client_ms"], r["first_text_server_ms"], r["shed_to_client_ms"]
+        table.add_row(r["variant"], str(r["clients"]), f"{r['turns_answered']}/{r['turns_expected']}",
+                      str(r["turns_shed"]), str(r["errors"]), str(c["p50"]), str(c["p99"]), str(s["p50"]),
+                      str(s["p99"]), str(sh["p99"]), str(r["server_cpu_per_session_pct"]))
+    Console(width=180).print(table)
+    path = write_results(f"serve_engine_{args.device.split(':')[0]}", {
+        "device": args.device, "model": args.model, "max_tokens": args.max_tokens, "turns_per_client": args.turns,
+        "think_s": args.think_s, "prompt_words": args.words, "rows": rows}, extra_modules=("websockets",))
+    print(f"wrote {path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", default="echo", choices=("echo", "pipeline"))
-    ap.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--backend", default="echo", choices=("echo", "pipeline", "engine"))
+    ap.add_argument("--clients", type=int, nargs="+", default=None, help="default 1 8 32 (engine: 1 8 32 64)")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true")
+    ap.add_argument("--device", default="cuda", help="engine: cuda or cpu")
+    ap.add_argument("--model", default=None, help="engine: preset (random weights), smollm2, or a path")
+    ap.add_argument("--max-tokens", type=int, default=32, help="engine: answer length")
+    ap.add_argument("--think-s", type=float, default=1.0, help="engine: random pause before each turn")
+    ap.add_argument("--words", type=int, default=40, help="engine: words per question")
+    ap.add_argument("--no-shed-probe", action="store_true")
     ap.add_argument("--bare-server", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.bare_server:
         asyncio.run(bare_server(args.bare_server))
         return
+    if args.backend == "engine":
+        args.clients = args.clients or [1, 8, 32, 64]
+        args.model = args.model or ("llama-3.2-1b" if args.device.startswith("cuda") else "tiny-random")
+        engine_main(args)
+        return
+    args.clients = args.clients or [1, 8, 32]
     from _common import write_results
     from rich.console import Console
     from rich.table import Table

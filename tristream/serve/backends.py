@@ -8,7 +8,10 @@
   needs nothing else: ``engine:device=cuda,model=llama-3.2-1b,stages=none,max_tokens=32``
   (defaults: ``device`` cuda when available else cpu, ``model`` tiny-random on cpu and
   llama-3.2-1b (random weights) on cuda, ``stages`` none; ``model=smollm2`` is the embedded
-  GGUF, a path loads a HF folder or GGUF file).
+  GGUF, a path loads a HF folder or GGUF file). ``sched=ours|fifo|static_priority`` picks the
+  scheduler preset, ``sched=none`` the engine's own continuous batching without our scheduler
+  (`tristream.scale.engine_backend`, the baseline); ``turn_timeout_ms=T`` sets the silver and
+  bronze end-of-turn queue timeout (a shed probe: ``-1`` sheds every such turn).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     """Keyword arguments of `sched_backend.engine_factory` from ``engine:`` options (defaults filled)."""
-    known = {"device", "model", "stages", "max_tokens", "kv_bytes"}
+    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms"}
     extra = sorted(set(opts) - known)
     if extra:
         raise UnknownBackend(f"unknown engine option {extra[0]!r}; known: {sorted(known)}")
@@ -53,6 +56,9 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     for key in ("max_tokens", "kv_bytes"):
         if key in opts:
             kw[key] = int(opts[key])
+    kw["sched"] = opts.get("sched", "ours")
+    if "turn_timeout_ms" in opts:
+        kw["turn_timeout_ms"] = float(opts["turn_timeout_ms"])
     return kw
 
 

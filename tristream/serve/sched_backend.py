@@ -213,12 +213,15 @@ class EngineSessionBackend:
 
 
 def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
-                   kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None) -> BackendFactory:
+                   kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None,
+                   sched: str = "ours", turn_timeout_ms: float | None = None) -> BackendFactory:
     """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
     for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
 
     ``stages``: ``none`` (text turns) or ``embedded`` (the CPU speech/vision stages around it).
-    ``scheduler``: a `SchedulerConfig` (default: ours).
+    ``scheduler``: a `SchedulerConfig`; else ``sched`` names a preset (``none``: no scheduler, the
+    engine's own batching, for comparison); ``turn_timeout_ms`` overrides the silver / bronze
+    end-of-turn timeouts.
     """
     from tristream.sched.real import build_engine
 
@@ -228,8 +231,22 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         model = smollm2_gguf()
     if kv_bytes is None:
         kv_bytes = (8 << 30) if device.startswith("cuda") else (64 << 20)
-    if scheduler is None and not device.startswith("cuda"):
-        scheduler = scaled_config(CPU_TARGET_FACTOR)
+    if sched == "none":
+        if stages != "none":
+            raise ValueError("sched=none (no scheduler) serves text turns only: use stages=none")
+        from tristream.scale.engine_backend import engine_factory as unscheduled
+
+        return unscheduled(model=model, device=device, kv_bytes=kv_bytes, max_tokens=max_tokens)
+    if scheduler is None:
+        scheduler = scaled_config(1.0 if device.startswith("cuda") else CPU_TARGET_FACTOR, sched)
+    if turn_timeout_ms is not None:
+        import dataclasses
+
+        from tristream.sched.types import Kind, Tier
+
+        queue = {t: (q if t is Tier.GOLD else dataclasses.replace(
+            q, timeouts_ms={**q.timeouts_ms, Kind.TURN_END: turn_timeout_ms})) for t, q in scheduler.queue.items()}
+        scheduler = dataclasses.replace(scheduler, queue=queue)
     se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler)
     factory: Any
     if stages == "none":
@@ -252,22 +269,27 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
 
 
 CPU_TARGET_FACTOR = 20.0
-"""On a CPU the tiers' P99 targets and queue timeouts are this many times the GPU ones
-(gold 1 s, silver 3 s, bronze 10 s): the defaults are set for an H200."""
+"""On a CPU the tiers' P99 targets, queue timeouts and the controllers' step-budget range are
+this many times the GPU ones (gold 1 s, silver 3 s, bronze 10 s): the defaults are set for an H200."""
 
 
-def scaled_config(factor: float) -> Any:
-    """Our scheduler with every tier's response target and queue timeout multiplied by ``factor``."""
+def scaled_config(factor: float, preset: str = "ours") -> Any:
+    """A scheduler preset with every tier's response target and queue timeout multiplied by ``factor``."""
     import dataclasses
 
-    from tristream.sched.config import ours_config
+    from tristream.sched.config import PRESETS
     from tristream.sched.types import TierSpec
 
-    base = ours_config()
+    if preset not in PRESETS:
+        raise ValueError(f"unknown scheduler {preset!r}; choose one of {sorted(PRESETS)} or 'none'")
+    base = PRESETS[preset]()
     tiers = {t: TierSpec(t, spec.p99_target_ms * factor) for t, spec in base.tiers.items()}
     queue = {t: dataclasses.replace(q, timeouts_ms={k: v * factor for k, v in q.timeouts_ms.items()})
              for t, q in base.queue.items()}
-    return dataclasses.replace(base, tiers=tiers, queue=queue)
+    a = base.aimd  # the step budgets the controllers move between scale with the targets
+    aimd = dataclasses.replace(a, min_limit_ms=a.min_limit_ms * factor, max_limit_ms=a.max_limit_ms * factor,
+                               increase_ms=a.increase_ms * factor)
+    return dataclasses.replace(base, tiers=tiers, queue=queue, aimd=aimd)
 
 
 def sched_families(se: ScheduledEngine) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:

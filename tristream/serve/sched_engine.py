@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from tristream.sched.types import Modality, SessionRefused, Tier, UnknownSession
 from tristream.serve.turn_executor import TurnExecutor
 
 log = logging.getLogger("tristream.serve")
+_TOKEN_TEXT = re.compile(r"( t\d+)+")
 TIERS = {t.name.lower(): t for t in Tier}
 
 
@@ -77,11 +79,20 @@ class ScheduledEngine:
 
     # ---------------------------------------------------------------- loop side
     def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        """Prompt token ids: the chat template, or (a model without tokenizer) bytes mod vocab."""
+        """Prompt token ids: the chat template, or for a model without tokenizer each message's
+        bytes mod vocab plus a newline, where an assistant message written as ``" t<id>"`` tokens
+        (what such a model answers) is its ids again, so the history stays in the prefix cache."""
         if self.tokenizer is not None:
             return list(self.tokenizer.apply_chat_template(messages))
-        text = "\n".join(m["content"] for m in messages)
-        return [1 + b % (self.vocab - 1) for b in text.encode()] or [1]
+        out: list[int] = []
+        for m in messages:
+            text = m["content"]
+            if m["role"] == "assistant" and _TOKEN_TEXT.fullmatch(text):
+                out += [int(x) for x in text.split(" t")[1:]]
+            else:
+                out += [1 + b % (self.vocab - 1) for b in text.encode()]
+            out.append(1 + 10 % (self.vocab - 1))
+        return out
 
     def open(self, tier: str) -> int:
         """A new scheduler session at ``tier`` (gold / silver / bronze); returns its id."""
@@ -158,10 +169,10 @@ class ScheduledEngine:
         if len(prompt) > limit:  # the oldest history goes first
             self._count("prompts_truncated")
             prompt = prompt[-limit:]
-        self.executor.begin(sid, prompt, max_tokens, ignore_eos=self.tokenizer is None)
+        to_plan = self.executor.begin(sid, prompt, max_tokens, ignore_eos=self.tokenizer is None)
         now = self.clock.now_ns()
         try:
-            self.sched.turn_end(sid, now, len(prompt), max_tokens, modality)
+            self.sched.turn_end(sid, now, to_plan, max_tokens, modality)
         except UnknownSession:
             self._end(sid, "error", "session closed")
 

@@ -37,7 +37,6 @@ from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import State
 
-from tristream.observe.record import McapRecorder
 from tristream.observe.tracing import TurnTracer
 from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory
@@ -320,6 +319,8 @@ class RealtimeServer:
         if self.record_dir is not None:
             path = self.record_dir / f"{sid}.mcap"
             os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o600))  # owner-only before any byte
+            from tristream.observe.record import McapRecorder  # mcap only where recording is on
+
             recorder = McapRecorder(path, sid)
         holder: list[_Conn] = []
         token = self._token_of(ws.request) if self.require_auth and ws.request is not None else None

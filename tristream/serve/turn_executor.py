@@ -25,6 +25,8 @@ Output = tuple[int, str, bool, str]
 
 @dataclass(slots=True)
 class _Turn:
+    head: list[int]
+    """Prompt prefix found in the engine's prefix cache: sent with the first chunk, not planned."""
     feed: deque[int]
     max_tokens: int
     ignore_eos: bool
@@ -43,11 +45,32 @@ class TurnExecutor:
         self.turns: dict[int, _Turn] = {}
         self.prefill_tokens = 0
         self.decode_tokens = 0
+        self.cached_tokens = 0
 
-    def begin(self, sid: int, prompt: list[int], max_tokens: int, ignore_eos: bool = False) -> None:
-        """A new turn of ``sid``: its prompt waits for the scheduler's prefill chunks."""
+    def cached_prefix(self, prompt: list[int]) -> int:
+        """Tokens of ``prompt`` whose K/V the engine's prefix cache holds now (whole blocks; at
+        least the last token is left to compute). A read-only probe of the block manager."""
+        bm = self.engine.blocks
+        if not bm.enable_prefix_cache:
+            return 0
+        bs, prev, n = bm.block_size, None, 0
+        for i in range((len(prompt) - 1) // bs):
+            chunk = tuple(prompt[i * bs:(i + 1) * bs])
+            h = bm.chain_hash(prev, chunk)
+            bid = bm.by_hash.get(h)
+            if bid is None or bm.blocks[bid].keys != chunk:
+                break
+            prev, n = h, n + bs
+        return n
+
+    def begin(self, sid: int, prompt: list[int], max_tokens: int, ignore_eos: bool = False) -> int:
+        """A new turn of ``sid``; returns how many of its prompt tokens the scheduler must plan
+        (those past the cached prefix: the history and system prompt are usually cached)."""
         self.cancel(sid)
-        self.turns[sid] = _Turn(deque(prompt), max(1, max_tokens), ignore_eos)
+        cached = self.cached_prefix(prompt)
+        self.turns[sid] = _Turn(prompt[:cached], deque(prompt[cached:]), max(1, max_tokens), ignore_eos)
+        self.cached_tokens += cached
+        return len(prompt) - cached
 
     def cancel(self, sid: int) -> None:
         """Drop the turn; the engine frees its blocks at the next step."""
@@ -87,7 +110,7 @@ class TurnExecutor:
                 if last and t.feed:  # the plan's count is the prompt's: nothing should be left
                     toks += self._take(t, len(t.feed))
                 if t.seq is None:
-                    t.seq = eng.add_request(toks, generate=False, priority=1)
+                    t.seq = eng.add_request(t.head + toks, generate=False, priority=1)
                 elif toks:
                     eng.append(t.seq, token_ids=toks)
                 budget += len(toks)
