@@ -76,6 +76,20 @@ class EngineConfig:
     packed_prefill: bool | None = None  # all prefill chunks in one batched attention (default: CUDA only)
 
 
+def to_host(tokens: torch.Tensor) -> list[int]:
+    """Token ids to a host list. On CUDA: an asynchronous copy into pinned memory and a wait on
+    an event, which releases the GIL (`tolist()` on a device tensor blocks holding it), so
+    the asyncio thread serving sockets runs while the GPU finishes the step."""
+    if tokens.device.type != "cuda":
+        return tokens.tolist()
+    host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+    host.copy_(tokens, non_blocking=True)
+    done = torch.cuda.Event()
+    done.record()
+    done.synchronize()
+    return host.tolist()
+
+
 @dataclasses.dataclass(slots=True)
 class StepOutput:
     """What one sequence produced in one step."""
@@ -397,7 +411,7 @@ class LLMEngine:
         if sampled_seqs:
             logits = logit_parts[0] if len(logit_parts) == 1 else torch.cat(logit_parts)
             if all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in sampled_seqs):
-                token_list = logits.argmax(dim=-1).tolist()  # greedy fast path: no parameter tensors
+                token_list = to_host(logits.argmax(dim=-1))  # greedy fast path: no parameter tensors
             else:
                 token_list = self._sample(logits, sampled_seqs)
         if tm is not None:
@@ -423,7 +437,7 @@ class LLMEngine:
             if any(s.params.repetition_penalty != 1.0 for s in seqs) else None,
             logits.device,
         )
-        return sample(logits, batch).tolist()  # the one device→host copy of the step
+        return to_host(sample(logits, batch))  # the one device→host copy of the step
 
     def _accept(self, seq: Sequence, tok: int) -> StepOutput:
         p = seq.params
