@@ -118,7 +118,45 @@ def item_cancel() -> dict[str, Any]:
         same = sum(got[i] == ref[i] for i in range(N) if i not in DISTURB)
         return {"sessions": N, "disturbed": {h: sum(v == h for v in DISTURB.values()) for h in ("cancel", "close", "reset")},
                 "undisturbed_identical": same, "undisturbed_total": N - len(DISTURB), **figs}
-    return asyncio.run(go())
+    out = {"echo_backend": asyncio.run(go())}
+    try:
+        out["real_engine"] = _cancel_real_engine()
+    except ImportError as exc:
+        out["real_engine"] = {"skipped": f"engine backend not importable: {exc}"}
+    return out
+
+
+def _cancel_real_engine() -> dict[str, Any]:
+    """The same on `LLMEngine` (tiny random Llama, CPU) through the scheduler; engine-side baselines."""
+    from tests.reliability import engine_cancel as E
+
+    f = E.make_factory(max_tokens=24)
+    f_long = E.make_factory(max_tokens=400)
+    f_bug = E.make_factory(max_tokens=400)
+    try:
+        async def go() -> dict[str, Any]:
+            t0 = time.perf_counter()
+            ref, f_ref = await E.one_run(f, False)
+            t1 = time.perf_counter()
+            got, figs = await E.one_run(f, True)
+            t2 = time.perf_counter()
+            same = sum(got[i] == ref[i] for i in range(E.N) if i not in E.DISTURB)
+            lone = {how: await E.lone_disturbed(f_long, how) for how in ("cancel", "close", "reset")}
+            bug = await asyncio.wait_for(E.cancel_while_refusing(f_bug), 60)
+            return {"model": "tiny-random Llama (2 layers, hidden 64), CPU, scheduler targets x1000",
+                    "sessions": E.N, "undisturbed_identical": same, "undisturbed_total": E.N - len(E.DISTURB),
+                    "undisturbed_run_s": t1 - t0, "disturbed_run_s": t2 - t1,
+                    "undisturbed_run_figs": f_ref, "disturbed_run_figs": figs,
+                    "engine_answers_cancelled": f.se.counters.get("answers_cancelled", 0),
+                    "lone_disturbed_answer": {h: {"kv_blocks_when_disturbed": r["state_right_after"]["kv_blocks_used"],
+                                                  "engine_free_s": r["back_s"],
+                                                  "final_equals_baseline": r["final"] == r["baseline"]}
+                                              for h, r in lone.items()},
+                    "bug_cancel_while_ladder_refuses": bug}
+        return asyncio.run(go())
+    finally:
+        for fac in (f, f_long, f_bug):
+            fac.se.shutdown()
 
 
 # ---------------------------------------------------------------- 4
