@@ -33,8 +33,9 @@ def test_engine_backend_on_cuda_graphs_through_the_scheduler() -> None:
 
     f = engine_factory(model="llama-3.2-1b", device="cuda", max_tokens=MAX_TOKENS, kv_bytes=4 << 30)
     se = f.se
-    graphs = se.engine.runner.decoder.graphs
-    assert graphs, "decode graphs were not captured"
+    decoder = se.engine.runner.decoder
+    assert decoder is not None and decoder.graphs, "decode graphs were not captured"
+    graphs = decoder.graphs
     replays = {"n": 0}
 
     class Counted:  # counts replays; everything else goes to the captured graph

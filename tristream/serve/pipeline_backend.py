@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any, cast
 
 import numpy as np
@@ -45,66 +44,12 @@ from tristream.serve.backend import (
 )
 from tristream.serve.media import MediaError
 from tristream.serve.pipeline_metrics import STAGE_TOTALS, Family, StageTotals, stage_gauges
+from tristream.serve.pipeline_taps import EventAudioSink, StreamTap, TappedChat
 from tristream.serve.pipeline_turns import ManualAudioBuffer, TurnGate, decode_image, transcribe_utterance
 
 __all__ = ["STAGE_TOTALS", "PipelineBackend", "StageTotals", "pipeline_factory"]
 
 _text_turn_ids = itertools.count(1_000_000)
-
-
-class _Tap:
-    """Forwards every attribute to the wrapped stream; intercepts ``poll`` results."""
-
-    def __init__(self, inner: Any, on_events: Any) -> None:
-        self._inner = inner
-        self._on_events = on_events
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-    def poll(self) -> list[Any]:
-        evs = list(self._inner.poll())
-        if evs:
-            self._on_events(evs)
-        return evs
-
-
-class _TappedChat:
-    """A `ChatBackend` proxy that reports each text delta."""
-
-    def __init__(self, inner: Any, on_delta: Any, on_error: Any = None) -> None:
-        self._inner = inner
-        self._on_delta = on_delta
-        self._on_error = on_error
-        self.name = getattr(inner, "name", "llm")
-
-    async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
-        gen = self._inner.stream(messages, max_tokens)
-        try:
-            async for d in gen:
-                self._on_delta(d)
-                yield d
-        except Exception as exc:  # the engine failed: the answer ends as "failed" (an error event)
-            if self._on_error is not None:
-                self._on_error(exc)
-            raise
-        finally:
-            aclose = getattr(gen, "aclose", None)
-            if aclose is not None:
-                await aclose()
-
-
-class _Sink:
-    """The session's audio sink: answer audio becomes `AudioDelta` events."""
-
-    def __init__(self, backend: PipelineBackend) -> None:
-        self.b = backend
-
-    def write(self, pcm: np.ndarray, sample_rate: int) -> None:
-        self.b._on_audio(pcm, sample_rate)
-
-    def interrupt(self) -> None:
-        self.b._count("sink_interrupts")
 
 
 class PipelineBackend:
@@ -178,12 +123,12 @@ class PipelineBackend:
         self._sink = sink
         scfg = SessionConfig(system_prompt=config.instructions or SessionConfig().system_prompt,
                              hangover_ms=float(config.silence_duration_ms))
-        s = _HookedSession(self.models, sink=_Sink(self), clock=self._session_clock, config=scfg)
-        s.vad = cast(Any, _Tap(s.vad, self._on_vad))
-        s.asr = cast(Any, _Tap(s.asr, self._on_asr))
+        s = _HookedSession(self.models, sink=EventAudioSink(self), clock=self._session_clock, config=scfg)
+        s.vad = cast(Any, StreamTap(s.vad, self._on_vad))
+        s.asr = cast(Any, StreamTap(s.asr, self._on_asr))
         if self._chat_for_session is not None:
             self._own_chat = self._chat_for_session(lambda: self._cfg.tier if self._cfg else "silver")
-        s.llm = cast(Any, _TappedChat(self._own_chat or s.llm, self._on_text, self._on_llm_error))
+        s.llm = cast(Any, TappedChat(self._own_chat or s.llm, self._on_text, self._on_llm_error))
         self._gate = TurnGate(s.llm_stage.inbox, self._hold_turns, self._count)
         s.asr_stage.downstream = [cast(Any, self._gate)]
         self._session = s

@@ -16,6 +16,7 @@ decode tokens timed out (``answer_aborted``), a session refused by admission con
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import re
@@ -185,8 +186,9 @@ class ScheduledEngine:
         if s is not None and (s.answer is not None or s.queued_turn_end is not None):
             # the scheduler has no "cancel answer": a fresh session state drops the queued work (counted)
             self.sched.close_session(sid, self.clock.now_ns())
-            self.sched.open_session(sid, s.tier, self.clock.now_ns(), camera_fps=0.0)
             self._count(f"answers_{why}")
+            with contextlib.suppress(SessionRefused):  # under overload: re-admitted at its next turn
+                self.sched.open_session(sid, s.tier, self.clock.now_ns(), camera_fps=0.0)
 
     def _close(self, sid: int) -> None:
         self._cancel(sid, "session_closed")
@@ -220,7 +222,11 @@ class ScheduledEngine:
                     cmd = self._commands.get_nowait()
                 except queue.Empty:
                     break
-                cmd()
+                try:
+                    cmd()
+                except Exception:  # one bad command must not stop the engine thread for everyone
+                    log.exception("scheduled engine: a session command failed")
+                    self._count("command_errors")
             now = self.clock.now_ns()
             plan = self.sched.plan(now)
             self._report_sheds()
