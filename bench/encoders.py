@@ -389,13 +389,14 @@ def main() -> None:
     ap.add_argument("--capacity", type=int, default=32, help="ours: tokens per hypothesis (draft + tail)")
     ap.add_argument("--only", default="siglip,whisper,pruning")
     ap.add_argument("--out", default=None, help="also copy the JSON here")
+    ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     iters = 3 if args.smoke else args.iters
     torch.manual_seed(0)
     results: dict[str, Any] = {"device": str(dev), "smoke": args.smoke}
     parts = args.only.split(",")
-    name = "encoders" if not args.smoke else "encoders_smoke"
+    name = args.name or ("encoders" if not args.smoke else "encoders_smoke")
     path = RESULTS_DIR / f"{name}.json"
 
     def save() -> None:  # after every part, so a run cut short still leaves what it measured

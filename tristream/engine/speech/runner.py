@@ -134,6 +134,9 @@ class WhisperRunner:
         self.accepted = torch.zeros(bmax, dtype=torch.long, device=dev)
         self.out_tok = torch.full((bmax, self.k + 1), tokens.eot, dtype=torch.long, device=dev)  # last col: overflow
         self.cols = torch.arange(self.k, device=dev)
+        self.frame_db = torch.zeros(bmax, tmax_enc, device=dev)
+        self.real = torch.zeros(bmax, dtype=torch.bool, device=dev)  # rows holding a stream (not bucket padding)
+        self.done = torch.zeros((), dtype=torch.bool, device=dev)
         self.align = torch.zeros(bmax, self.k + 1, tmax_enc, device=dev, dtype=torch.float32)
         self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
         self._pool: object | None = None
@@ -166,6 +169,10 @@ class WhisperRunner:
         mel, cache = self._views(bb, ab)
         m = self.model
         n_prompt, d = len(self.prompt), self.max_draft
+        if self.word_times:  # loudness of every 20 ms frame (snapping word edges onto pauses)
+            t = mel.shape[-1] // 2
+            power = self.audio[:bb, : t * SAMPLES_PER_POSITION].view(bb, t, -1).square().mean(-1)
+            self.frame_db[:bb, :t].copy_(10.0 * torch.log10(power + 1e-10))
         enc = m.encode(mel)
         m.fill_cross(enc, cache)
         ids = torch.cat([self.prompt_ids.expand(bb, -1), self.draft[:bb]], dim=1)
@@ -182,6 +189,14 @@ class WhisperRunner:
         self.accepted[:bb].copy_(acc)
         self.tok[:bb].copy_(nxt[:, 0])
         self.pos[:bb].copy_(acc + n_prompt)
+        self._set_done(bb)
+
+    def _set_done(self, bb: int) -> None:
+        written = self.pos[:bb] - len(self.prompt)  # last written column per sequence
+        row_done = (written >= self.k - 1) | ~self.real[:bb]
+        if self.early_stop:
+            row_done |= ((self.out_tok[:bb, : self.k] == self.tokens.eot) & (self.cols[None, :] <= written[:, None])).any(1)
+        self.done.copy_(row_done.all())
 
     def _steps(self, bb: int, ab: float) -> None:
         """`chunk` greedy steps, each sequence at its own position (clamped at the buffer's end)."""
@@ -196,6 +211,7 @@ class WhisperRunner:
             self.out_tok[:bb].scatter_(1, col[:, None], nxt[:, None])
             self.tok[:bb].copy_(nxt)
             pos.add_(1).clamp_(max=self.t_max - 1)
+        self._set_done(bb)
 
     def _align(self, bb: int, ab: float) -> None:
         """Teacher-forced pass over prompt + tokens → alignment matrix rows `[bb, K + 1, T]`."""
@@ -296,11 +312,12 @@ class WhisperRunner:
     def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None) -> None:
         """One small host→device copy: valid frames, draft lengths and draft tokens of every row."""
         d = self.max_draft
-        host = np.zeros((bb, 2 + d), np.int64)
-        host[:, 2:] = self.tokens.eot
+        host = np.zeros((bb, 3 + d), np.int64)
+        host[:, 3:] = self.tokens.eot
         host[:, 0] = 1
         for i, n in enumerate(lengths):
             host[i, 0] = max(1, -(-n // SAMPLES_PER_POSITION))
+            host[i, 2] = 1
         if drafts is not None:
             if len(drafts) != len(lengths):
                 raise AudioInputError(f"{len(drafts)} drafts for {len(lengths)} streams; pass one per stream")
@@ -309,7 +326,7 @@ class WhisperRunner:
                     self.stats.truncated_drafts += 1
                 dr = [t for t in list(dr)[:d] if t < self.tokens.eot]
                 host[i, 1] = len(dr)
-                host[i, 2 : 2 + len(dr)] = dr
+                host[i, 3 : 3 + len(dr)] = dr
                 self.stats.draft_tokens += len(dr)
         src = torch.from_numpy(host)
         if self.device.type == "cuda":
@@ -317,7 +334,8 @@ class WhisperRunner:
         dev = src.to(self.device, non_blocking=True)
         self.valid_frames[:bb].copy_(dev[:, 0])
         self.draft_len[:bb].copy_(dev[:, 1])
-        self.draft[:bb].copy_(dev[:, 2:])
+        self.real[:bb].copy_(dev[:, 2] > 0)
+        self.draft[:bb].copy_(dev[:, 3:])
 
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
                      draft_frames: Sequence[Sequence[int]] | None) -> np.ndarray:
@@ -363,31 +381,22 @@ class WhisperRunner:
         self._set_inputs(lengths, bb, drafts)
         self.mel_buf[:bb, :, : n // HOP].copy_(self.mel(self.audio[:bb, :n]))
         self._run("encode", bb, ab)
-        eot = self.tokens.eot
         steps = 0
-        while steps < self.k:
-            # one sync per chunk: stop once every stream has written end-of-text (early_stop) or
-            # filled its K columns; checked before the first chunk too (fully accepted drafts)
-            written = self.pos[:n_real] - len(self.prompt)  # last written column per stream
-            row_done = written >= self.k - 1
-            if self.early_stop:
-                row_done |= ((self.out_tok[:n_real, : self.k] == eot)
-                             & (self.cols[None, :] <= written[:, None])).any(1)
-            if bool(row_done.all()):
-                break
+        # one sync per chunk: the graphs leave `done` set once every real stream has written
+        # end-of-text (early_stop) or filled its K columns; read after the prefill too, since a
+        # fully accepted draft may already end in end-of-text
+        while steps < self.k and not bool(self.done):
             self._run("steps", bb, ab)
             steps += self.chunk
         if self.word_times:
             self._run("align", bb, ab)
-        toks = self.out_tok[:n_real, : self.k].cpu().numpy().copy()
-        accepted = self.accepted[:n_real].cpu().numpy().copy()
+        packed = torch.cat([self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]], dim=1).cpu().numpy()
+        toks, accepted = packed[:, : self.k], packed[:, self.k]
         frames = np.zeros((n_real, self.k + 1), np.int64)
         voiced: np.ndarray | None = None
         if self.word_times:
             frames = self._token_times(toks, accepted, lengths, draft_frames)
-            t = n // SAMPLES_PER_POSITION
-            power = self.audio[:n_real, : t * SAMPLES_PER_POSITION].view(n_real, t, -1).square().mean(-1)
-            db = (10.0 * torch.log10(power + 1e-10)).cpu().numpy()
+            db = self.frame_db[:n_real, : n // SAMPLES_PER_POSITION].cpu().numpy()
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
         key = (bb, ab)
         self.stats.passes[key] = self.stats.passes.get(key, 0) + 1

@@ -146,6 +146,7 @@ class Whisper(nn.Module):
         # Word times come from the cross-attention of these (layer, head) pairs: OpenAI's published
         # alignment heads for the released checkpoints, else every head of the second half (their default).
         self.alignment_heads: tuple[tuple[int, int], ...] = default_alignment_heads(dims)
+        self._head_idx: dict[tuple[int, tuple[int, ...], str], torch.Tensor] = {}
 
     # ---- encoder ---------------------------------------------------------------------------
     def encode(self, mel: torch.Tensor) -> torch.Tensor:
@@ -229,15 +230,28 @@ class Whisper(nn.Module):
             q = layer.cross_query(x)  # type: ignore[operator]
             heads = [h for li, h in self.alignment_heads if li == i]
             if heads:
-                sel = torch.tensor(heads, device=x.device) if len(heads) > 1 else None
-                qh = q.index_select(1, sel) if sel is not None else q[:, heads[0] : heads[0] + 1]
-                kh = cache.xk[i].index_select(1, sel) if sel is not None else cache.xk[i][:, heads[0] : heads[0] + 1]
+                lo, hi = min(heads), max(heads) + 1
+                qh, kh = q[:, lo:hi], cache.xk[i][:, lo:hi]  # a contiguous run of heads: views, no gather
+                if hi - lo != len(heads):
+                    sel = self._head_index(i, heads, x.device)
+                    qh, kh = q.index_select(1, sel), cache.xk[i].index_select(1, sel)
                 out.append((qh @ kh.transpose(-1, -2)) * (hd**-0.5))
             if i < last:
                 a = F.scaled_dot_product_attention(q, cache.xk[i], cache.xv[i])
                 x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))  # type: ignore[operator]
                 x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))  # type: ignore[operator]
         return torch.cat(out, dim=1)
+
+    def _head_index(self, layer: int, heads: list[int], device: torch.device) -> torch.Tensor:
+        """Index tensor of `heads`, made once per device (never inside a CUDA-graph capture)."""
+        key = (layer, tuple(heads), str(device))
+        t = self._head_idx.get(key)
+        if t is None:
+            if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("alignment head index first needed inside a graph capture; run the pass "
+                                   "eagerly once before capturing (WhisperRunner.capture does)")
+            t = self._head_idx[key] = torch.tensor(heads, device=device)
+        return t
 
     def decode_full(self, tokens: torch.Tensor, enc: torch.Tensor) -> torch.Tensor:
         """Reference: logits of a whole token sequence `[B, S]` with fresh buffers (HF-comparable)."""
