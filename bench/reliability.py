@@ -152,7 +152,7 @@ def _cancel_real_engine() -> dict[str, Any]:
                                                   "engine_free_s": r["back_s"],
                                                   "final_equals_baseline": r["final"] == r["baseline"]}
                                               for h, r in lone.items()},
-                    "bug_cancel_while_ladder_refuses": bug}
+                    "cancel_while_ladder_refuses": bug}
         return asyncio.run(go())
     finally:
         for fac in (f, f_long, f_bug):

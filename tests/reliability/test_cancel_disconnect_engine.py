@@ -67,13 +67,10 @@ def test_real_engine_frees_a_lone_disturbed_answer_without_other_traffic(factory
         assert tuple(r["last_event"]) == ("response.done", '{"status": "cancelled"}'), json.dumps(r)
 
 
-@pytest.mark.xfail(strict=True, raises=(AssertionError, TimeoutError), reason=(
-    "bug in tristream/serve/sched_engine.py ScheduledEngine._cancel: it re-opens the scheduler session "
-    "with sched.open_session(), which raises SessionRefused while the degradation ladder refuses the "
-    "session's tier; the exception escapes _run() and kills the engine thread, so every later turn of "
-    "every session hangs. Fix: catch SessionRefused there (count it, let _turn retry admission as _open "
-    "does) and guard cmd() in _run() so no command can end the thread. Remove this marker once fixed."))
 def test_cancel_while_the_ladder_refuses_new_sessions_does_not_kill_the_engine() -> None:
+    """Regression: `ScheduledEngine._cancel` re-opens the scheduler session, which raises
+    `SessionRefused` while the ladder refuses the tier; that once killed the engine thread and
+    every later turn of every session hung."""
     f = make_factory(max_tokens=400)
     try:
         r = run(cancel_while_refusing(f), timeout=60)
