@@ -153,7 +153,13 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
     out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s}
     for size in sizes:
         dims = preset(size) if size != "smoke" else WhisperDims(64, 2, 2, 4, 128)
-        out[size] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity)
+        try:
+            out[size] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity)
+        except Exception as e:  # keep what the other size measured; the error is recorded, not dropped
+            import traceback
+
+            out[size] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"Whisper-{size} failed: {e}", flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out

@@ -56,3 +56,30 @@ def test_device_audio_store_pass_equals_host_pass(make_whisper) -> None:  # type
     a_res, b_res = r.run_store(store, slots), r.run(audio)
     np.testing.assert_array_equal(a_res.tokens, b_res.tokens)
     np.testing.assert_array_equal(a_res.frames, b_res.frames)
+
+
+@pytest.mark.gpu
+def test_graphed_streaming_with_drafts_equals_eager(make_whisper) -> None:  # type: ignore[no-untyped-def]
+    """Many streams, 0.32 s updates, drafts and DTW word times: graphed and eager give the same words."""
+    from tristream.engine.speech.streaming import StreamingWhisper
+
+    model = make_whisper().to("cuda", torch.float32)
+    kw = dict(batch_buckets=(1, 4), audio_buckets_s=(2.0, 4.0), max_new_tokens=10, chunk=2, early_stop=False,
+              max_draft=9)
+    rng = np.random.default_rng(2)
+    audio = [(0.1 * rng.standard_normal(48000)).astype(np.float32) for _ in range(3)]
+    out = []
+    for graphs in (True, False):
+        asr = StreamingWhisper(WhisperRunner(model, TOKENS, use_graphs=graphs, **kw),  # type: ignore[arg-type]
+                               lambda t: f" w{t % 7}", min_update_s=0.32, trim_after_s=3.0, keep_s=1.0)
+        for i in range(3):
+            asr.open(f"s{i}", 0)
+        words = []
+        for k in range(0, 48000, 5120):
+            for i, a in enumerate(audio):
+                asr.push(f"s{i}", a[k : k + 5120])
+            words += [(e.stream_id, w) for e in asr.step() for w in e.committed + e.partial]
+        out.append((words, asr.runner.stats.draft_accepted))
+        if graphs:
+            assert asr.runner.stats.eager_passes == 0 and asr.runner.stats.captured > 0
+    assert out[0] == out[1]
