@@ -214,6 +214,17 @@ class PagedPrefillPlan:
         (self.tile_chunk, self.tile_m0, self.q_start, self.q_len, self.ctx_len, self.bt_off,
          self.block_tables) = views[n_extra:]
 
+    @classmethod
+    def from_views(cls, extra: list[torch.Tensor], tile_chunk: torch.Tensor, tile_m0: torch.Tensor,
+                   q_start: torch.Tensor, q_len: torch.Tensor, ctx_len: torch.Tensor, bt_off: torch.Tensor,
+                   block_tables: torch.Tensor) -> PagedPrefillPlan:
+        """A plan over existing device tensors (the persistent buffers of `PrefillGraphs`)."""
+        plan = cls.__new__(cls)
+        plan.extra = extra
+        (plan.tile_chunk, plan.tile_m0, plan.q_start, plan.q_len, plan.ctx_len, plan.bt_off,
+         plan.block_tables) = tile_chunk, tile_m0, q_start, q_len, ctx_len, bt_off, block_tables
+        return plan
+
 
 class PackedAttention:
     """Attention backend over a `PackedPrefillPlan`: a fixed number of launches per layer and group."""

@@ -8,6 +8,8 @@ The runner only turns sequences into tensors; which sequences run is the engine'
 from __future__ import annotations
 
 import dataclasses
+import os
+from typing import Any
 
 import numpy as np
 import torch
@@ -87,6 +89,8 @@ class ModelRunner:
                                         buckets=graph_buckets, use_graphs=use_graphs, kernels=decode_kernels)
         self.ops = None
         self.paged_block_m = 0  # > 0: prefill attention through the Triton paged kernel
+        self.use_graphs = use_graphs
+        self.prefill_graphs: Any = None  # PrefillGraphs once captured (CUDA, paged kernel)
         if self.device.type == "cuda":  # fused norm / SiLU kernels for prefill too: fewer launches
             from tristream.engine.graphs import TritonOps
             from tristream.engine.kernels.prefill_attention import block_m
@@ -97,10 +101,19 @@ class ModelRunner:
                 self.paged_block_m = block_m(model.cfg.num_heads // model.cfg.num_kv_heads)
 
     def capture(self) -> None:
-        """Capture decode graphs and warm the prefill kernels now (at start-up, never while serving)."""
+        """Capture decode graphs and warm the prefill kernels now (at start-up, never while serving).
+        Small prefill steps get CUDA graphs too (`prefill_graphs.py`; TRISTREAM_PREFILL_GRAPHS=0
+        turns them off)."""
         if self.decoder is not None:
             self.decoder.capture()
         self.warmup_prefill()
+        if (self.use_graphs and self.paged_block_m > 0 and self.prefill_graphs is None
+                and os.environ.get("TRISTREAM_PREFILL_GRAPHS", "1") != "0"):
+            from tristream.engine.prefill_graphs import PrefillGraphs
+
+            graphs = PrefillGraphs(self.model, self.cache, self.paged_block_m, self.max_model_len)
+            graphs.capture()
+            self.prefill_graphs = graphs
 
     @torch.inference_mode()
     def warmup_prefill(self) -> None:
@@ -213,6 +226,11 @@ class ModelRunner:
             q += c.length
             if c.want_logits:
                 rows.append(q - 1)
+        g = self.prefill_graphs
+        if paged and g is not None and not splices and g.fits(q, len(chunks), max(len(t) for t in tables)):
+            return g.run(np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots), rows,
+                         [lay.q_start for lay in layouts], [lay.q_len for lay in layouts],
+                         [lay.ctx_len for lay in layouts], tables)
         host = [np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots),
                 np.asarray(rows, dtype=np.int64)]
         plan: PackedPrefillPlan | PagedPrefillPlan
