@@ -23,7 +23,7 @@ from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.mel import LogMel
-from tristream.engine.speech.timing import alignment_matrix, dtw_token_starts
+from tristream.engine.speech.timing import alignment_matrix, anchored_token_starts
 from tristream.engine.speech.whisper import DecoderCache, Whisper
 
 SAMPLES_PER_POSITION = 2 * HOP
@@ -339,40 +339,8 @@ class WhisperRunner:
 
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
                      draft_frames: Sequence[Sequence[int]] | None) -> np.ndarray:
-        """Start frame of every token (and of the end-of-text row) by DTW over the alignment matrix.
-
-        With `draft_frames` (the previous pass's frames of the draft tokens, same buffer start), the
-        accepted draft keeps its times except its last `retime` tokens, and DTW runs from there:
-        rows `r0..n`, frames `f0..valid` (the path is anchored at the re-timed token's old start).
-        """
-        n_real = toks.shape[0]
-        eot = self.tokens.eot
-        is_eot = toks == eot
-        n_text = np.where(is_eot.any(1), is_eot.argmax(1), self.k)
         valid = np.array([max(1, -(-x // SAMPLES_PER_POSITION)) for x in lengths])
-        valid = np.minimum(valid, self.align.shape[-1])
-        r0 = np.zeros(n_real, np.int64)
-        f0 = np.zeros(n_real, np.int64)
-        frames = np.zeros((n_real, self.k + 1), np.int64)
-        if draft_frames is not None:
-            for i, df in enumerate(draft_frames):
-                r = max(0, min(int(accepted[i]) - self.retime, len(df), int(n_text[i])))
-                if r > 0:
-                    r0[i], f0[i] = r, min(max(int(df[r]) if r < len(df) else int(df[-1]), 0), int(valid[i]) - 1)
-                    frames[i, :r] = np.minimum(np.maximum.accumulate(np.asarray(df[:r], np.int64)), f0[i])
-        lo_r, hi_r = int(r0.min()), int(n_text.max()) + 1
-        lo_f, hi_f = int(f0.min()), int(valid.max())
-        block = self.align[:n_real, lo_r:hi_r, lo_f:hi_f].cpu().numpy()  # one copy, only the rows/frames in play
-        rows = n_text + 1 - r0
-        cols = valid - f0
-        sub = np.zeros((n_real, int(rows.max()), int(cols.max())), np.float32)
-        for i in range(n_real):
-            sub[i, : rows[i], : cols[i]] = block[i, r0[i] - lo_r : n_text[i] + 1 - lo_r, f0[i] - lo_f : valid[i] - lo_f]
-        starts = dtw_token_starts(sub, rows, cols)
-        for i in range(n_real):
-            frames[i, r0[i] : n_text[i] + 1] = starts[i, : rows[i]] + f0[i]
-            frames[i, n_text[i] + 1 :] = frames[i, n_text[i]]
-        return frames
+        return anchored_token_starts(self.align, toks, self.tokens.eot, valid, accepted, draft_frames, self.retime)
 
     def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None,
               draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:

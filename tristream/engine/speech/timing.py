@@ -11,6 +11,8 @@ first token's jump and ends at the next word's (the last word at the end-of-text
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -74,6 +76,44 @@ def dtw_token_starts(matrix: np.ndarray, n_rows: np.ndarray, n_frames: np.ndarra
             j = c - 1 if c and acc[i - 1, c - 1, k] <= acc[i - 1, c, k] else c
         starts[k, rows:] = starts[k, rows - 1]
     return starts
+
+
+def anchored_token_starts(align: torch.Tensor, toks: np.ndarray, eot: int, valid: np.ndarray, accepted: np.ndarray,
+                          draft_frames: Sequence[Sequence[int]] | None, retime: int) -> np.ndarray:
+    """Start frame of every token (and of the end-of-text row) by DTW over the device matrix `align`
+    `[B, K + 1, T]` (rows of streams `0..len(toks)-1`); `toks` `[n, K]`, `valid` `[n]` audio frames.
+
+    With `draft_frames` (the previous pass's frames of the draft tokens, same buffer start), the
+    accepted draft keeps its times except its last `retime` tokens, and DTW runs from there: rows
+    `r0..n_text`, frames `f0..valid`, anchored at the re-timed token's old start. Only the rows and
+    frames in play leave the device (one copy).
+    """
+    n_real, k = toks.shape
+    is_eot = toks == eot
+    n_text = np.where(is_eot.any(1), is_eot.argmax(1), k)
+    valid = np.minimum(valid, align.shape[-1])
+    r0 = np.zeros(n_real, np.int64)
+    f0 = np.zeros(n_real, np.int64)
+    frames = np.zeros((n_real, k + 1), np.int64)
+    if draft_frames is not None:
+        for i, df in enumerate(draft_frames):
+            r = max(0, min(int(accepted[i]) - retime, len(df), int(n_text[i])))
+            if r > 0:
+                r0[i], f0[i] = r, min(max(int(df[r]) if r < len(df) else int(df[-1]), 0), int(valid[i]) - 1)
+                frames[i, :r] = np.minimum(np.maximum.accumulate(np.asarray(df[:r], np.int64)), f0[i])
+    lo_r, hi_r = int(r0.min()), int(n_text.max()) + 1
+    lo_f, hi_f = int(f0.min()), int(valid.max())
+    block = align[:n_real, lo_r:hi_r, lo_f:hi_f].cpu().numpy()
+    rows = n_text + 1 - r0
+    cols = valid - f0
+    sub = np.zeros((n_real, int(rows.max()), int(cols.max())), np.float32)
+    for i in range(n_real):
+        sub[i, : rows[i], : cols[i]] = block[i, r0[i] - lo_r : n_text[i] + 1 - lo_r, f0[i] - lo_f : valid[i] - lo_f]
+    starts = dtw_token_starts(sub, rows, cols)
+    for i in range(n_real):
+        frames[i, r0[i] : n_text[i] + 1] = starts[i, : rows[i]] + f0[i]
+        frames[i, n_text[i] + 1 :] = frames[i, n_text[i]]
+    return frames
 
 
 def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
