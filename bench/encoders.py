@@ -142,6 +142,30 @@ def _hf_whisper_update(hf: Any, mel30: torch.Tensor, prompt: torch.Tensor, k: in
     return torch.cat(toks, 1)
 
 
+PROFILE = False  # --profile: kernel table of one 16-stream update (tiny and small)
+
+
+def _kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
+    """GPU kernels of one call of `fn` (graph replays included): count and time, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    total_us, kernels = 0.0, 0
+    for ev in prof.key_averages():
+        dev_us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0) or 0.0)
+        if getattr(ev, "device_type", None) is not None and "CUDA" in str(ev.device_type) and dev_us > 0:
+            rows.append({"kernel": ev.key[:120], "count": int(ev.count), "us": round(dev_us, 1)})
+            total_us += dev_us
+            kernels += int(ev.count)
+    rows.sort(key=lambda r: -r["us"])
+    return {"kernels": kernels, "kernel_time_us": round(total_us, 1), "top": rows[:top]}
+
+
 TAILS = (16, 8, 4)  # tokens left to decode after the accepted draft (steady streaming: the last ~0.5 s)
 
 
@@ -232,6 +256,9 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             sub = mat[:, cap - 8 :, 250:]  # anchored: the last 9 rows over the newest 5 s
             dtw_tail = time_ms(lambda m=sub, k=n: dtw_token_starts(m, np.full(k, 9), np.full(k, 250)),
                                torch.device("cpu"), iters)
+            if PROFILE and n == 16:
+                res["kernel_profile_16_streams_10s_tail4"] = _kernel_profile(
+                    lambda st=store, sl=slots, d=drafts, f=dfr: runner.run_store(st, sl, d, f))
             row["breakdown_10s"] = {"encode_prefill_accept_graph_ms": enc_ms,
                                     "decode_ms_per_token": round(step_ms / runner.chunk, 4),
                                     "align_graph_ms": align_ms, "host_dtw_ms_all_rows": dtw["median_ms"],
@@ -469,7 +496,10 @@ def main() -> None:
     ap.add_argument("--only", default="siglip,whisper,pruning,realspeech")
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
+    ap.add_argument("--profile", action="store_true", help="kernel table of one 16-stream Whisper update (GPU)")
     args = ap.parse_args()
+    global PROFILE
+    PROFILE = args.profile and torch.cuda.is_available()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     iters = 3 if args.smoke else args.iters
     torch.manual_seed(0)
