@@ -73,18 +73,19 @@ class DecoderLayer(nn.Module):
         k, v = self.xkv(enc).view(b, t, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         return k, v
 
-    def self_attend(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: torch.Tensor,
+    def self_attend(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: tuple[torch.Tensor, ...],
                     mask: torch.Tensor) -> torch.Tensor:
         """Residual stream after causal self-attention; writes this step's K/V into the cache.
 
-        `kv_cache` `[2, B, H, Tmax, hd]`; `kv_index` `[B*H*S]` flat row indices into its
-        `[2, B*H*Tmax, hd]` view (per-sequence positions); `mask` additive `[B, 1, S, Tmax]`.
+        `kv_cache` `[2, B, H, Tmax, hd]`; `kv_index` (sequence `[B,1,1]`, head `[1,H,1]`, position
+        `[B,1,S]`) indexes where this step's K/V go (one scatter, per-sequence positions); `mask`
+        additive `[B, 1, S, Tmax]`.
         """
         b, s, d = x.shape
         h, hd = self.heads, d // self.heads
         qkv = self.qkv(self.ln1(x)).view(b, s, 3, h, hd).permute(2, 0, 3, 1, 4)
-        flat = kv_cache.view(2, -1, hd)
-        flat.index_copy_(1, kv_index, qkv[1:].reshape(2, b * h * s, hd))
+        seq, head, pos = kv_index
+        kv_cache[:, seq, head, pos] = qkv[1:]
         a = F.scaled_dot_product_attention(qkv[0], kv_cache[0], kv_cache[1], attn_mask=mask)
         return x + self.out(a.transpose(1, 2).reshape(b, s, d))
 
@@ -93,7 +94,7 @@ class DecoderLayer(nn.Module):
         b, s, d = x.shape
         return self.xq(self.lnx(x)).view(b, s, self.heads, d // self.heads).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: torch.Tensor, xk: torch.Tensor,
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: tuple[torch.Tensor, ...], xk: torch.Tensor,
                 xv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """x `[B, S, D]`; see `self_attend` for the cache arguments; cross K/V `[B, H, T, hd]`."""
         b, s, d = x.shape
@@ -108,19 +109,20 @@ class DecoderCache:
     """Static decoder buffers: self K/V `[L, 2, B, H, Tmax, hd]`, cross K/V `[L, B, H, T, hd]`.
 
     `mask` is the additive causal table `[Tmax, Tmax]` (row p: 0 for positions ≤ p, -inf after);
-    `head_base` `[B, H, 1]` holds `(b * H + h) * Tmax`, the flat cache row of position 0.
+    `seq_idx` `[B, 1, 1]` and `head_idx` `[1, H, 1]` index the cache's sequence and head axes.
     """
 
     kv: torch.Tensor
     xk: torch.Tensor
     xv: torch.Tensor
     mask: torch.Tensor
-    head_base: torch.Tensor
+    seq_idx: torch.Tensor
+    head_idx: torch.Tensor
 
     def rows(self, batch: int, enc_len: int) -> DecoderCache:
         """View of the first `batch` sequences and `enc_len` encoder positions (for shape buckets)."""
         return DecoderCache(self.kv[:, :, :batch], self.xk[:, :batch, :, :enc_len], self.xv[:, :batch, :, :enc_len],
-                            self.mask, self.head_base[:batch])
+                            self.mask, self.seq_idx[:batch], self.head_idx)
 
     @property
     def max_len(self) -> int:
@@ -178,10 +180,9 @@ class Whisper(nn.Module):
         ar = torch.arange(max_len, device=device)
         mask = torch.zeros(max_len, max_len, device=device, dtype=dtype)
         mask.masked_fill_(ar[None, :] > ar[:, None], float("-inf"))
-        base = (torch.arange(batch, device=device)[:, None] * dims.heads
-                + torch.arange(dims.heads, device=device)[None, :]) * max_len
         return DecoderCache(z(shp, device=device, dtype=dtype), z(xshp, device=device, dtype=dtype),
-                            z(xshp, device=device, dtype=dtype), mask, base[:, :, None].contiguous())
+                            z(xshp, device=device, dtype=dtype), mask, torch.arange(batch, device=device)[:, None, None],
+                            torch.arange(dims.heads, device=device)[None, :, None])
 
     def fill_cross(self, enc: torch.Tensor, cache: DecoderCache) -> None:
         """Write the cross-attention K/V of `enc` into `cache` (first `enc.shape[0]` rows)."""
@@ -192,11 +193,11 @@ class Whisper(nn.Module):
             cache.xv[i, :b, :, :t].copy_(v)
 
     def _embed(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
         b, s = tokens.shape
         if pos.dim() == 1:
             pos = pos.expand(b, s)
-        kv_index = (cache.head_base[:b] + pos[:, None, :]).reshape(-1)
+        kv_index = (cache.seq_idx[:b], cache.head_idx, pos[:, None, :])
         mask = cache.mask.index_select(0, pos.reshape(-1)).view(b, 1, s, cache.max_len)
         x = F.embedding(tokens, self.tok) + F.embedding(pos, self.dec_pos).to(self.tok.dtype)
         return x, kv_index, mask
