@@ -2,11 +2,14 @@
 
 Audio arrives per stream in chunks (160–500 ms) stamped with the reference-clock time of their
 first sample; each chunk is uploaded once (pinned, async) into the stream's device-resident row
-of an `AudioStore`. `step()` takes every stream with at least `min_update_s` of new audio, runs them in
-one `WhisperRunner` pass (one encoder call for all), turns tokens into words timed by the
-alignment heads' cross-attention (DTW) on the reference clock, and feeds each stream's `LocalAgreement`. A
-buffer longer than `trim_after_s` is cut at the end of its last committed word (or, with nothing
-committed, to its newest `keep_s` — counted in `stats.forced_trims`).
+of an `AudioStore`. `step()` takes every stream with at least `min_update_s` of new audio, runs
+them in one `WhisperRunner` pass (one encoder call for all), turns tokens into words timed by the
+alignment heads' cross-attention (DTW, edges snapped onto pauses) on the reference clock, and
+feeds each stream's `LocalAgreement`. With a runner built with `max_draft > 0`, each stream's
+previous hypothesis (tokens and their frames) is its draft: the pass verifies it in parallel
+and decodes only the tail, and only the tail is re-timed. A buffer longer than `trim_after_s` is
+cut at the end of its last committed word (or, with nothing committed, to its newest `keep_s` —
+counted in `stats.forced_trims`); a trim drops the draft (`stats.draft_resets`).
 """
 
 from __future__ import annotations
