@@ -4,7 +4,7 @@ Planned images run a SigLIP-B/16 tower through `VisionGraphBank` (one CUDA graph
 bucket, features of every patch token, what a VLM connector consumes); planned ASR units run
 streaming Whisper-tiny updates through `WhisperRunner.run_store` (graphed encoder over a 10 s
 window + `asr_tokens` greedy decoder tokens, audio already on the device, tokens to the host
-once per pass). Random weights; eager on CPU. Plans larger than the largest bucket run in
+once per pass; no word-time alignment pass, as in the step-time fit). Random weights; eager on CPU. Plans larger than the largest bucket run in
 bucket-sized slices.
 """
 
@@ -47,7 +47,7 @@ class EncoderLoad:
         self.whisper = Whisper(dims).to(device=device, dtype=dt).eval()
         self.asr = WhisperRunner(self.whisper, WhisperTokens.for_vocab(dims.vocab_size), batch_buckets=ASR_BUCKETS,
                                  audio_buckets_s=(asr_window_s,), max_new_tokens=asr_tokens, chunk=asr_tokens,
-                                 early_stop=False)
+                                 early_stop=False, word_times=False)
         n = int(asr_window_s * 16000)  # the store holds one window per stream
         self.store = AudioStore(ASR_BUCKETS[-1], n, device)
         rng = np.random.default_rng(0)
