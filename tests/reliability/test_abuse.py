@@ -105,13 +105,6 @@ def test_server_process_keeps_accepting_past_a_pipes_worth_of_log_lines() -> Non
         proc.wait(30)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "server-side gap (tristream/commands/serve.py / tristream/serve/server.py): with an open-file soft "
-    "limit below --max-sessions, accept() fails with EMFILE and asyncio pauses accepting, so clients past "
-    "the limit hang until their handshake times out instead of getting a refusal. Fix: at startup raise "
-    "RLIMIT_NOFILE's soft limit to the hard limit and, if max_sessions + a reserve still exceeds it, clamp "
-    "max_sessions (503 'server full') with a warning or refuse to start with an actionable message. "
-    "Remove this marker once fixed."))
 def test_connections_past_the_open_file_limit_are_refused_not_left_hanging() -> None:
     import asyncio
     import os

@@ -17,7 +17,10 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8765, help="TCP port for WebSocket, page, /metrics, /healthz."),
         token: list[str] = typer.Option(None, help="Accepted bearer token (repeatable); default $TRISTREAM_TOKEN."),
         no_auth: bool = typer.Option(False, "--no-auth", help="Accept clients without a token (trusted demo only)."),
-        backend: str = typer.Option("echo", help="Session backend: echo (no models) or pipeline (assistant)."),
+        backend: str = typer.Option("echo", help="Session backend: echo (no models), pipeline (the embedded "
+                                    "assistant) or engine[:device=cuda,model=...,stages=...,sched=ours|fifo|none] "
+                                    "(our LLM engine under the scheduler; docs/protocol.md). Tokens may carry a "
+                                    "tier: SECRET@gold|silver|bronze."),
         record: Path = typer.Option(None, "--record", help="Write every session to DIR/<session>.mcap."),
         max_sessions: int = typer.Option(64, help="Concurrent sessions; more get HTTP 503."),
         max_session_s: float = typer.Option(3600.0, help="Session length limit in seconds."),
@@ -50,6 +53,7 @@ def register(app: typer.Typer) -> None:
             _serve_ray(host, port, tokens, no_auth, backend, max_sessions, replicas, min_replicas, max_replicas,
                        replica_gpus, ray_address, record)
             return
+        max_sessions = fit_sessions_to_fd_limit(max_sessions, per_session=2 if record else 1)
         limits = ServerLimits(max_sessions=max_sessions, max_session_s=max_session_s,
                               max_message_bytes=max_message_bytes, max_messages_per_s=max_messages_per_s,
                               burst_messages=2 * max_messages_per_s, shutdown_grace_s=drain_s)
@@ -70,6 +74,35 @@ def register(app: typer.Typer) -> None:
             await server.stop()
 
         asyncio.run(main())
+
+
+FD_RESERVE = 128  # model files, logs, the listening socket, the event loop's own descriptors
+
+
+def fit_sessions_to_fd_limit(max_sessions: int, per_session: int = 1, reserve: int = FD_RESERVE) -> int:
+    """Make room for `max_sessions` open sockets: raise the soft RLIMIT_NOFILE to the hard limit,
+    and if that is still too small, lower `max_sessions` (with a warning) so that sessions past it
+    get a clear HTTP 503 instead of hanging — past the limit accept() fails with EMFILE and the
+    event loop stops accepting for a while."""
+    import logging
+    import resource
+
+    need = max_sessions * per_session + reserve
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < need:
+        target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    if soft != resource.RLIM_INFINITY and soft < need:
+        fitted = max(1, (soft - reserve) // per_session)
+        logging.getLogger("tristream.serve").warning(
+            "open-file limit %d leaves room for %d sessions, not --max-sessions %d: serving at most %d "
+            "(raise it with `ulimit -n`)", soft, fitted, max_sessions, fitted)
+        return fitted
+    return max_sessions
 
 
 def _serve_ray(host: str, port: int, tokens: list[str], no_auth: bool, backend: str, max_sessions: int,
