@@ -153,3 +153,16 @@ def test_step_restricted_by_an_external_scheduler(model: LlamaModel) -> None:
     assert eng.seqs[b].num_computed == 0
     outs = eng.step(max_prefill_tokens=2)  # b's prefill is chunked by the per-step budget
     assert eng.seqs[b].num_computed == 2 and {o.seq_id for o in outs} == {a}
+
+
+def test_commands_for_finished_sequences_are_counted_not_lost_silently(model: LlamaModel) -> None:
+    eng = LLMEngine(model, None, EngineConfig(block_size=4, num_blocks=64, use_graphs=False))
+    sid = eng.add_request([5, 6, 7], SamplingParams(max_tokens=1))
+    while eng.has_work():
+        eng.step()
+    assert sid not in eng.seqs  # finished and forgotten
+    eng.append(sid, token_ids=[8, 9])
+    eng.start_generation(sid)
+    eng.cancel(sid)
+    eng.step()
+    assert eng.stats.ignored == {"append": 1, "start_generation": 1, "cancel": 1}

@@ -110,6 +110,12 @@ class EngineStats:
     cancelled: int = 0
     finished: int = 0
     prefix_cached_tokens: int = 0
+    ignored: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Commands that found no live sequence, by kind ('append', 'start_generation', 'cancel'):
+    a sequence that finished or was cancelled before the command reached the engine thread."""
+
+    def ignore(self, kind: str) -> None:
+        self.ignored[kind] = self.ignored.get(kind, 0) + 1
 
 
 class LLMEngine:
@@ -241,6 +247,7 @@ class LLMEngine:
     def _append(self, seq_id: int, keys: list[int], emb: torch.Tensor | None, cache_key: str | None) -> None:
         seq = self.seqs.get(seq_id)
         if seq is None:
+            self.stats.ignore("append")
             return
         seq.keys.extend(keys)
         if emb is not None:
@@ -250,6 +257,7 @@ class LLMEngine:
     def _start(self, seq_id: int, params: SamplingParams | None) -> None:
         seq = self.seqs.get(seq_id)
         if seq is None or seq.generating:
+            self.stats.ignore("start_generation")
             return
         if params is not None:
             seq.params = params
@@ -263,6 +271,7 @@ class LLMEngine:
     def _cancel(self, seq_id: int) -> None:
         seq = self.seqs.get(seq_id)
         if seq is None:
+            self.stats.ignore("cancel")
             return
         self.stats.cancelled += 1
         self._finish(seq, FinishReason.CANCELLED)
