@@ -81,10 +81,12 @@ class TranscriptDelta:
 
 @dataclass(slots=True)
 class TranscriptDone:
-    """Final transcript of the user turn."""
+    """Final transcript of the user turn; ``words``: (word, start_ms, end_ms) in ms of the session's
+    audio (the axis of ``audio_start_ms``), when the ASR times its words."""
 
     text: str
     ref_ns: int
+    words: list[tuple[str, int, int]] | None = None
 
 
 @dataclass(slots=True)

@@ -7,7 +7,9 @@
   (`tristream.serve.sched_backend`). Options ride on the name, so ``tristream serve --backend``
   needs nothing else: ``engine:device=cuda,model=llama-3.2-1b,stages=none,max_tokens=32``
   (defaults: ``device`` cuda when available else cpu, ``model`` tiny-random on cpu and
-  llama-3.2-1b (random weights) on cuda, ``stages`` none; ``model=smollm2`` is the embedded
+  llama-3.2-1b (random weights) on cuda, ``stages`` none (``embedded``: the CPU speech stages;
+  ``gpu``: ASR by our batched streaming Whisper on ``device``, ``asr_model=DIR`` another CT2
+  Whisper folder); ``model=smollm2`` is the embedded
   GGUF, a path loads a HF folder or GGUF file). ``sched=ours|fifo|static_priority`` picks the
   scheduler preset, ``sched=none`` the engine's own continuous batching without our scheduler
   (`tristream.scale.engine_backend`, the baseline); ``turn_timeout_ms=T`` sets the silver and
@@ -42,7 +44,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     """Keyword arguments of `sched_backend.engine_factory` from ``engine:`` options (defaults filled)."""
-    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms"}
+    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms", "asr_model"}
     extra = sorted(set(opts) - known)
     if extra:
         raise UnknownBackend(f"unknown engine option {extra[0]!r}; known: {sorted(known)}")
@@ -57,6 +59,10 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
         if key in opts:
             kw[key] = int(opts[key])
     kw["sched"] = opts.get("sched", "ours")
+    if "asr_model" in opts:  # stages=gpu: a CTranslate2 Whisper folder instead of the shipped base
+        from tristream.serve.speech_stages import AsrSpec
+
+        kw["asr"] = AsrSpec(model_dir=opts["asr_model"])
     if "turn_timeout_ms" in opts:
         kw["turn_timeout_ms"] = float(opts["turn_timeout_ms"])
     return kw

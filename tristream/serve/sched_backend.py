@@ -8,6 +8,9 @@
   bench drives. Audio and frames are counted and ignored.
 - ``stages=embedded``: the full assistant (`PipelineBackend`: VAD, Whisper, piper, OpenCV) with
   its LLM replaced by the session's `ScheduledChat`, so spoken turns go through the scheduler too.
+- ``stages=gpu``: as ``embedded``, but the ASR is our streaming Whisper on the engine's device
+  (CUDA graphs there), one batched pass for every session with new audio, with partial
+  transcripts and word times (`tristream.serve.speech_stages`, `tristream.stages.asr_batched`).
 
 Sheds reach the client as an ``error`` event with code ``scheduler_shed`` (the reason in the
 message and in ``response.status_details``) and ``response.done`` with status ``failed``.
@@ -214,11 +217,14 @@ class EngineSessionBackend:
 
 def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
                    kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None,
-                   sched: str = "ours", turn_timeout_ms: float | None = None) -> BackendFactory:
+                   sched: str = "ours", turn_timeout_ms: float | None = None, asr: Any = None,
+                   tts: Any = None) -> BackendFactory:
     """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
     for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
 
-    ``stages``: ``none`` (text turns) or ``embedded`` (the CPU speech/vision stages around it).
+    ``stages``: ``none`` (text turns), ``embedded`` (the CPU speech/vision stages around it) or
+    ``gpu`` (the same, but ASR is our batched streaming Whisper on ``device``, shared by every
+    session: `tristream.serve.speech_stages`; ``asr``/``tts`` override its models, for tests).
     ``scheduler``: a `SchedulerConfig`; else ``sched`` names a preset (``none``: no scheduler, the
     engine's own batching, for comparison); ``turn_timeout_ms`` overrides the silver / bronze
     end-of-turn timeouts.
@@ -260,8 +266,18 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
 
         def factory() -> PipelineBackend:
             return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
+    elif stages == "gpu":
+        from tristream.serve.pipeline_backend import PipelineBackend
+        from tristream.serve.speech_stages import streaming_models
+
+        models = streaming_models(device, asr=asr, tts=tts)
+
+        def factory() -> PipelineBackend:
+            return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
+
+        factory.asr = models.asr
     else:
-        raise ValueError(f"stages must be 'none' or 'embedded', got {stages!r}")
+        raise ValueError(f"stages must be 'none', 'embedded' or 'gpu', got {stages!r}")
     factory.se = se
     factory.collect = lambda: sched_families(se)
     factory.healthy = lambda: se.error is None

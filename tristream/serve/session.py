@@ -307,8 +307,11 @@ class RealtimeSession:
         elif isinstance(ev, TranscriptDone):
             self._transcript_sent = ""
             self.turn.transcript_done = now
+            extra: dict[str, Any] = {}
+            if ev.words is not None:  # extension: word times (ms of the session's input audio)
+                extra["x_tristream"] = {"words": [{"word": w, "start_ms": a, "end_ms": b} for w, a, b in ev.words]}
             self.send(P.server_event("conversation.item.input_audio_transcription.completed",
-                                     item_id=self._item_id or "", content_index=0, transcript=ev.text))
+                                     item_id=self._item_id or "", content_index=0, transcript=ev.text, **extra))
         elif isinstance(ev, ResponseStarted):
             resp = _Response(P.new_id("resp"), P.new_id("item"), list(self.settings.modalities))
             self._response = resp

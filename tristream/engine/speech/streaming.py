@@ -178,6 +178,12 @@ class StreamingWhisper:
         del self.streams[stream_id]
         return TranscriptEvent(stream_id, committed, [], final=True)
 
+    def discard(self, stream_id: str) -> None:
+        """Forget a stream without a final pass (its audio and hypotheses are dropped)."""
+        s = self._get(stream_id)
+        self.store.release(s.slot)
+        del self.streams[stream_id]
+
     # ---- internals ---------------------------------------------------------------------------
     def _get(self, stream_id: str) -> _Stream:
         try:

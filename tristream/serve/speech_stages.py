@@ -1,0 +1,47 @@
+"""The speech stages of ``--backend engine:stages=gpu``: which model runs where.
+
+| stage | model | device |
+|---|---|---|
+| VAD | silero (ONNX Runtime) | CPU, per session (sub-ms per 32 ms window) |
+| ASR | our Whisper base (`tristream.engine.speech`, the shipped CTranslate2 weights loaded into our module) behind `BatchedWhisperASR`: one batcher thread, one `WhisperRunner` pass for every session with new audio | the engine's ``device``: CUDA graphs on a GPU, the same code eagerly on a CPU |
+| LLM | the scheduled engine (`ScheduledChat` per session) | ``device`` |
+| TTS | piper (ONNX Runtime) | CPU |
+| vision | OpenCV scene description | CPU (no VLM weights are available offline) |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True, frozen=True)
+class AsrSpec:
+    """How to build the streaming ASR: a CTranslate2 Whisper folder (None: the shipped base)."""
+
+    model_dir: str | None = None
+    use_graphs: bool | None = None
+
+
+def streaming_models(device: str, asr: Any = None, tts: Any = None, threads: int = 1) -> Any:
+    """`SharedModels` for ``stages=gpu``: silero VAD, `BatchedWhisperASR` on ``device``, piper, OpenCV.
+
+    ``asr``: a ready `BatchedWhisperASR`, an `AsrSpec`, or None (Whisper base from the wheels);
+    ``tts``: a synthesizer model (default: piper, else espeak-ng). The LLM slot holds a placeholder:
+    every session's chat is its `ScheduledChat`. The ASR is warmed up (graphs captured) here.
+    """
+    from tristream.pipeline.llm import OpenAIChatBackend
+    from tristream.pipeline.models import SharedModels
+    from tristream.stages.asr_batched import BatchedWhisperASR
+    from tristream.stages.tts import default_tts
+    from tristream.stages.vad import SileroVAD
+    from tristream.stages.vision_cpu import SceneDescriber
+
+    if asr is None or isinstance(asr, AsrSpec):
+        spec = asr or AsrSpec()
+        asr = BatchedWhisperASR.load(device, spec.model_dir, use_graphs=spec.use_graphs)
+        asr.warm_up()
+    tts_model = tts if tts is not None else default_tts()
+    tts_model.synthesize("Hello there.")  # first-call costs before the first turn
+    return SharedModels(SileroVAD(threads=threads), asr, tts_model, SceneDescriber(threads=threads),
+                        OpenAIChatBackend("unused://"))
