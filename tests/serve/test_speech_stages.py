@@ -108,3 +108,5 @@ def test_spoken_sessions_share_the_streaming_whisper(gpu_stages_factory: Any) ->
     assert st.max_batch >= 2, st  # one pass served several sessions
     assert st.stream_updates - before > N_SESSIONS
     assert asr.runner.stats.captured == 0 and asr.runner.stats.eager_passes > 0
+    fams = {name: samples for name, _, _, samples in f.collect()}  # what /metrics exports
+    assert {lab["name"]: v for _, lab, v in fams["tristream_asr_counter"]}["passes"] == st.passes

@@ -218,13 +218,13 @@ class EngineSessionBackend:
 def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
                    kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None,
                    sched: str = "ours", turn_timeout_ms: float | None = None, asr: Any = None,
-                   tts: Any = None) -> BackendFactory:
+                   tts: Any = None, vad: Any = None) -> BackendFactory:
     """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
     for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
 
     ``stages``: ``none`` (text turns), ``embedded`` (the CPU speech/vision stages around it) or
     ``gpu`` (the same, but ASR is our batched streaming Whisper on ``device``, shared by every
-    session: `tristream.serve.speech_stages`; ``asr``/``tts`` override its models, for tests).
+    session: `tristream.serve.speech_stages`; ``asr``/``tts``/``vad`` override its models, for tests).
     ``scheduler``: a `SchedulerConfig`; else ``sched`` names a preset (``none``: no scheduler, the
     engine's own batching, for comparison); ``turn_timeout_ms`` overrides the silver / bronze
     end-of-turn timeouts.
@@ -253,6 +253,11 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         queue = {t: (q if t is Tier.GOLD else dataclasses.replace(
             q, timeouts_ms={**q.timeouts_ms, Kind.TURN_END: turn_timeout_ms})) for t, q in scheduler.queue.items()}
         scheduler = dataclasses.replace(scheduler, queue=queue)
+    speech: Any = None
+    if stages == "gpu":  # before the engine: its thread must not run while the Whisper graphs are captured
+        from tristream.serve.speech_stages import streaming_models
+
+        speech = streaming_models(device, asr=asr, tts=tts, vad=vad)
     se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler)
     factory: Any
     if stages == "none":
@@ -268,18 +273,19 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
             return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
     elif stages == "gpu":
         from tristream.serve.pipeline_backend import PipelineBackend
-        from tristream.serve.speech_stages import streaming_models
-
-        models = streaming_models(device, asr=asr, tts=tts)
 
         def factory() -> PipelineBackend:
-            return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
+            return PipelineBackend(speech, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
 
-        factory.asr = models.asr
+        factory.asr = speech.asr  # `BatchedWhisperASR`: stats, runner, shutdown
     else:
         raise ValueError(f"stages must be 'none', 'embedded' or 'gpu', got {stages!r}")
     factory.se = se
     factory.collect = lambda: sched_families(se)
+    if speech is not None:
+        from tristream.serve.speech_stages import asr_families
+
+        factory.collect = lambda: sched_families(se) + asr_families(speech.asr)
     factory.healthy = lambda: se.error is None
     return factory  # type: ignore[no-any-return]
 

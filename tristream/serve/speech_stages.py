@@ -23,11 +23,12 @@ class AsrSpec:
     use_graphs: bool | None = None
 
 
-def streaming_models(device: str, asr: Any = None, tts: Any = None, threads: int = 1) -> Any:
+def streaming_models(device: str, asr: Any = None, tts: Any = None, vad: Any = None, threads: int = 1) -> Any:
     """`SharedModels` for ``stages=gpu``: silero VAD, `BatchedWhisperASR` on ``device``, piper, OpenCV.
 
     ``asr``: a ready `BatchedWhisperASR`, an `AsrSpec`, or None (Whisper base from the wheels);
-    ``tts``: a synthesizer model (default: piper, else espeak-ng). The LLM slot holds a placeholder:
+    ``tts``: a synthesizer model (default: piper, else espeak-ng); ``vad``: a `SileroVAD` (default: the
+    ONNX file of the installed ``silero-vad`` wheel). The LLM slot holds a placeholder:
     every session's chat is its `ScheduledChat`. The ASR is warmed up (graphs captured) here.
     """
     from tristream.pipeline.llm import OpenAIChatBackend
@@ -43,5 +44,20 @@ def streaming_models(device: str, asr: Any = None, tts: Any = None, threads: int
         asr.warm_up()
     tts_model = tts if tts is not None else default_tts()
     tts_model.synthesize("Hello there.")  # first-call costs before the first turn
-    return SharedModels(SileroVAD(threads=threads), asr, tts_model, SceneDescriber(threads=threads),
+    return SharedModels(vad if vad is not None else SileroVAD(threads=threads), asr, tts_model, SceneDescriber(threads=threads),
                         OpenAIChatBackend("unused://"))
+
+
+def asr_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    """The shared streaming ASR's counters as Prometheus families (passes, batch, graphs, errors)."""
+    st, rs = asr.stats, asr.runner.stats
+    counters = {"passes": st.passes, "stream_updates": st.stream_updates, "catch_up_passes": st.catch_up_passes,
+                "utterances": st.utterances, "finals": st.finals, "aborted": st.aborted, "errors": st.errors,
+                "loop_words_dropped": st.loop_words_dropped, "graphs_captured": rs.captured,
+                "eager_passes": rs.eager_passes, "decode_steps": rs.decode_steps}
+    return [("tristream_asr_counter", "gauge", "shared streaming Whisper counters",
+             [("tristream_asr_counter", {"name": k}, float(v)) for k, v in counters.items()]),
+            ("tristream_asr_max_batch", "gauge", "most sessions served by one Whisper pass",
+             [("tristream_asr_max_batch", {}, float(st.max_batch))]),
+            ("tristream_asr_pass_seconds_total", "counter", "time in Whisper passes",
+             [("tristream_asr_pass_seconds_total", {}, float(st.pass_s))])]
