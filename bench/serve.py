@@ -32,6 +32,13 @@ server each: ``ours`` (our scheduler), ``fifo`` (the FIFO preset of the same sch
 
     .venv/bin/python bench/serve.py --backend engine --device cpu --model tiny-random --clients 1 8 32
     python3 bench/serve.py --backend engine --device cuda --model llama-3.2-1b --clients 1 8 32 64
+
+``--backend speech`` measures spoken turns on the engine backend with the CPU speech stages
+(``stages=embedded``: faster-whisper per utterance, the peer) and with ``stages=gpu`` (our batched
+streaming Whisper on ``--device``) in the same run: end of speech -> ``.completed`` transcript and
+-> first audio on the client, server CPU per session.
+
+    .venv/bin/python bench/serve.py --backend speech --device cpu --clients 1 8
 """
 
 from __future__ import annotations
@@ -149,7 +156,7 @@ async def bare_server(port: int) -> None:
 async def one_client(url: str, pcm: np.ndarray, turns: int, bare: bool, wait_s: float) -> dict[str, list[float]]:
     from websockets.asyncio.client import connect
 
-    out: dict[str, list[float]] = {"client": [], "server": [], "errors": [], "cancelled": []}
+    out: dict[str, list[float]] = {"client": [], "server": [], "errors": [], "cancelled": [], "transcript": []}
     async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
                        max_size=None) as ws:
         json.loads(await ws.recv())
@@ -160,6 +167,7 @@ async def one_client(url: str, pcm: np.ndarray, turns: int, bare: bool, wait_s: 
         # arrives after the next turn ended (overload) is still timed from its own turn.
         state = {"voiced": 0.0, "done": 0}
         pending: deque[float] = deque()
+        heard: deque[float] = deque()  # turn ends waiting for their .completed transcript
         by_resp: dict[str, float] = {}
         finished = asyncio.Event()
 
@@ -169,6 +177,9 @@ async def one_client(url: str, pcm: np.ndarray, turns: int, bare: bool, wait_s: 
                 t = ev["type"]
                 if t == "input_audio_buffer.speech_stopped":
                     pending.append(state["voiced"])
+                    heard.append(state["voiced"])
+                elif t == "conversation.item.input_audio_transcription.completed" and heard:
+                    out["transcript"].append((time.perf_counter() - heard.popleft()) * 1000)
                 elif t == "response.created" and pending:
                     by_resp[ev["response"]["id"]] = pending.popleft()
                 elif t == "response.audio.delta":
@@ -242,6 +253,7 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
         except subprocess.TimeoutExpired:
             proc.kill()
     client = np.array([v for r in results for v in r["client"]])
+    heard = np.array([v for r in results for v in r["transcript"]])
     server = np.array([v for r in results for v in r["server"]])
     wall = w1 - w0
 
@@ -254,6 +266,7 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
         "responses_cancelled_by_barge_in": int(sum(len(r["cancelled"]) for r in results)),
         "eos_to_first_audio_client_ms": {"p50": pct(client, 50), "p99": pct(client, 99), "max": pct(client, 100)},
         "eos_to_first_audio_server_ms": {"p50": pct(server, 50), "p99": pct(server, 99)},
+        "eos_to_transcript_client_ms": {"p50": pct(heard, 50), "p99": pct(heard, 99)},
         "wall_s": round(wall, 2),
         "server_cpu_s": round(cpu1 - cpu0, 3),
         "server_cpu_per_session_pct": round(100 * (cpu1 - cpu0) / (n * wall), 3),
@@ -412,7 +425,7 @@ def engine_main(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", default="echo", choices=("echo", "pipeline", "engine"))
+    ap.add_argument("--backend", default="echo", choices=("echo", "pipeline", "engine", "speech"))
     ap.add_argument("--clients", type=int, nargs="+", default=None, help="default 1 8 32 (engine: 1 8 32 64)")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true")
@@ -431,6 +444,9 @@ def main() -> None:
         args.clients = args.clients or [1, 8, 32, 64]
         args.model = args.model or ("llama-3.2-1b" if args.device.startswith("cuda") else "tiny-random")
         engine_main(args)
+        return
+    if args.backend == "speech":
+        speech_main(args)
         return
     args.clients = args.clients or [1, 8, 32]
     from _common import write_results
@@ -460,6 +476,41 @@ def main() -> None:
     name = "serve" if not pipeline else "serve_pipeline"
     path = write_results(name, {"backend": args.backend, "rows": rows, "audio_s_per_client": round(len(pcm) / 24000, 2),
                                    "turns_per_client": args.turns}, extra_modules=("websockets", "mcap"))
+    print(f"wrote {path}")
+
+
+def speech_main(args: argparse.Namespace) -> None:
+    """Spoken turns, ``engine`` backend: the CPU speech stages (faster-whisper per utterance, the peer)
+    vs ``stages=gpu`` (our batched streaming Whisper on ``--device``), same clients, same speech."""
+    from _common import write_results
+    from rich.console import Console
+    from rich.table import Table
+
+    clients = args.clients or [1, 8]
+    model = args.model or ("llama-3.2-1b" if args.device.startswith("cuda") else "tiny-random")
+    pcm = real_speech(args.turns, gap_s=4.0)
+    variants = [("embedded", f"engine:device={args.device},model={model},stages=embedded,max_tokens={args.max_tokens}"),
+                ("gpu", f"engine:device={args.device},model={model},stages=gpu,max_tokens={args.max_tokens}")]
+    rows = []
+    for n in clients:
+        for label, backend in variants:
+            r = {"variant": label, **run_config(n, backend, pcm, args.turns, 120.0)}
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    table = Table(title=f"serve --backend engine, spoken turns ({args.device}): end of speech -> transcript / "
+                        "first audio on the client (includes the 300 ms VAD hangover)")
+    for col in ("ASR stages", "clients", "turns", "errors", "transcript P50", "transcript P99", "audio P50",
+                "audio P99", "server CPU/session %"):
+        table.add_column(col)
+    for r in rows:
+        h, c = r["eos_to_transcript_client_ms"], r["eos_to_first_audio_client_ms"]
+        table.add_row(str(r["variant"]), str(r["clients"]), f"{r['turns_measured']}/{r['turns_expected']}",
+                      str(r["errors"]), str(h["p50"]), str(h["p99"]), str(c["p50"]), str(c["p99"]),  # type: ignore[index]
+                      str(r["server_cpu_per_session_pct"]))
+    Console(width=160).print(table)
+    path = write_results(f"serve_speech_{args.device.split(':')[0]}", {
+        "variants": {k: v for k, v in variants}, "rows": rows, "audio_s_per_client": round(len(pcm) / 24000, 2),
+        "turns_per_client": args.turns}, extra_modules=("websockets", "faster_whisper", "ctranslate2"))
     print(f"wrote {path}")
 
 
