@@ -166,6 +166,8 @@ class RealEngineBackend:
                 if owner is not None:
                     self.seq_of.pop(owner, None)
                     self.generating.discard(owner)
+                    if o.finish_reason is not None and o.finish_reason.name in ("EOS", "STOP"):
+                        finished.add(owner)  # ended before its planned length: the scheduler drops the rest
         self.stats.missing_first_token += len(set(want_first) - got_first)
         self.stats.steps += 1
         t1 = time.perf_counter_ns()
