@@ -58,6 +58,7 @@ def _speech(tts: Any, text: str) -> tuple[np.ndarray, float, float]:
     return (pcm * 32767).astype(np.int16), lead, lead + (b - a) / 24_000
 
 
+@pytest.mark.slow
 def test_spoken_sessions_share_the_streaming_whisper(gpu_stages_factory: Any) -> None:
     from tests.serve.pipeline_helpers import recall
     from tristream.serve.client import stream_media

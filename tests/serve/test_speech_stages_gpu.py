@@ -10,6 +10,13 @@ graphs, batching, partial/final events and word times are checked, the words are
 `test_speech_stages.py` proves real transcripts through the same code). silero VAD: the installed
 ``silero-vad`` wheel, else the ONNX file at ``$TRISTREAM_SILERO_ONNX``. TTS: piper when installed,
 else a tone per sentence (the GPU image has no piper; the answer audio is not what is tested).
+
+On the H200 machine (2.7 MB carried: the websockets and soxr cp312 wheels and silero's ONNX file,
+copied into the git-ignored ``.cache/gpu-serve/`` on the CPU side)::
+
+    pip install --no-index --no-deps --target /tmp/site .cache/gpu-serve/*.whl
+    TRISTREAM_SILERO_ONNX=$PWD/.cache/gpu-serve/silero_vad.onnx PYTHONPATH=/tmp/site:. \
+        python3 -m pytest -q -s -m gpu tests/serve/test_speech_stages_gpu.py
 """
 
 from __future__ import annotations
