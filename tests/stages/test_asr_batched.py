@@ -82,12 +82,24 @@ def test_abort_frees_the_stream_without_a_final(asr: BatchedWhisperASR) -> None:
     assert len(asr.sw.store._free) == free and asr.sw.streams == {}
 
 
-def test_audio_handed_over_at_once_is_stepped_as_if_live(asr: BatchedWhisperASR) -> None:
+def test_audio_handed_over_at_once_is_trimmed_not_clipped(asr: BatchedWhisperASR) -> None:
     asr.open("m", 0, lambda *a: None)
     asr.feed("m", _audio(9.0, 2))  # more than the largest bucket (4 s)
     asr.finish("m").result(60)
-    assert asr.stats.catch_up_passes >= 5
-    assert asr.sw.stats.clipped_samples == 0  # trimmed at 3 s between passes, never clipped
+    assert asr.stats.catch_up_passes >= 2  # stepped whenever past the 3 s trim length with 1 s unseen
+    assert asr.sw.stats.clipped_samples == 0 and asr.sw.stats.trims >= 2  # cut between passes, never clipped
+
+
+def test_a_backlog_below_the_trim_length_waits_for_one_batched_pass(asr: BatchedWhisperASR) -> None:
+    go = _hold(asr)
+    for key in ("p", "q", "r"):
+        asr.open(key, 0, lambda *a: None)
+        for _ in range(10):  # 2 s each in 200 ms chunks, queued while the batcher is busy
+            asr.feed(key, _audio(0.2, 6))
+    go.set()
+    for key in ("p", "q", "r"):
+        asr.finish(key).result(30)
+    assert asr.stats.catch_up_passes == 0 and asr.stats.batch_sizes == {3: 1}  # one pass for all three
 
 
 def test_a_failing_pass_fails_the_waiting_final_and_the_batcher_goes_on(asr: BatchedWhisperASR) -> None:

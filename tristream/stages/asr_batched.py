@@ -16,8 +16,8 @@ final is the utterance's committed words after a last batched pass (`.completed`
 `TimedTranscript`s: each word with its start / end on the reference clock and in ms of the
 session's audio (the axis of ``audio_start_ms``).
 
-Long audio handed over at once (manual commit) is stepped every `catch_up_s` as it is applied,
-as if it had streamed in, so the buffer is trimmed at committed words rather than clipped.
+Long audio handed over at once (manual commit) is stepped every `catch_up_s` as it is applied
+once the buffer is past the trim length, so it is cut at committed words rather than clipped.
 """
 
 from __future__ import annotations
@@ -250,9 +250,15 @@ class BatchedWhisperASR:
                     continue  # aborted meanwhile
                 for i in range(0, arg.shape[0], SAMPLE_RATE):
                     self.sw.push(key, arg[i : i + SAMPLE_RATE])
-                    if self.sw.streams[key].new_samples >= self.catch_up:  # audio handed over faster than live
+                    s = self.sw.streams[key]
+                    # a buffer past the trim length with a second of unseen audio (audio handed over at
+                    # once, or a backlog): step it now so that it is cut at committed words before it
+                    # overflows the largest bucket (clipped). Only then: stepping on every second of
+                    # backlog would make an overloaded batcher fall further behind.
+                    if s.new_samples >= self.catch_up and s.length > self.sw.trim_after:
                         self.stats.catch_up_passes += 1
-                        self._update([k for k, s in self.sw.streams.items() if s.new_samples >= self.catch_up])
+                        self._update([k for k, x in self.sw.streams.items()
+                                      if x.new_samples >= self.catch_up and x.length > self.sw.trim_after])
             elif op == "finish":
                 u = self._utts.get(key)
                 if u is None:
