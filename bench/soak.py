@@ -53,6 +53,21 @@ def proc_stats(pid: int) -> dict[str, float]:
     return {"rss_mb": rss_kb / 1024, "fds": float(len(os.listdir(f"/proc/{pid}/fd"))), "threads": threads}
 
 
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (from /proc/<pid>/stat)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy (all cores, from /proc/stat)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    idle = v[3] + (v[4] if len(v) > 4 else 0)
+    return (sum(v[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 # ------------------------------------------------------------------ child: the server
 def child(port: int, max_sessions: int, leak_kb: int, sample_s: float) -> None:
     """Serve the echo backend; print a stats line every `sample_s`."""
@@ -76,7 +91,8 @@ def child(port: int, max_sessions: int, leak_kb: int, sample_s: float) -> None:
             await asyncio.sleep(sample_s)
             st = proc_stats(os.getpid())
             st.update(t_s=time.monotonic() - t0, tasks=float(len(asyncio.all_tasks())),
-                      load1=os.getloadavg()[0],
+                      load1=os.getloadavg()[0], server_cpu_s=cpu_s(os.getpid()),
+                      client_cpu_s=cpu_s(os.getppid()), machine_busy_s=machine_busy_s(),
                       sessions=float(len(srv.conns)),
                       sessions_total=srv.metrics.count("tristream_sessions_total"))
             print(json.dumps(st), flush=True)
@@ -140,6 +156,38 @@ def p99(xs: list[float]) -> float:
     return s[min(len(s) - 1, int(0.99 * len(s)))]
 
 
+def windows(samples: list[dict[str, float]], lat: list[tuple[float, float]], t0: float,
+            width_s: float) -> list[dict[str, float]]:
+    """Per window: turns, P50/P99, load average, and cores used by the server, the load
+    generator and everything else on the machine (a shared box: a P99 move must be attributable)."""
+    out: list[dict[str, float]] = []
+    if not samples:
+        return out
+    end = samples[-1]["t_s"]
+    k = 0.0
+    while k < end:
+        xs = [v for t, v in lat if k <= t - t0 < k + width_s]
+        ss = [s for s in samples if k <= s["t_s"] < k + width_s and "machine_busy_s" in s]
+        w: dict[str, float] = {"t0_s": k, "turns": float(len(xs)), "p50_ms": p50(xs), "p99_ms": p99(xs)}
+        if len(ss) >= 2:
+            dt = ss[-1]["t_s"] - ss[0]["t_s"]
+            srv = (ss[-1]["server_cpu_s"] - ss[0]["server_cpu_s"]) / dt
+            cli = (ss[-1]["client_cpu_s"] - ss[0]["client_cpu_s"]) / dt
+            busy = (ss[-1]["machine_busy_s"] - ss[0]["machine_busy_s"]) / dt
+            w.update(load1_mean=sum(s["load1"] for s in ss) / len(ss), server_cores=srv, client_cores=cli,
+                     other_cores=max(0.0, busy - srv - cli))
+        out.append(w)
+        k += width_s
+    return out
+
+
+def p50(xs: list[float]) -> float:
+    """Nearest-rank median."""
+    if not xs:
+        return float("nan")
+    return sorted(xs)[len(xs) // 2]
+
+
 def soak(minutes: float, load: int, max_sessions: int, leak_kb: int, sample_s: float,
          max_rss_mb_per_h: float) -> dict[str, Any]:
     """One soak run; returns samples, figures and the gate verdict."""
@@ -198,6 +246,7 @@ def soak(minutes: float, load: int, max_sessions: int, leak_kb: int, sample_s: f
     res["p99_ms_q2"] = p99(lq2)
     res["p99_ms_q4"] = p99(lq4)
     res["p99_drift"] = (res["p99_ms_q4"] - res["p99_ms_q2"]) / res["p99_ms_q2"] if lq2 and lq4 else None
+    res["windows"] = windows(samples, lat, t0, 300.0)
     # Per-session resources can only be "flat" net of live sessions: slack = the load itself.
     slack = {"fds": load + 8, "threads": 4, "tasks": 3 * load + 8}
     checks = {
