@@ -1,6 +1,6 @@
 """``--backend engine:stages=gpu`` on CUDA: six spoken sessions at once behind the real server, their
 ASR in our streaming Whisper replaying its CUDA graphs (one batched pass for every session with new
-audio), the LLM on the scheduled engine.
+audio), the LLM on the scheduled engine (Llama-3.2-1B shape, random weights).
 
 Speech: piper sentences committed as 16 kHz WAVs (`tests/data/speech16k`), so the GPU machine needs
 no TTS to make them. Models there: Whisper base with the shipped weights when the
@@ -80,7 +80,10 @@ def build_asr(device: str) -> tuple[Any, bool]:
         pass
     torch.manual_seed(0)
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
-    model = Whisper(preset("base")).to(device=device, dtype=dtype).eval()
+    model = Whisper(preset("base"))
+    with torch.no_grad():  # the module starts with zero token embeddings: every token would be id 0
+        model.tok.normal_(0.0, 0.5)
+    model = model.to(device=device, dtype=dtype).eval()
     runner = WhisperRunner(model, WhisperTokens.for_vocab(model.dims.vocab_size), max_new_tokens=32, max_draft=24,
                            **kw)
     sw = StreamingWhisper(runner, lambda t: f" w{t}", trim_after_s=6.0, min_update_s=0.3)
@@ -158,7 +161,7 @@ def test_spoken_sessions_on_cuda_graphs() -> None:
     for key in list(runner._graphs):
         runner._graphs[key] = Counted(runner._graphs[key])
     eager_before, passes_before = runner.stats.eager_passes, asr.stats.passes
-    f = engine_factory(model="tiny-random", device="cuda", stages="gpu", max_tokens=4, kv_bytes=256 << 20, asr=asr,
+    f = engine_factory(model="llama-3.2-1b", device="cuda", stages="gpu", max_tokens=4, kv_bytes=2 << 30, asr=asr,
                        tts=build_tts(), vad=build_vad())
     clips, texts = load_clips()
     try:
