@@ -27,15 +27,36 @@ TINY = WhisperDims(d_model=64, encoder_layers=2, decoder_layers=2, heads=4, ffn=
 SR = 16_000
 
 
-@pytest.fixture()
-def asr() -> Any:
+def _build(max_streams: int = 256) -> BatchedWhisperASR:
     torch.manual_seed(0)
     model = Whisper(TINY).eval()
     runner = WhisperRunner(model, WhisperTokens.for_vocab(TINY.vocab_size), batch_buckets=(1, 2, 4),
                            audio_buckets_s=(2.0, 4.0), max_new_tokens=8, chunk=4, max_draft=4)
-    a = BatchedWhisperASR(StreamingWhisper(runner, lambda t: f" w{t % 7}", trim_after_s=3.0, min_update_s=0.2))
+    return BatchedWhisperASR(StreamingWhisper(runner, lambda t: f" w{t % 7}", trim_after_s=3.0, min_update_s=0.2,
+                                              max_streams=max_streams))
+
+
+@pytest.fixture()
+def asr() -> Any:
+    a = _build()
     yield a
     a.shutdown()
+
+
+def test_a_refused_open_fails_only_its_own_utterance() -> None:
+    a = _build(max_streams=1)
+    try:
+        go = _hold(a)
+        a.open("one", 0, lambda *x: None)
+        a.open("two", 0, lambda *x: None)  # no audio slot left
+        a.feed("one", _audio(0.5, 1))
+        a.feed("two", _audio(0.5, 2))
+        f1, f2 = a.finish("one"), a.finish("two")
+        go.set()
+        assert f1.result(30) and f2.result(30) == []
+        assert a.stats.errors == 1 and "audio slots" in a.stats.last_error and a.stats.finals == 1
+    finally:
+        a.shutdown()
 
 
 def _audio(seconds: float, seed: int) -> np.ndarray:

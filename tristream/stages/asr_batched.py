@@ -217,8 +217,8 @@ class BatchedWhisperASR:
                 self._apply(cmds)
                 self._update(self.sw.ready() + [u.key for u in self._closing if self.sw.streams[u.key].new_samples])
                 self._finish_closing()
-            except Exception as exc:  # a failed pass: fail the finals waiting on it, keep serving
-                self._fail(exc)
+            except Exception as exc:  # unexpected: fail every waiting final, keep serving
+                self._fail(exc, list(self.sw.streams))
         err = ModelUnavailable("the ASR batcher is shut down")
         for op, _, arg in cmds:
             if op == "finish":
@@ -234,52 +234,66 @@ class BatchedWhisperASR:
 
     def _apply(self, cmds: list[tuple[str, str, Any]]) -> None:
         for op, key, arg in cmds:
-            if op == "call":
-                fn, fut = arg
-                try:
-                    fut.set_result(fn())
-                except Exception as exc:
-                    fut.set_exception(exc)
-            elif op == "open":
-                t0, listener = arg
-                self.sw.open(key, t0)
-                self._utts[key] = _Utt(key, listener)
-                self.stats.utterances += 1
-            elif op == "feed":
-                if key not in self._utts:
-                    continue  # aborted meanwhile
-                for i in range(0, arg.shape[0], SAMPLE_RATE):
-                    self.sw.push(key, arg[i : i + SAMPLE_RATE])
-                    s = self.sw.streams[key]
-                    # a buffer past the trim length with a second of unseen audio (audio handed over at
-                    # once, or a backlog): step it now so that it is cut at committed words before it
-                    # overflows the largest bucket (clipped). Only then: stepping on every second of
-                    # backlog would make an overloaded batcher fall further behind.
-                    if s.new_samples >= self.catch_up and s.length > self.sw.trim_after:
-                        self.stats.catch_up_passes += 1
-                        self._update([k for k, x in self.sw.streams.items()
-                                      if x.new_samples >= self.catch_up and x.length > self.sw.trim_after])
-            elif op == "finish":
-                u = self._utts.get(key)
-                if u is None:
-                    arg.set_result([])
-                    continue
-                u.done = arg
-                self._closing.append(u)
-            elif op == "abort":
-                u = self._utts.pop(key, None)
-                if u is not None:
-                    self.sw.discard(key)
-                    self.stats.aborted += 1
-                    if u in self._closing:
-                        self._closing.remove(u)
+            try:
+                self._apply_one(op, key, arg)
+            except Exception as exc:  # e.g. every audio slot taken: this command fails, the others go on
+                self.stats.errors += 1
+                self.stats.last_error = f"{op}: {type(exc).__name__}: {exc}"
+                if op == "finish" and not arg.done():
+                    arg.set_exception(exc)
+
+    def _apply_one(self, op: str, key: str, arg: Any) -> None:
+        """One command, on the batcher thread."""
+        if op == "call":
+            fn, fut = arg
+            try:
+                fut.set_result(fn())
+            except Exception as exc:
+                fut.set_exception(exc)
+        elif op == "open":
+            t0, listener = arg
+            self.sw.open(key, t0)
+            self._utts[key] = _Utt(key, listener)
+            self.stats.utterances += 1
+        elif op == "feed":
+            if key not in self._utts:
+                return  # aborted meanwhile (or its open failed)
+            for i in range(0, arg.shape[0], SAMPLE_RATE):
+                self.sw.push(key, arg[i : i + SAMPLE_RATE])
+                s = self.sw.streams[key]
+                # a buffer past the trim length with a second of unseen audio (audio handed over at
+                # once, or a backlog): step it now so that it is cut at committed words before it
+                # overflows the largest bucket (clipped). Only then: stepping on every second of
+                # backlog would make an overloaded batcher fall further behind.
+                if s.new_samples >= self.catch_up and s.length > self.sw.trim_after:
+                    self.stats.catch_up_passes += 1
+                    self._update([k for k, x in self.sw.streams.items()
+                                  if x.new_samples >= self.catch_up and x.length > self.sw.trim_after])
+        elif op == "finish":
+            u = self._utts.get(key)
+            if u is None:
+                arg.set_result([])
+                return
+            u.done = arg
+            self._closing.append(u)
+        elif op == "abort":
+            u = self._utts.pop(key, None)
+            if u is not None:
+                self.sw.discard(key)
+                self.stats.aborted += 1
+                if u in self._closing:
+                    self._closing.remove(u)
 
     def _update(self, ids: list[str]) -> None:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return
         t0 = time.perf_counter()
-        events = self.sw.step(ids)
+        try:
+            events = self.sw.step(ids)
+        except Exception as exc:  # a failed pass: its waiting finals fail, the batcher goes on
+            self._fail(exc, ids)
+            return
         dt = time.perf_counter() - t0
         self.stats.passes += -(-len(ids) // self.sw.runner.batch_buckets[-1])
         self.stats.stream_updates += len(ids)
@@ -310,10 +324,15 @@ class BatchedWhisperASR:
             assert u.done is not None
             u.done.set_result(words)
 
-    def _fail(self, exc: Exception) -> None:
+    def _fail(self, exc: Exception, ids: list[str]) -> None:
+        """A pass over ``ids`` failed: their finals fail; their unseen audio waits for more (no hot loop)."""
         self.stats.errors += 1
         self.stats.last_error = f"{type(exc).__name__}: {exc}"
-        closing, self._closing = self._closing, []
+        hit = set(ids)
+        for k in hit & set(self.sw.streams):
+            self.sw.streams[k].new_samples = 0
+        closing = [u for u in self._closing if u.key in hit]
+        self._closing = [u for u in self._closing if u.key not in hit]
         for u in closing:
             self._utts.pop(u.key, None)
             if u.key in self.sw.streams:
