@@ -157,7 +157,7 @@ class PipelineBackend:
     def _on_asr(self, evs: list[Any]) -> None:
         for tr in evs:
             if tr.final:
-                timed = getattr(tr, "words", None)  # `asr_batched.TimedTranscript`
+                timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript`
                 words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
                 self._emit(TranscriptDelta(tr.text, self._now()))
                 self._emit(TranscriptDone(tr.text, self._now(), words))
