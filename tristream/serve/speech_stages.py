@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +45,14 @@ def streaming_models(device: str, asr: Any = None, tts: Any = None, vad: Any = N
         asr.warm_up()
     tts_model = tts if tts is not None else default_tts()
     tts_model.synthesize("Hello there.")  # first-call costs before the first turn
-    return SharedModels(vad if vad is not None else SileroVAD(threads=threads), asr, tts_model, SceneDescriber(threads=threads),
+    from tristream.stages.base import ModelUnavailable
+
+    try:
+        vision: Any = SceneDescriber(threads=threads)
+    except ModelUnavailable as exc:  # e.g. OpenCV 5 (no Haar cascades): answers go without a scene
+        logging.getLogger("tristream.serve").warning("no scene descriptions: %s", exc)
+        vision = None
+    return SharedModels(vad if vad is not None else SileroVAD(threads=threads), asr, tts_model, vision,
                         OpenAIChatBackend("unused://"))
 
 
