@@ -169,26 +169,11 @@ class DecodeGraphs:
         if not self.use_graphs or self.graphs or self.model.device.type != "cuda":
             return
         self._fill_padding(0, self.max_bs)
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: Triton compilation, cuBLAS handles
-                for b in reversed(self.buckets):
-                    self.forward(b, False)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        if self.kernels != "cublas":
-            self._choose_kernels()
-        torch.cuda.synchronize()
-        for b in reversed(self.buckets):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self.outputs[b] = self.forward(b)
-            if self.pool is None:
-                self.pool = g.pool()
-            self.graphs[b] = g
-        torch.cuda.synchronize()
+        from tristream.engine.graph_capture import capture_buckets
+
+        between = self._choose_kernels if self.kernels != "cublas" else None
+        self.graphs, self.outputs, self.pool = capture_buckets(
+            self.buckets, self.forward, self.pool, warm=lambda b: self.forward(b, False), between=between)
 
     def _fill_padding(self, lo: int, hi: int) -> None:
         n, h = self.max_bs, self.host_np

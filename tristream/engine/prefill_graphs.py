@@ -107,23 +107,9 @@ class PrefillGraphs:
         Nothing is cached yet: padded steps write nowhere and read only the dummy chunk."""
         self._reset(0, self.max_tokens, 0)
         self.dev.copy_(self.host)
-        torch.cuda.synchronize()
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                for b in reversed(self.buckets):
-                    self.forward(b)
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        for b in reversed(self.buckets):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool):
-                self.outputs[b] = self.forward(b)
-            if self.pool is None:
-                self.pool = g.pool()
-            self.graphs[b] = g
-        torch.cuda.synchronize()
+        from tristream.engine.graph_capture import capture_buckets
+
+        self.graphs, self.outputs, self.pool = capture_buckets(self.buckets, self.forward, self.pool)
 
     def _reset(self, n_tokens: int, bucket: int, n_tiles: int) -> None:
         """Padding of the host buffer beyond the step's real tokens and tiles."""

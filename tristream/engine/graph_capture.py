@@ -1,0 +1,49 @@
+"""Capture one CUDA graph per bucket: warm-up on a side stream, then largest first into one pool.
+
+Shared by the decode graphs (`graphs.DecodeGraphs`) and the small-prefill graphs
+(`prefill_graphs.PrefillGraphs`). Warm-up runs every bucket eagerly (Triton compiles its
+kernels, cuBLAS creates its handles and workspaces) on a side stream, as graph capture
+requires; capturing the largest bucket first lets the smaller ones reuse its memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+
+def capture_buckets(buckets: Iterable[int], forward: Callable[[int], torch.Tensor], pool: Any = None,
+                    warm: Callable[[int], Any] | None = None, rounds: int = 2,
+                    between: Callable[[], None] | None = None
+                    ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor], Any]:
+    """Graphs and their static outputs per bucket, and the memory pool they share.
+
+    ``warm``: what the warm-up runs per bucket (default ``forward``); ``between``: called after
+    the warm-up and before capture (e.g. to time kernel variants)."""
+    order = sorted(buckets, reverse=True)
+    warm = warm or forward
+    torch.cuda.synchronize()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(rounds):
+            for b in order:
+                warm(b)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    if between is not None:
+        between()
+        torch.cuda.synchronize()
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    for b in order:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            outputs[b] = forward(b)
+        if pool is None:
+            pool = g.pool()
+        graphs[b] = g
+    torch.cuda.synchronize()
+    return graphs, outputs, pool
