@@ -48,6 +48,7 @@ def register(app: typer.Typer) -> None:
         from tristream.serve.server import RealtimeServer
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("websockets.server").setLevel(logging.WARNING)  # not a line per connection
         tokens = list(token or []) or ([os.environ["TRISTREAM_TOKEN"]] if os.environ.get("TRISTREAM_TOKEN") else [])
         if ray:
             _serve_ray(host, port, tokens, no_auth, backend, max_sessions, replicas, min_replicas, max_replicas,

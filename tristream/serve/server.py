@@ -126,6 +126,9 @@ class RealtimeServer:
             write_limit=self.limits.write_buffer_bytes,
             compression=None,
             ping_interval=20, ping_timeout=20,
+            # accept queue sized to the session limit (asyncio's default is 100): a burst of
+            # connects is queued for accept() instead of being reset by the kernel
+            backlog=max(128, min(4096, self.limits.max_sessions)),
         )
         sock = next(iter(self._server.sockets))
         self.port = sock.getsockname()[1]
