@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,16 @@ def write_results(name: str, results: dict[str, Any], extra_modules: tuple[str, 
     payload = {"meta": machine_info(extra_modules), "results": results}
     path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
     return path
+
+
+def free_port() -> int:
+    """A free TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def nearest_rank_pct(xs: list[float], p: float) -> float:
+    """The p-th percentile of xs by nearest rank (an observed value, no interpolation)."""
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]

@@ -25,12 +25,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._common import nearest_rank_pct as _pct  # noqa: E402
 from bench._common import write_results  # noqa: E402
-
-
-def _pct(xs: list[float], p: float) -> float:
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
 def _row(xs: list[float]) -> dict[str, float]:

@@ -48,7 +48,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -62,13 +61,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from _common import free_port  # noqa: E402
+
 TOKEN = "bench-token"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from tristream.engine.models.llama import LlamaModel
 
 
 def tiny_hf_model(kind: str, folder: Path, seed: int = 0) -> torch.nn.Module:
@@ -36,3 +40,22 @@ def tiny_hf_model(kind: str, folder: Path, seed: int = 0) -> torch.nn.Module:
     model = model.float().eval()
     model.save_pretrained(str(folder), safe_serialization=True)
     return model
+
+
+def random_llama_cuda(dtype: torch.dtype, num_layers: int = 4, attention_bias: bool = False) -> LlamaModel:
+    """A SmolLM2-135M-shaped model with `num_layers` layers and seeded random weights on CUDA
+    (norm weights around 1), for the GPU tests of kernels, graphs and prefill paths."""
+    import dataclasses
+
+    from tristream.engine.config import preset
+    from tristream.engine.models.llama import LlamaModel
+
+    cfg = dataclasses.replace(preset("smollm2-135m"), num_layers=num_layers, attention_bias=attention_bias)
+    m = LlamaModel(cfg, dtype=dtype, device="cuda", max_positions=2048)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.normal_(0, 0.05 if p.dim() == 2 else 0.3, generator=g)
+            if p.dim() == 1:
+                p.add_(1.0)
+    return m

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
-from tristream.engine.config import preset
+from tests.engine._tiny import random_llama_cuda
 from tristream.engine.engine import EngineConfig, LLMEngine
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.runner import PrefillChunk
@@ -19,15 +17,7 @@ BUCKETS = (1, 2, 4, 8, 16, 32)
 
 
 def _model(dtype: torch.dtype, qwen: bool = False) -> LlamaModel:
-    cfg = dataclasses.replace(preset("smollm2-135m"), num_layers=4, attention_bias=qwen)
-    m = LlamaModel(cfg, dtype=dtype, device="cuda", max_positions=2048)
-    g = torch.Generator(device="cuda").manual_seed(0)
-    with torch.no_grad():
-        for p in m.parameters():
-            p.normal_(0, 0.05 if p.dim() == 2 else 0.3, generator=g)
-            if p.dim() == 1:
-                p.add_(1.0)
-    return m
+    return random_llama_cuda(dtype, attention_bias=qwen)
 
 
 def _running_engine(model: LlamaModel, n: int, kernels: str = "auto") -> LLMEngine:
