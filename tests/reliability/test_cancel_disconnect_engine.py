@@ -40,6 +40,8 @@ def test_real_engine_ten_percent_disturbed_others_identical_engine_back_to_basel
         for i, how in DISTURB.items():
             if how == "cancel":
                 assert got[i][-1] == ("response.done", '{"status": "cancelled"}')
+            else:  # disturbed mid-answer: after a delta, before the end
+                assert got[i][-1][0] == "response.audio_transcript.delta", (i, how, got[i])
         for f in (f_ref, figs):
             assert f["engine_back"], f
             assert f["engine_back_s"] <= 1.0 and f["sessions_back_s"] <= 1.0 and f["tasks_back_s"] <= 1.0, f

@@ -296,7 +296,9 @@ this many times the GPU ones (gold 1 s, silver 3 s, bronze 10 s): the defaults a
 
 
 def scaled_config(factor: float, preset: str = "ours") -> Any:
-    """A scheduler preset with every tier's response target and queue timeout multiplied by ``factor``."""
+    """A scheduler preset with every promise scaled by ``factor``: each tier's response target and
+    queue timeouts, the controllers' step budgets and the answer pace (a decode token counts as
+    late, which feeds the degradation ladder, only ``factor`` times later than on the GPU)."""
     import dataclasses
 
     from tristream.sched.config import PRESETS
@@ -311,7 +313,8 @@ def scaled_config(factor: float, preset: str = "ours") -> Any:
     a = base.aimd  # the step budgets the controllers move between scale with the targets
     aimd = dataclasses.replace(a, min_limit_ms=a.min_limit_ms * factor, max_limit_ms=a.max_limit_ms * factor,
                                increase_ms=a.increase_ms * factor)
-    return dataclasses.replace(base, tiers=tiers, queue=queue, aimd=aimd)
+    shape = dataclasses.replace(base.shape, decode_pace_ms=base.shape.decode_pace_ms * factor)
+    return dataclasses.replace(base, tiers=tiers, queue=queue, aimd=aimd, shape=shape)
 
 
 def sched_families(se: ScheduledEngine) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
