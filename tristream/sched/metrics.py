@@ -10,11 +10,11 @@ from tristream.sched.scheduler import TurnRecord
 from tristream.sched.types import DEFAULT_TIERS, Tier, TierSpec
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Iterable[float], q: float) -> float:
     """Nearest-rank percentile (nan for an empty list)."""
-    if not values:
-        return math.nan
     v = sorted(values)
+    if not v:
+        return math.nan
     return v[max(1, math.ceil(q / 100.0 * len(v))) - 1]
 
 

@@ -31,6 +31,8 @@ from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
 from tristream.sched.types import MS, Kind, Modality, SessionRefused, Tier, UnknownSession, WorkItem
 
 _ASR, _VISION = 0, 1
+VISION_LATENCY_KEEP = 1 << 20
+"""Encoded frames whose latency a scheduler keeps per tier (the latest ones)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +71,9 @@ class Scheduler:
         self.turns: list[TurnRecord] = []
         self.stats: Counter[str] = Counter()
         """`<tier>/decode_tokens`, `<tier>/decode_late` (after the pace deadline), `<tier>/frames_encoded`."""
-        self.vision_latency_ms: dict[Tier, list[float]] = {t: [] for t in Tier}
-        """Per tier: frame arrival → encoded, for every encoded frame."""
+        self.vision_latency_ms: dict[Tier, deque[float]] = {t: deque(maxlen=VISION_LATENCY_KEEP) for t in Tier}
+        """Per tier: frame arrival → encoded, for the latest `VISION_LATENCY_KEEP` encoded frames
+        (bounded: a server runs for days at 30 fps per session)."""
         self.queue_len: Counter[Tier] = Counter()
         self.open_tiers: Counter[Tier] = Counter()
         self.step_no = 0
