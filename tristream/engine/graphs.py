@@ -186,12 +186,13 @@ class DecodeGraphs:
         """Write the step's inputs for `seqs` (padded to `rows`) with one host→device copy."""
         n, h, mb, bs = self.max_bs, self.host_np, self.max_blocks, self.cache.block_size
         for i, s in enumerate(seqs):
-            pos = len(s.keys) - 1
+            pos = len(s.keys) - 1  # logical position (RoPE)
+            ci = pos - s.cache_offset  # its cache index (differs once blocks were evicted)
             bt = s.block_table
             h[i] = s.keys[pos]
             h[n + i] = pos
-            h[2 * n + i] = bt[pos // bs] * bs + pos % bs
-            h[3 * n + i] = pos + 1
+            h[2 * n + i] = bt[ci // bs] * bs + ci % bs
+            h[3 * n + i] = ci + 1
             h[4 * n + i * mb:4 * n + i * mb + len(bt)] = bt
         self._fill_padding(len(seqs), rows)
         used = 4 * n + rows * mb
