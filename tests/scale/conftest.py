@@ -31,10 +31,11 @@ def free_port() -> int:
 
 @dataclass(slots=True)
 class RayApp:
-    """A deployed app: its base URLs and the replica-name prefix."""
+    """A deployed app: its base URLs, the replica-name prefix and the ingress kind."""
 
     port: int
     prefix: str
+    ingress: str = "direct"
 
     @property
     def url(self) -> str:
@@ -52,7 +53,7 @@ class RayApps:
     """Deploys the app on demand under one name; redeploys only when the settings change."""
 
     def __init__(self, port: int) -> None:
-        self.port = port
+        self.port = port  # Serve's HTTP proxy (the proxy ingress); the direct ingress gets a port per deploy
         self.key: str | None = None
         self.app: RayApp | None = None
 
@@ -78,17 +79,25 @@ def ray_apps() -> Iterator[RayApps]:
 
 
 def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_replicas: int | None = None,
-           limits: ServerLimits | None = None, max_sessions_total: int = 0, **spec_kw: object) -> RayApp:
-    """Deploy the app (blocks until every replica has loaded its models) and wait for /readyz."""
+           limits: ServerLimits | None = None, max_sessions_total: int = 0, ingress: str = "direct",
+           ingress_replicas: int = 0, **spec_kw: object) -> RayApp:
+    """Deploy the app (blocks until every replica has loaded its models) and wait for /readyz.
+
+    ``ingress="direct"``: the ingress replicas listen on a fresh port (SO_REUSEPORT, one port
+    for all of them; a fresh one per deploy so a draining old listener never takes a test's
+    connection); ``"proxy"``: through Serve's HTTP proxy on ``port``.
+    """
     from tristream.scale.app import build_app
 
+    direct_port = free_port() if ingress == "direct" else 0
     cfg = ScaleConfig(spec=ReplicaSpec(backend=backend, limits=limits or ServerLimits(), **spec_kw),  # type: ignore[arg-type]
                       autoscale=AutoscaleConfig(replicas, max_replicas or replicas, upscale_delay_s=0.5,
                                                 downscale_delay_s=3600.0),
                       replica_cpus=0.5, name_prefix=f"{name}{next(_DEPLOYS)}", tokens=[TOKEN],
-                      autoscale_interval_s=0.25, max_sessions_total=max_sessions_total)
+                      autoscale_interval_s=0.25, max_sessions_total=max_sessions_total, ingress=ingress,
+                      ingress_replicas=ingress_replicas, ingress_cpus=0.25, port=direct_port)
     serve.run(build_app(cfg), name=name, route_prefix="/")
-    app = RayApp(port, cfg.name_prefix)
+    app = RayApp(direct_port or port, cfg.name_prefix, ingress)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -100,7 +109,14 @@ def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_r
     raise AssertionError("the Ray app never became ready")
 
 
+@pytest.fixture(scope="module", params=["direct", "proxy"])
+def ingress(request: pytest.FixtureRequest) -> str:
+    """Each Ray test runs through both ingress kinds (module scope: pytest groups the tests by
+    kind, so the shared app is redeployed once per kind, not per test)."""
+    return str(request.param)
+
+
 @pytest.fixture()
-def echo_app(ray_apps: RayApps) -> RayApp:
+def echo_app(ray_apps: RayApps, ingress: str) -> RayApp:
     """Two echo replicas behind the Ray ingress (shared until another test needs other settings)."""
-    return ray_apps.get()
+    return ray_apps.get(ingress=ingress)

@@ -1,4 +1,4 @@
-"""The serving issue's protocol tests, unchanged, through the Ray ingress (2 echo replicas).
+"""The serving issue's protocol tests, unchanged, through the Ray ingress (2 echo replicas), direct and proxy.
 
 `tests/serve/test_server.py` talks to a server made by its ``running_server`` helper and
 reads ``url(srv)``, ``srv.port`` and ``srv.metrics.count(...)``. Here those names point at the
@@ -43,7 +43,7 @@ class RayServerView:
 
 
 @pytest.fixture()
-def via_ray(ray_apps: RayApps, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
+def via_ray(ray_apps: RayApps, ingress: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[], None]]:
     """Point test_server's ``running_server`` at the Ray app (counters are read as deltas)."""
 
     @contextlib.asynccontextmanager
@@ -56,7 +56,7 @@ def via_ray(ray_apps: RayApps, monkeypatch: pytest.MonkeyPatch) -> Iterator[Call
             # Paced echo: through the proxy a second message can arrive after an instant (pace 0)
             # answer has already finished, which made the out-of-order check racy.
             None, lambda: ray_apps.get(limits=limits, max_sessions_total=limits.max_sessions,
-                                       backend_kw={"pace": 0.5}))
+                                       backend_kw={"pace": 0.5}, ingress=ingress))
         view = RayServerView(app)
         base = MergedMetrics(app)
         before: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}

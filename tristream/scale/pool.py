@@ -70,6 +70,19 @@ class ScaleConfig:
     """Sessions across the app before new ones get HTTP 503 (0: replicas × per-replica limit)."""
     tokens: list[str] = field(default_factory=list)
     require_auth: bool = True
+    ingress: str = "direct"
+    """``direct``: the ingress replicas listen on ``host:port`` themselves (`tristream.scale.direct`);
+    ``proxy``: clients go through Serve's HTTP proxy to a FastAPI ingress (`tristream.scale.app`)."""
+    ingress_replicas: int = 0
+    """Ingress processes (0: one per initial engine replica); direct ones share ``port`` (SO_REUSEPORT)."""
+    ingress_cpus: float = 0.5
+    host: str = "127.0.0.1"
+    port: int = 8765
+    """Where the direct ingress listens (the proxy path listens where ``serve.start`` put the proxy)."""
+
+    def n_ingress(self) -> int:
+        """How many ingress replicas to run."""
+        return self.ingress_replicas if self.ingress_replicas > 0 else max(1, self.autoscale.min_replicas)
 
 
 @dataclass(slots=True)
@@ -123,6 +136,13 @@ class ReplicaPool:
         for r in refs:
             self.replicas[r.id] = r
 
+    async def start_async(self) -> None:
+        """`start` for an event loop (the router deployment's constructor)."""
+        refs = [self._spawn() for _ in range(self.config.autoscale.min_replicas)]
+        await asyncio.wait_for(asyncio.gather(*(r.handle.ready.remote() for r in refs)), self.config.start_timeout_s)
+        for r in refs:
+            self.replicas[r.id] = r
+
     async def _grow(self) -> None:
         ref = self._spawn()
         self._spawning.add(ref.id)
@@ -170,8 +190,12 @@ class ReplicaPool:
         self.last_reports = out
         return out
 
-    async def open_session(self) -> tuple[ReplicaRef, str, list[str]]:
-        """Place a new session on the least-loaded replica; returns (replica, session id, first events)."""
+    async def open_session(self, sid: str | None = None, ingress: str = "") -> tuple[ReplicaRef, str, list[str]]:
+        """Place a new session on the least-loaded replica; returns (replica, session id, first events).
+
+        ``sid``: the id to give it (default: a new one); ``ingress``: the relay that will
+        poll its events (`EngineReplica.poll_many`).
+        """
         cap = self.config.max_sessions_total
         if cap and len(self.owner) + sum(self.pending.values()) >= cap:
             raise NoReplicaAvailable(f"server full: {cap} sessions")
@@ -182,10 +206,10 @@ class ReplicaPool:
             if choice is None:
                 break
             ref = self.replicas[choice.replica]
-            sid = P.new_id("sess")
+            sid = sid or P.new_id("sess")
             self.pending[ref.id] = self.pending.get(ref.id, 0) + 1
             try:
-                first = await ref.handle.open_session.remote(sid)
+                first = await ref.handle.open_session.remote(sid, ingress)
             except DEAD_ERRORS:
                 self.mark_dead(ref.id)
                 continue

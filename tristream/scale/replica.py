@@ -3,8 +3,12 @@
 It runs as a Ray actor (async: every method runs on the actor's event loop, like the
 standalone server's) and holds, per session, the same `RealtimeSession` state machine and
 `SessionBackend` that `tristream serve` uses, so protocol behaviour is identical. The
-ingress talks to it with four calls per session: ``open_session``, ``push`` (client
-messages, in order, batched), ``poll`` (server events, long-poll) and ``close_session``.
+ingress opens and closes sessions one call each (``open_session``, ``close_session``); the
+frames in between travel batched across every session an ingress holds here: ``push_many``
+(client messages by session, in order) and ``poll_many`` (a long-poll returning the queued
+events of every session of that ingress that has some). One call per batch, not per frame:
+the relay's CPU per turn is mostly the Ray call, so under load many frames share one call
+(`tristream.scale.relay`). ``push`` / ``poll`` remain for a single session.
 ``load_report`` gives the router and autoscaler the scheduler's load signal
 (`tristream.scale.load`); ``metrics_text`` the replica's Prometheus text.
 
@@ -67,6 +71,7 @@ class _Held:
     session: RealtimeSession
     outbox: deque[str]
     wake: asyncio.Event
+    ingress: str = ""
     close_reason: str | None = None
 
 
@@ -84,6 +89,8 @@ class EngineReplica:
         self.accepting = True
         self.pending_msgs = 0
         self.started_s = time.monotonic()
+        self._dirty: dict[str, set[str]] = {}  # ingress -> its sessions with queued events
+        self._wakes: dict[str, asyncio.Event] = {}
 
     async def ready(self) -> dict[str, Any]:
         """Answer once constructed (models loaded): id, pid and visible devices."""
@@ -91,8 +98,12 @@ class EngineReplica:
                 "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "")}
 
     # ------------------------------------------------------------ sessions
-    async def open_session(self, sid: str) -> list[str]:
-        """Create a session's state here; returns its first events (``session.created``)."""
+    async def open_session(self, sid: str, ingress: str = "") -> list[str]:
+        """Create a session's state here; returns its first events (``session.created``).
+
+        ``ingress``: the relay that will fetch this session's later events with `poll_many`
+        ("" for a caller that polls this session alone with `poll`).
+        """
         held: list[_Held] = []
 
         def send(event: dict[str, Any]) -> None:
@@ -106,11 +117,11 @@ class EngineReplica:
                 h.close_reason = f"{P.E_SLOW_CLIENT}: {self.spec.limits.max_outbox_events} events unread"
             else:
                 h.outbox.append(P.dumps(event))
-            h.wake.set()
+            self._mark(sid, h)
 
         session = RealtimeSession(sid, self.factory(), send, time.monotonic_ns, self.spec.limits, self.metrics,
                                   on_turn=self._on_turn)
-        h = _Held(session, deque(), asyncio.Event())
+        h = _Held(session, deque(), asyncio.Event(), ingress)
         held.append(h)
         self.sessions[sid] = h
         self.metrics.inc("tristream_sessions_total")
@@ -122,6 +133,67 @@ class EngineReplica:
         if h is None:
             raise UnknownSession(f"session {sid} is not held by replica {self.replica_id}")
         return h
+
+    def _mark(self, sid: str, h: _Held) -> None:
+        h.wake.set()
+        if h.ingress:
+            dirty = self._dirty.get(h.ingress)
+            if dirty is None:
+                dirty = self._dirty[h.ingress] = set()
+            dirty.add(sid)
+            self._wake(h.ingress).set()
+
+    def _wake(self, ingress: str) -> asyncio.Event:
+        ev = self._wakes.get(ingress)
+        if ev is None:
+            ev = self._wakes[ingress] = asyncio.Event()
+        return ev
+
+    async def push_many(self, batch: dict[str, list[str | bytes]]) -> None:
+        """Client messages of many sessions (each session's in the order received).
+
+        A session that closed meanwhile has its messages counted as dropped
+        (``tristream_messages_dropped_total{reason="session_closed"}``).
+        """
+        for sid, messages in batch.items():
+            h = self.sessions.get(sid)
+            if h is None:
+                self.metrics.inc("tristream_messages_dropped_total", float(len(messages)), reason="session_closed")
+                continue
+            for raw in messages:
+                h.session.handle_message(raw)
+
+    async def poll_many(self, ingress: str, wait_s: float | None = None) -> dict[str, list[str] | None]:
+        """Queued events of every session of ``ingress`` that has some, waiting up to ``wait_s``
+        for the first. A session mapped to None must close (its client is too slow: its
+        unsent events are counted as dropped). One call in flight per ingress."""
+        wait = self.spec.poll_wait_s if wait_s is None else wait_s
+        dirty = self._dirty.get(ingress)
+        if not dirty and wait > 0:
+            ev = self._wake(ingress)
+            ev.clear()
+            try:
+                await asyncio.wait_for(ev.wait(), wait)
+            except TimeoutError:
+                pass
+            dirty = self._dirty.get(ingress)
+        if not dirty:
+            return {}
+        self._dirty[ingress] = set()
+        out: dict[str, list[str] | None] = {}
+        for sid in dirty:
+            h = self.sessions.get(sid)
+            if h is None:
+                continue
+            if h.close_reason is not None:
+                if h.outbox:
+                    self.metrics.inc("tristream_events_dropped_total", float(len(h.outbox)), reason="slow_client")
+                    h.outbox.clear()
+                out[sid] = None
+            elif h.outbox:
+                out[sid] = list(h.outbox)
+                h.outbox.clear()
+        return out
 
     async def push(self, sid: str, messages: list[str | bytes]) -> None:
         """Client messages of one session, in the order received."""
@@ -157,6 +229,9 @@ class EngineReplica:
             self.metrics.inc("tristream_sessions_closed_total", reason=reason)
         await h.session.close()
         h.wake.set()
+        dirty = self._dirty.get(h.ingress)
+        if dirty is not None:
+            dirty.discard(sid)
 
     def _on_turn(self, t: TurnTiming) -> None:
         lat = t.latencies_ms().get("eos_to_first_text_ms")

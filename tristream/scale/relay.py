@@ -1,0 +1,198 @@
+"""`Relay`: one ingress process's frame path to the engine replicas, batched per replica.
+
+Per engine replica this ingress talks to there is one `ReplicaLink` with two loops:
+
+- **push**: client messages of every session on that replica accumulate in one dict while a
+  ``push_many`` call is in flight; the next call carries all of them. One call in flight per
+  link keeps every session's order.
+- **poll**: one ``poll_many`` long-poll in flight per link returns the queued events of every
+  session of this ingress on that replica; they are put on each session's outbox (`SessionPipe`),
+  which that session's own writer sends to its socket, so a slow client fills only its own
+  outbox (bounded: past ``max_outbox_events`` it is closed as a slow client, counted).
+
+Why: per frame the relay's cost was one Ray call on each side (≈ 0.3–0.6 ms of CPU, profiled by
+``bench/scale_profile.py``); with one call per link in flight, frames that arrive while a call
+is out share the next one, so under load the calls per frame fall below one. The events are
+the replica's JSON text, sent on unchanged (never decoded or re-encoded here).
+
+If a call fails because the replica died, every session of this link gets a ``replica_failed``
+end on its outbox and the link is dropped (a new link is made if the replica id comes back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tristream.scale.pool import DEAD_ERRORS
+
+log = logging.getLogger("tristream.scale")
+REPLICA_FAILED = "replica_failed"
+SLOW_CLIENT = "slow_client"
+
+
+@dataclass(slots=True, frozen=True)
+class End:
+    """Put on a session's outbox: the session must close for ``reason``."""
+
+    reason: str
+
+
+@dataclass(slots=True)
+class SessionPipe:
+    """One session's outbox (server events in order, then possibly an `End`)."""
+
+    sid: str
+    outbox: asyncio.Queue[str | End] = field(default_factory=asyncio.Queue)
+    ended: bool = False
+
+    def end(self, reason: str) -> None:
+        """Tell the session's writer to stop (once)."""
+        if not self.ended:
+            self.ended = True
+            self.outbox.put_nowait(End(reason))
+
+
+class ReplicaLink:
+    """This ingress's batched push and poll to one engine replica (see the module docstring)."""
+
+    def __init__(self, relay: Relay, replica: str, handle: Any) -> None:
+        self.relay = relay
+        self.replica = replica
+        self.handle = handle
+        self.sids: set[str] = set()
+        self.dead = False
+        self.calls = {"push": 0, "poll": 0}
+        self._pending: dict[str, list[str | bytes]] = {}
+        self._pusher: asyncio.Task[None] | None = None
+        self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    def push(self, sid: str, message: str | bytes) -> None:
+        """Queue one client message of ``sid`` for the replica (sent with the next batch)."""
+        if self.dead:
+            self.relay.count("relay_dropped", REPLICA_FAILED)
+            return
+        batch = self._pending.get(sid)
+        if batch is None:
+            self._pending[sid] = [message]
+        else:
+            batch.append(message)
+        if self._pusher is None:
+            self._pusher = asyncio.get_running_loop().create_task(self._push_loop())
+
+    async def _push_loop(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, {}
+                self.calls["push"] += 1
+                await self.handle.push_many.remote(batch)
+        except DEAD_ERRORS:
+            self.fail()
+        except Exception:  # a bug or a transient Ray error: those messages are lost, say so
+            log.exception("push to replica %s failed", self.replica)
+            self.relay.count("relay_dropped", "push_failed")
+        finally:
+            self._pusher = None
+
+    async def _poll_loop(self) -> None:
+        deliver = self.relay.deliver
+        try:
+            while True:
+                self.calls["poll"] += 1
+                out = await self.handle.poll_many.remote(self.relay.ingress_id, self.relay.poll_wait_s)
+                for sid, events in out.items():
+                    deliver(sid, events)
+        except DEAD_ERRORS:
+            self.fail()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("poll of replica %s failed; its sessions here are closed", self.replica)
+            self.fail()
+
+    def fail(self) -> None:
+        """The replica died: end every session of this link with ``replica_failed``."""
+        if self.dead:
+            return
+        self.dead = True
+        self.relay.links.pop(self.replica, None)
+        for sid in list(self.sids):
+            pipe = self.relay.pipes.get(sid)
+            if pipe is not None:
+                pipe.end(REPLICA_FAILED)
+        self._poller.cancel()
+
+
+class Relay:
+    """Every session of one ingress process: pipes by session id, links by replica id."""
+
+    def __init__(self, max_outbox_events: int, poll_wait_s: float = 1.0,
+                 count: Callable[[str, str], Awaitable[None] | None] | None = None) -> None:
+        self.ingress_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.max_outbox_events = max_outbox_events
+        self.poll_wait_s = poll_wait_s
+        self.pipes: dict[str, SessionPipe] = {}
+        self.links: dict[str, ReplicaLink] = {}
+        self._count = count
+        self._bg: set[asyncio.Task[None]] = set()
+
+    def count(self, name: str, label: str) -> None:
+        """Report a counted event (refused, dropped) to the router; never blocks the relay."""
+        if self._count is None:
+            return
+        res = self._count(name, label)
+        if res is not None:
+            task = asyncio.ensure_future(res)
+            self._bg.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._bg.discard)
+
+    def expect(self, sid: str) -> SessionPipe:
+        """Make the session's pipe before it is opened on a replica (its events may come early)."""
+        pipe = self.pipes[sid] = SessionPipe(sid)
+        return pipe
+
+    def attach(self, sid: str, replica: str, handle: Any) -> ReplicaLink:
+        """The session lives on ``replica``: its link (made on first use)."""
+        link = self.links.get(replica)
+        if link is None or link.dead:
+            link = self.links[replica] = ReplicaLink(self, replica, handle)
+        link.sids.add(sid)
+        return link
+
+    def forget(self, sid: str, link: ReplicaLink | None = None) -> None:
+        """The session ended: later events for it are counted and dropped."""
+        self.pipes.pop(sid, None)
+        if link is not None:
+            link.sids.discard(sid)
+
+    def deliver(self, sid: str, events: list[str] | None) -> None:
+        """Events from a replica for one session (None: the replica closed it as a slow client)."""
+        pipe = self.pipes.get(sid)
+        if pipe is None or pipe.ended:
+            self.count("relay_dropped", "session_gone")
+            return
+        if events is None:
+            pipe.end(SLOW_CLIENT)
+            return
+        if pipe.outbox.qsize() + len(events) > self.max_outbox_events:
+            self.count("relay_dropped", SLOW_CLIENT)
+            pipe.end(SLOW_CLIENT)
+            return
+        put = pipe.outbox.put_nowait
+        for e in events:
+            put(e)
+
+    async def close(self) -> None:
+        """Stop every link's loops (the ingress is shutting down)."""
+        for link in list(self.links.values()):
+            link._poller.cancel()
+            with contextlib.suppress(BaseException):
+                await link._poller
+        self.links.clear()
