@@ -113,13 +113,12 @@ class KVRetention:
             return n_new
         bs = self.blocks.block_size
         cfg = self.config
+        cache_len = seq.cache_len
+        if -(-(cache_len + n_new) // bs) <= bb:
+            return n_new
         # a chunk never needs more than what eviction can always free: the rest waits a step
         protected = -(-cfg.sink_tokens // bs) + -(-cfg.text_window_tokens // bs) + 1
         n_new = min(n_new, max(bs, (bb - protected) * bs))
-        cache_len = seq.cache_len
-        held = max(len(seq.block_table), -(-cache_len // bs))
-        if -(-(cache_len + n_new) // bs) <= bb and held <= bb:
-            return n_new
         want = -(-(cache_len + n_new) // bs)
         computed = -(-cache_len // bs)
         self._evict(seq, computed - max(0, want - bb))

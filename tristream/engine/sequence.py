@@ -24,7 +24,6 @@ import dataclasses
 import enum
 import itertools
 
-import numpy as np
 import torch
 
 
