@@ -69,11 +69,11 @@ class MaskedDense:
         v = v.reshape(t, cfg.num_kv_heads, hd).transpose(0, 1)
         rep = cfg.num_heads // cfg.num_kv_heads
         k, v = k.repeat_interleave(rep, 0), v.repeat_interleave(rep, 0)
-        scores = (q @ k.transpose(1, 2)) * hd ** -0.5
+        scores = (q.float() @ k.float().transpose(1, 2)) * hd ** -0.5  # fp32 math for a bf16 model too
         probs = scores.masked_fill(~self.mask[None], float("-inf")).softmax(-1)
         if self.record_row is not None:
             self.probs.append(probs[:, self.record_row].mean(0))
-        return (probs @ v).transpose(0, 1).reshape(t, cfg.q_size)
+        return (probs @ v.float()).to(qkv.dtype).transpose(0, 1).reshape(t, cfg.q_size)
 
 
 def reference(model: LlamaModel, seq: Sequence, upto: int, evicted_at: dict[int, frozenset[int]],
@@ -85,14 +85,14 @@ def reference(model: LlamaModel, seq: Sequence, upto: int, evicted_at: dict[int,
         for j in evicted_at.get(t, ()):
             if j < upto:
                 mask[t, j] = False
-    ids = torch.tensor([max(k, 0) for k in seq.keys[:upto]])
+    ids = torch.tensor([max(k, 0) for k in seq.keys[:upto]], device=model.device)
     with torch.inference_mode():
         h = model.embed(ids)
         for start, emb in seq.embeds:
             lo, hi = start, min(start + emb.shape[0], upto)
             if lo < hi:
-                h[lo:hi] = emb[:hi - lo]
-        attn = MaskedDense(model, mask, record_row)
+                h[lo:hi] = emb[:hi - lo].to(device=h.device, dtype=h.dtype)
+        attn = MaskedDense(model, mask.to(model.device), record_row)
         return model.logits(model(h, attn)), attn
 
 
@@ -386,3 +386,31 @@ def test_dense_reference_without_eviction_is_plain_causal(model: LlamaModel) -> 
 
         want = model.logits(model(h, causal))
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_recompute_after_eviction_copies_a_shared_last_block(model: LlamaModel) -> None:
+    """start_generation on a fully computed context recomputes its last position; after eviction
+    that rewrites K/V, so a last block shared through the prefix cache is copied first."""
+    prompt = list(range(100, 140))  # 10 full blocks, published
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    alone = make_engine(model).generate([prompt + [7]], params)[0]
+    eng = make_engine(model)
+    a = eng.add_request(prompt, generate=False, kv_budget_tokens=40)
+    run_all(eng)
+    seq_a = eng.seqs[a]
+    b = eng.add_request(prompt + [7], params)
+    eng.step()  # b admitted: it shares a's 10 blocks
+    seq_b = eng.seqs[b]
+    shared = seq_b.block_table[9]
+    assert shared == seq_a.block_table[9] and eng.blocks.blocks[shared].ref_count == 2
+    eng.retention._evict(seq_a, 8)  # what a budget fit does: 2 text blocks leave a's table
+    assert seq_a.cache_offset == 2 * BS and seq_a.block_table[-1] == shared
+    k_before = eng.cache.k[:, shared].clone()
+    eng.start_generation(a, params)
+    outs = run_all(eng)
+    assert eng.stats.retention.copied_blocks == 1
+    assert torch.equal(eng.cache.k[:, shared], k_before)  # b's block untouched
+    got_b = [o.token_id for o in outs if o.seq_id == b]
+    assert got_b == alone[1:]  # the first token came in the admitting step
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+    eng.blocks.check()

@@ -284,6 +284,9 @@ class LLMEngine:
         seq.generating = True
         if seq.num_pending == 0 and seq.num_computed > 0:
             seq.num_computed -= 1  # recompute the last position to get its logits
+            # after eviction its K/V change: never rewrite a block another sequence shares
+            if seq.cache_offset and not self.retention.own_block_of(seq, seq.num_computed):
+                self._preempt(seq)
 
     def _cancel(self, seq_id: int) -> None:
         seq = self.seqs.get(seq_id)

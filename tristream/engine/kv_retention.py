@@ -27,7 +27,7 @@ import bisect
 import dataclasses
 import time
 
-from tristream.engine.block_manager import BlockManager
+from tristream.engine.block_manager import BlockManager, OutOfBlocks
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.retention_probe import attention_probe
@@ -82,6 +82,7 @@ class RetentionStats:
     probes: int = 0  # attention-mass probes run
     probe_seconds: float = 0.0  # wall time spent in probes
     over_budget: int = 0  # steps a sequence ran past its budget because nothing was evictable
+    copied_blocks: int = 0  # shared blocks copied before an evicted sequence rewrote a position
 
 
 class KVRetention:
@@ -175,6 +176,27 @@ class KVRetention:
             mass = self.masses[seq.seq_id] = AttentionMass(self.config.mass_decay)
         mass.observe(block_of, probs)
         mass.annotate(infos)
+
+    def own_block_of(self, seq: Sequence, position: int) -> bool:
+        """Copy-on-write: make the block holding logical `position` private to `seq` before it is
+        rewritten (a block another sequence shares keeps its content). False: no free block."""
+        bs = self.blocks.block_size
+        j = (position - seq.cache_offset) // bs
+        if j >= len(seq.block_table):
+            return True
+        old = seq.block_table[j]
+        if self.blocks.blocks[old].ref_count <= 1:
+            return True
+        try:
+            new = self.blocks.allocate()
+        except OutOfBlocks:
+            return False
+        self.cache.k[:, new].copy_(self.cache.k[:, old])
+        self.cache.v[:, new].copy_(self.cache.v[:, old])
+        seq.block_table[j] = new
+        self.blocks.release([old])
+        self.stats.copied_blocks += 1
+        return True
 
     def reset(self, seq: Sequence) -> None:
         """Forget a sequence's evictions (preemption: it is recomputed from its full context)."""
