@@ -7,10 +7,15 @@ delta: it includes every hop (Serve proxy, ingress, replica and back).
 
 1. **Ray path overhead** (one session, ``--overhead-turns`` turns, no concurrency): the same
    backend behind ``tristream serve``'s `RealtimeServer` (its own process) vs behind the Ray
-   app with one replica; P50/P99 of both and the difference.
+   app with one replica, alternated ``--overhead-repeats`` times; P50/P99 of both, the
+   difference (median and range over the repeats).
 2. **Capacity** (``--sessions`` ladder, ``--duration`` s each): the largest N whose response
    P99 stays ≤ ``--target-ms`` with 1 replica and with 2; the ratio is the scale-out factor
    (the issue asks ≥ 1.8× with 2 GPUs).
+
+Ingress (``--ingress direct proxy``, each measured in turn, results under ``ingress.<kind>``):
+``direct`` — the ingress replicas listen on one port themselves (SO_REUSEPORT), one per
+engine replica unless ``--ingress-replicas``; ``proxy`` — through Serve's HTTP proxy.
 
 Modes: ``--mode cpu`` (replicas share this machine's cores: on a 2-core box the client,
 Serve proxy, ingress and replicas all compete for the same 2 cores, so no scale-out is
@@ -148,8 +153,11 @@ def start_direct(backend: str, backend_kw: dict[str, Any], port: int) -> subproc
 
 
 def deploy(port: int, replicas: int, backend: str, backend_kw: dict[str, Any], gpus: float, cpus: float,
-           target_ms: float) -> str:
-    """(Re)deploy the Ray app with ``replicas`` fixed replicas; returns its WebSocket URL."""
+           target_ms: float, ingress: str = "direct", ingress_replicas: int = 0) -> str:
+    """(Re)deploy the Ray app with ``replicas`` fixed replicas; returns its WebSocket URL.
+
+    ``ingress="proxy"``: clients go through Serve's HTTP proxy on ``port``; ``"direct"``: the
+    ingress replicas (``ingress_replicas``, 0 = one per engine replica) listen on a fresh port."""
     from ray import serve
 
     from tristream.scale.app import build_app
@@ -163,9 +171,10 @@ def deploy(port: int, replicas: int, backend: str, backend_kw: dict[str, Any], g
                                        target_p99_ms=target_ms),
                       autoscale=AutoscaleConfig(replicas, replicas), replica_cpus=cpus, replica_gpus=gpus,
                       name_prefix=f"bench{replicas}x{int(time.time())}", tokens=[TOKEN],
-                      max_sessions_per_replica=1024)
+                      max_sessions_per_replica=1024, ingress=ingress, ingress_replicas=ingress_replicas,
+                      port=free_port() if ingress == "direct" else 0)
     serve.run(build_app(cfg), name="bench", route_prefix="/")
-    return f"ws://127.0.0.1:{port}/v1/realtime"
+    return f"ws://127.0.0.1:{cfg.port if ingress == 'direct' else port}/v1/realtime"
 
 
 def capacity(rows: list[dict[str, Any]], target_ms: float) -> int:
@@ -185,12 +194,19 @@ def main() -> None:
     ap.add_argument("--backend", default="echo", help="echo | pipeline | module:function (a BackendFactory maker)")
     ap.add_argument("--backend-kw", default="{}", help='JSON keyword arguments of the backend, e.g. '
                     '\'{"model": "llama-3.2-1b", "device": "cuda"}\'')
+    ap.add_argument("--ingress", nargs="+", choices=("direct", "proxy"), default=["direct"],
+                    help="direct: the ingress replicas listen themselves; proxy: through Serve's HTTP proxy "
+                    "(several: each is measured in turn)")
+    ap.add_argument("--ingress-replicas", type=int, default=0, help="ingress processes (0: one per engine replica)")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--think", type=float, default=0.5, help="mean pause between a session's turns (s)")
     ap.add_argument("--target-ms", type=float, default=50.0)
     ap.add_argument("--overhead-turns", type=int, default=60)
+    ap.add_argument("--overhead-repeats", type=int, default=3,
+                    help="alternate direct server / Ray path this many times (the spread is reported)")
+    ap.add_argument("--no-capacity", action="store_true", help="only the overhead rows")
     ap.add_argument("--name", default=None, help="results file name (default scale_<mode>)")
     ap.add_argument("--client-procs", type=int, default=max(1, (os.cpu_count() or 2) // 4),
                     help="client processes the sessions are spread over")
@@ -202,61 +218,72 @@ def main() -> None:
     from ray import serve
 
     gpus = 1.0 if args.mode == "gpu" else 0.0
+    cpus = 0.5 if gpus == 0 else 1.0
     results: dict[str, Any] = {"mode": args.mode, "backend": args.backend, "backend_kw": args.backend_kw,
-                               "target_ms": args.target_ms,
+                               "target_ms": args.target_ms, "ingress_replicas": args.ingress_replicas or "per replica",
                                "duration_s": args.duration, "think_s": args.think,
-                               "latency": "client clock: response.create sent -> first answer text delta"}
-
-    # 1. Ray path vs tristream serve, one session, no concurrency.
-    port = free_port()
+                               "latency": "client clock: response.create sent -> first answer text delta",
+                               "ingress": {}}
     backend_kw = json.loads(args.backend_kw)
+    port = free_port()
     proc = start_direct(args.backend, backend_kw, port)
-    try:
-        direct = asyncio.run(_turns(f"ws://127.0.0.1:{port}/v1/realtime", args.overhead_turns))
-    finally:
-        proc.terminate()
-        proc.wait(10)
     ray.init(num_cpus=max(4, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     http_port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     try:
-        url = deploy(http_port, 1, args.backend, backend_kw, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
-        via_ray = asyncio.run(_turns(url, args.overhead_turns))
-        results["overhead"] = {
-            "direct": direct, "ray": via_ray,
-            "added_p50_ms": via_ray["p50_ms"] - direct["p50_ms"], "added_p99_ms": via_ray["p99_ms"] - direct["p99_ms"]}
-        print(f"\nRay path vs tristream serve ({args.backend}, 1 session, {args.overhead_turns} turns)")
-        print(f"{'path':<10}{'P50 ms':>10}{'P99 ms':>10}")
-        for k, r in (("direct", direct), ("ray", via_ray)):
-            print(f"{k:<10}{r['p50_ms']:>10.2f}{r['p99_ms']:>10.2f}")
-        print(f"added     {results['overhead']['added_p50_ms']:>10.2f}{results['overhead']['added_p99_ms']:>10.2f}")
-
-        # 2. Capacity at the P99 target, per replica count.
-        cap: dict[str, Any] = {}
-        for nrep in args.replicas:
-            url = deploy(http_port, nrep, args.backend, backend_kw, gpus, 0.5 if gpus == 0 else 1.0, args.target_ms)
-            load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
-            rows = []
-            for n in args.sessions:
-                row = load(url, n, args.duration, args.think, args.client_procs)
-                rows.append(row)
-                print(f"replicas={nrep} sessions={n:>4} turns={row['turns']:>5} P50={row['p50_ms'] or 0:8.2f} "
-                      f"P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
-                if row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms:
-                    break  # far past the target: larger N only takes longer
-            passing = [r["sessions"] for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= args.target_ms]
-            cap[str(nrep)] = {"rows": rows, "sessions_at_target": capacity(rows, args.target_ms),
-                              "largest_passing_step": max(passing, default=0)}
-        results["capacity"] = cap
-        base = cap.get("1", {}).get("sessions_at_target", 0)
-        print(f"\nSessions at response P99 <= {args.target_ms:g} ms")
-        print(f"{'replicas':<10}{'sessions':>10}{'vs 1':>8}")
-        for nrep, c in cap.items():
-            ratio = c["sessions_at_target"] / base if base else None
-            c["ratio_vs_1"] = ratio
-            print(f"{nrep:<10}{c['sessions_at_target']:>10}{(f'{ratio:.2f}x' if ratio else '-'):>8}")
+        for kind in args.ingress:
+            out: dict[str, Any] = {}
+            results["ingress"][kind] = out
+            # 1. Ray path vs tristream serve, one session, no concurrency, alternated.
+            url = deploy(http_port, 1, args.backend, backend_kw, gpus, cpus, args.target_ms, kind,
+                         args.ingress_replicas)
+            reps = []
+            for _ in range(args.overhead_repeats):
+                direct = asyncio.run(_turns(f"ws://127.0.0.1:{port}/v1/realtime", args.overhead_turns))
+                via_ray = asyncio.run(_turns(url, args.overhead_turns))
+                reps.append({"direct": direct, "ray": via_ray, "added_p50_ms": via_ray["p50_ms"] - direct["p50_ms"],
+                             "added_p99_ms": via_ray["p99_ms"] - direct["p99_ms"]})
+            a50 = sorted(r["added_p50_ms"] for r in reps)
+            a99 = sorted(r["added_p99_ms"] for r in reps)
+            out["overhead"] = {"repeats": reps, "added_p50_ms": a50[len(a50) // 2], "added_p99_ms": a99[len(a99) // 2],
+                               "added_p50_ms_range": [a50[0], a50[-1]], "added_p99_ms_range": [a99[0], a99[-1]]}
+            print(f"\n[{kind}] Ray path vs tristream serve ({args.backend}, 1 session, {args.overhead_turns} turns, "
+                  f"{args.overhead_repeats} alternations)")
+            print(f"{'repeat':<8}{'direct P50':>12}{'ray P50':>10}{'direct P99':>12}{'ray P99':>10}{'+P50':>8}{'+P99':>8}")
+            for i, r in enumerate(reps):
+                print(f"{i:<8}{r['direct']['p50_ms']:>12.2f}{r['ray']['p50_ms']:>10.2f}{r['direct']['p99_ms']:>12.2f}"
+                      f"{r['ray']['p99_ms']:>10.2f}{r['added_p50_ms']:>8.2f}{r['added_p99_ms']:>8.2f}")
+            if args.no_capacity:
+                continue
+            # 2. Capacity at the P99 target, per replica count.
+            cap: dict[str, Any] = {}
+            for nrep in args.replicas:
+                url = deploy(http_port, nrep, args.backend, backend_kw, gpus, cpus, args.target_ms, kind,
+                             args.ingress_replicas)
+                load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
+                rows = []
+                for n in args.sessions:
+                    row = load(url, n, args.duration, args.think, args.client_procs)
+                    rows.append(row)
+                    print(f"[{kind}] replicas={nrep} sessions={n:>4} turns={row['turns']:>5} "
+                          f"P50={row['p50_ms'] or 0:8.2f} P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
+                    if row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms:
+                        break  # far past the target: larger N only takes longer
+                passing = [r["sessions"] for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= args.target_ms]
+                cap[str(nrep)] = {"rows": rows, "sessions_at_target": capacity(rows, args.target_ms),
+                                  "largest_passing_step": max(passing, default=0)}
+            out["capacity"] = cap
+            base = cap.get("1", {}).get("sessions_at_target", 0)
+            print(f"\n[{kind}] sessions at response P99 <= {args.target_ms:g} ms")
+            print(f"{'replicas':<10}{'sessions':>10}{'vs 1':>8}")
+            for nrep, c in cap.items():
+                ratio = c["sessions_at_target"] / base if base else None
+                c["ratio_vs_1"] = ratio
+                print(f"{nrep:<10}{c['sessions_at_target']:>10}{(f'{ratio:.2f}x' if ratio else '-'):>8}")
     finally:
+        proc.terminate()
+        proc.wait(10)
         serve.shutdown()
         ray.shutdown()
     path = write_results(args.name or f"scale_{args.mode}", results, extra_modules=("ray", "fastapi", "websockets"))

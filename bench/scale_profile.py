@@ -3,7 +3,11 @@
 Runs the Ray app with one replica of the engine backend (tiny random model on the CPU by
 default), drives N client sessions of text turns (16-token answers: ~23 server frames per
 turn) and reads every Ray process's CPU time before and after. Shows where the relay's cost
-sits: which process saturates first when sessions are added.
+sits: which process saturates first when sessions are added. Each ``--ingress`` kind is run in
+turn in the same Ray cluster (``proxy``: Serve's HTTP proxy in the path; ``direct``: the
+ingress listens itself, the proxy idles), with ``--ingress-replicas`` ingress processes.
+``relay_calls_per_turn`` counts the replica's relay calls (push/poll) per answered turn, from
+its ``tristream_replica_relay_calls_total``; ``frames_per_poll`` the events each poll carried.
 
     .venv/bin/python bench/scale_profile.py                 # writes bench/results/scale_profile_cpu.json
 """
@@ -22,12 +26,14 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 
 def snapshot() -> dict[tuple[int, str], float]:
+    """CPU seconds of every Ray worker process of this run's cluster (descendants of this driver:
+    another Ray cluster on the machine, e.g. a test run, is not counted)."""
     import psutil
 
     out: dict[tuple[int, str], float] = {}
-    for p in psutil.process_iter(["pid", "cmdline"]):
+    for p in psutil.Process().children(recursive=True):
         try:
-            cmd = " ".join(p.info["cmdline"] or [])
+            cmd = " ".join(p.cmdline())
             if cmd.startswith("ray::"):
                 t = p.cpu_times()
                 out[(p.pid, cmd.split()[0].split(".")[0])] = t.user + t.system
@@ -36,11 +42,46 @@ def snapshot() -> dict[tuple[int, str], float]:
     return out
 
 
+ROLES = {"ray::ProxyActor": "proxy", "ray::EngineReplica": "replica"}
+
+
+def by_role(ms: dict[str, float]) -> dict[str, float]:
+    """CPU ms per turn summed per role: proxy, ingress (every ingress process), router, replica."""
+    out = {"proxy": 0.0, "ingress": 0.0, "router": 0.0, "replica": 0.0}
+    for name, v in ms.items():
+        role = ROLES.get(name) or ("ingress" if name.endswith("tristream_ingress") else
+                                   "router" if name.endswith("tristream_router") else None)
+        if role is not None:
+            out[role] += v
+    return {k: round(v, 2) for k, v in out.items()}
+
+
+def relay_calls(base: str) -> dict[str, float]:
+    """The replicas' relay call counters by method (and ``events``: frames carried by poll_many)."""
+    import urllib.request
+
+    from tristream.scale.prom import parse_samples
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=30) as r:
+        samples = parse_samples(r.read().decode())
+    out: dict[str, float] = {}
+    for (name, labels), v in samples.items():
+        if name == "tristream_replica_relay_calls_total":
+            key = dict(labels).get("method", "?")
+            out[key] = out.get(key, 0.0) + v
+        elif name == "tristream_replica_relay_events_total":
+            out["events"] = out.get("events", 0.0) + v
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--backend-kw", default='{"model": "tiny-random", "device": "cpu", "kv_bytes": 67108864}')
+    ap.add_argument("--ingress", nargs="+", choices=("direct", "proxy"), default=["proxy", "direct"])
+    ap.add_argument("--ingress-replicas", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=1, help="run the whole ladder this many times per ingress")
     ap.add_argument("--name", default="scale_profile_cpu")
     a = ap.parse_args()
     import json
@@ -54,22 +95,37 @@ def main() -> None:
     port = scale.free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     res: dict[str, Any] = {"backend": "tristream.scale.engine_backend:engine_factory", "backend_kw": a.backend_kw,
-                           "rows": []}
+                           "ingress_replicas": a.ingress_replicas, "rows": []}
     try:
-        url = scale.deploy(port, 1, res["backend"], json.loads(a.backend_kw), 0.0, 0.5, 50.0)
-        scale.load(url, 2, 2.0, 0.1)  # warm-up
-        for n in a.sessions:
-            before, t0 = snapshot(), time.time()
-            row = scale.load(url, n, a.duration, 0.5, procs=2)
-            after, dt = snapshot(), time.time() - t0
-            procs: dict[str, float] = {}
-            for k, v in after.items():
-                procs[k[1]] = procs.get(k[1], 0.0) + v - before.get(k, 0.0)
-            turns = max(1, row["turns"])
-            res["rows"].append({"sessions": n, "turns": row["turns"], "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"],
-                                "cpu_ms_per_turn": {k: round(1e3 * v / turns, 2) for k, v in procs.items() if v > 0.05},
-                                "cpu_share": {k: round(v / dt, 3) for k, v in procs.items() if v > 0.05}})
-            print(n, "sessions:", res["rows"][-1]["cpu_ms_per_turn"])
+        for rep in range(a.repeats):
+            for kind in a.ingress:
+                url = scale.deploy(port, 1, res["backend"], json.loads(a.backend_kw), 0.0, 0.5, 50.0, kind,
+                                   a.ingress_replicas)
+                base = url.replace("ws://", "http://").removesuffix("/v1/realtime")
+                scale.load(url, 2, 2.0, 0.1)  # warm-up
+                for n in a.sessions:
+                    before, calls0, t0 = snapshot(), relay_calls(base), time.time()
+                    row = scale.load(url, n, a.duration, 0.5, procs=2)
+                    after, calls1, dt = snapshot(), relay_calls(base), time.time() - t0
+                    procs: dict[str, float] = {}
+                    for k, v in after.items():
+                        procs[k[1]] = procs.get(k[1], 0.0) + v - before.get(k, 0.0)
+                    turns = max(1, row["turns"])
+                    calls = {k: v - calls0.get(k, 0.0) for k, v in calls1.items()}
+                    polls = calls.get("poll_many", 0.0) + calls.get("poll", 0.0)
+                    res["rows"].append({
+                        "ingress": kind, "repeat": rep, "sessions": n, "turns": row["turns"], "p50_ms": row["p50_ms"],
+                        "p99_ms": row["p99_ms"], "n_errors": row["n_errors"],
+                        "cpu_ms_per_turn": {k: round(1e3 * v / turns, 2) for k, v in procs.items() if v > 0.05},
+                        "cpu_ms_per_turn_by_role": by_role({k: 1e3 * v / turns for k, v in procs.items()}),
+                        "cpu_share": {k: round(v / dt, 3) for k, v in procs.items() if v > 0.05},
+                        "relay_calls_per_turn": {k: round(v / turns, 2) for k, v in calls.items()
+                                                 if not k.startswith("events")},
+                        "frames_per_poll": round(calls.get("events", 0.0) / polls, 2) if polls else None})
+                    r = res["rows"][-1]
+                    print(f"{kind:<7} {n:>3} sessions p50={row['p50_ms']:.1f} p99={row['p99_ms']:.1f} ms  "
+                          f"cpu ms/turn {r['cpu_ms_per_turn_by_role']}  calls/turn {r['relay_calls_per_turn']}  "
+                          f"frames/poll {r['frames_per_poll']}")
     finally:
         serve.shutdown()
         ray.shutdown()

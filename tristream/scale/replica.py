@@ -155,6 +155,7 @@ class EngineReplica:
         A session that closed meanwhile has its messages counted as dropped
         (``tristream_messages_dropped_total{reason="session_closed"}``).
         """
+        self.metrics.inc("tristream_replica_relay_calls_total", method="push_many")
         for sid, messages in batch.items():
             h = self.sessions.get(sid)
             if h is None:
@@ -167,6 +168,7 @@ class EngineReplica:
         """Queued events of every session of ``ingress`` that has some, waiting up to ``wait_s``
         for the first. A session mapped to None must close (its client is too slow: its
         unsent events are counted as dropped). One call in flight per ingress."""
+        self.metrics.inc("tristream_replica_relay_calls_total", method="poll_many")
         wait = self.spec.poll_wait_s if wait_s is None else wait_s
         dirty = self._dirty.get(ingress)
         if not dirty and wait > 0:
@@ -192,11 +194,13 @@ class EngineReplica:
                 out[sid] = None
             elif h.outbox:
                 out[sid] = list(h.outbox)
+                self.metrics.inc("tristream_replica_relay_events_total", float(len(h.outbox)))
                 h.outbox.clear()
         return out
 
     async def push(self, sid: str, messages: list[str | bytes]) -> None:
         """Client messages of one session, in the order received."""
+        self.metrics.inc("tristream_replica_relay_calls_total", method="push")
         h = self._get(sid)
         for raw in messages:
             h.session.handle_message(raw)
@@ -206,6 +210,7 @@ class EngineReplica:
 
         Returns None when the session must close (slow client); [] on timeout.
         """
+        self.metrics.inc("tristream_replica_relay_calls_total", method="poll")
         h = self._get(sid)
         wait = self.spec.poll_wait_s if wait_s is None else wait_s
         if not h.outbox and h.close_reason is None and wait > 0:
