@@ -361,7 +361,7 @@ def item_fuzz(sequences: int, atheris_runs: int) -> dict[str, Any]:
     """Hypothesis stateful sequences over a live socket; atheris on the parser/validator."""
     from hypothesis import HealthCheck, settings
 
-    from tests.reliability.fuzz_protocol import LiveServer, make_machine
+    from tests.reliability.fuzz_protocol import LiveServer, atheris_command, make_machine
 
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
@@ -387,8 +387,7 @@ def item_fuzz(sequences: int, atheris_runs: int) -> dict[str, Any]:
         server.close()
     t1 = time.perf_counter()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "tests.reliability.fuzz_protocol", f"-runs={atheris_runs}", "-seed=7"],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
+    p = subprocess.run(atheris_command(atheris_runs, 7), cwd=ROOT, env=env, capture_output=True, text=True)
     done = [ln for ln in p.stderr.splitlines() if ln.startswith("Done ")]
     cov = [ln for ln in p.stderr.splitlines() if " cov: " in ln]
     out["atheris"] = {"runs_requested": atheris_runs, "exit_code": p.returncode, "done_line": done[-1] if done else None,

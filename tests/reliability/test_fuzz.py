@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.reliability.fuzz_protocol import LiveServer, check_one, make_machine
+from tests.reliability.fuzz_protocol import LiveServer, atheris_command, check_one, make_machine
 from tests.serve.helpers import TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,7 +45,6 @@ def test_parser_contract_on_arbitrary_input(raw: str | bytes) -> None:
 def test_atheris_short_run() -> None:
     pytest.importorskip("atheris")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-m", "tests.reliability.fuzz_protocol", "-runs=20000", "-seed=1"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(atheris_command(20000, 1), cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "Done 20000 runs" in out.stderr

@@ -68,7 +68,9 @@ def test_browser_page_end_to_end(tmp_path: Path) -> None:
         assert state["connected"] and not state["errors"]
         assert state["transcripts"][0].startswith("speech ")
         voiced_ms = int(state["transcripts"][0].split()[1])
-        assert 400 <= voiced_ms <= 800  # a 600 ms tone; capture timing in a loaded browser varies
+        # a 600 ms tone; Chromium's fake capture drops buffers when the CPU is starved (320 ms seen
+        # on a loaded 2-core CI runner), so this only checks that the tone, and not silence, was heard
+        assert 150 <= voiced_ms <= 1000
         assert state["answers"][0].startswith(f"echo: speech {voiced_ms} ms")
         assert state["framesSent"] >= 1 and "frames" in state["answers"][0]
         assert state["audioSamplesPlayed"] > 0
