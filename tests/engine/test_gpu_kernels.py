@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.interpret_ok]
 
 
 def _device() -> str:
@@ -149,3 +149,55 @@ def test_paged_prefill_attention_matches_reference(heads: tuple[int, int, int], 
     out = paged_prefill_attention(q, kc, vc, t(tile_chunk), t(tile_m0), t(q_start), t(q_len), t(ctx_len),
                                   t(bt_off), t(flat), page, hd ** -0.5)
     assert _rel(out.cpu(), ref) < (1e-4 if dtype == torch.float32 else 2e-2)
+
+
+@pytest.mark.parametrize("shape", [(9, 3, 64, 576), (4, 4, 32, 1536), (14, 2, 64, 896)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_qkv_rope_store1_equals_gemv_then_rope_store(shape: tuple[int, int, int, int], bias: bool) -> None:
+    """The batch-1 fused norm+QKV+RoPE+store kernel against the two kernels it replaces: same q,
+    same K/V cache rows, and a padded step (slot -1) writes nothing. K > 1024 takes several tiles."""
+    _skip_without_triton()
+    from tristream.engine.kernels.decode_fused import qkv_rope_store1
+    from tristream.engine.kernels.gemv import fused_gemv
+    from tristream.engine.kernels.triton_ops import rope_store
+    from tristream.engine.rope import cos_sin_table
+
+    dev = _device()
+    nh, nkv, hd, k = shape
+    g = torch.Generator().manual_seed(k + int(bias))
+    n = (nh + 2 * nkv) * hd
+    x = torch.randn(1, k, generator=g).to(dev)
+    w = (torch.randn(n, k, generator=g) * k ** -0.5).to(dev)
+    b = torch.randn(n, generator=g).to(dev) if bias else None
+    nw = (1 + 0.1 * torch.randn(k, generator=g)).to(dev)
+    cs = cos_sin_table(hd, 10000.0, None, 256).to(dev)
+    for slot in (5, -1):
+        pos = torch.tensor([123], dtype=torch.int32, device=dev)
+        slots = torch.tensor([slot], dtype=torch.int32, device=dev)
+        kc, vc = torch.full((8, nkv, hd), 7.0, device=dev), torch.full((8, nkv, hd), 7.0, device=dev)
+        kc_ref, vc_ref = kc.clone(), vc.clone()
+        q = qkv_rope_store1(x, w, b, nw, 1e-5, pos, cs, slots, kc, vc, nh, nkv, hd)
+        qkv = fused_gemv(x, w, bias=b, norm_weight=nw, eps=1e-5)
+        q_ref = rope_store(qkv, pos, cs, slots, kc_ref, vc_ref, nh, nkv, hd)
+        assert q.shape == (1, nh, hd)
+        assert _rel(q, q_ref) < 1e-6
+        assert _rel(kc, kc_ref) < 1e-6 and _rel(vc, vc_ref) < 1e-6
+        if slot < 0:
+            assert torch.all(kc == 7.0) and torch.all(vc == 7.0)
+        else:
+            assert not torch.all(kc[slot] == 7.0)
+
+
+def test_qkv_rope_store1_refuses_bad_shapes() -> None:
+    _skip_without_triton()
+    from tristream.engine.kernels.decode_fused import qkv_rope_store1
+
+    dev = _device()
+    z = torch.zeros(1, dtype=torch.int32, device=dev)
+    c = torch.zeros(4, 2, 8, device=dev)
+    with pytest.raises(ValueError, match="batch-1"):
+        qkv_rope_store1(torch.zeros(2, 16, device=dev), torch.zeros(32, 16, device=dev), None, None, 1e-5, z,
+                        torch.zeros(8, 8, device=dev), z, c, c, 2, 1, 8)
+    with pytest.raises(ValueError, match="weight rows"):
+        qkv_rope_store1(torch.zeros(1, 16, device=dev), torch.zeros(30, 16, device=dev), None, None, 1e-5, z,
+                        torch.zeros(8, 8, device=dev), z, c, c, 2, 1, 8)

@@ -67,12 +67,19 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
 @triton.jit
 def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps,
                         NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores."""
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores. The first K
+    tile of the weight is loaded first; with PDL, before waiting on the previous kernel."""
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     dt = w_ptr.dtype.element_ty
+    rk0 = tl.arange(0, BLOCK_K)
+    k0mask = rk0 < K
+    w0 = tl.load(w_ptr + rn[:, None] * K + rk0[None, :], mask=nmask[:, None] & k0mask[None, :], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     if NORM:
         ss = tl.zeros([BLOCK_K], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -93,7 +100,10 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps
             if NORM:
                 nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
                 xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+        if k0 == 0:
+            w = w0
+        else:
+            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
@@ -106,9 +116,12 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps
 
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-               eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None
-               ) -> torch.Tensor:
-    """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K]."""
+               eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
+               pdl: bool = False) -> torch.Tensor:
+    """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
+
+    pdl: launch the batch-1 kernel with Programmatic Dependent Launch (Hopper+; see
+    `decode_fused.py`); ignored for more rows."""
     m = x.shape[0]
     n, k = w.shape
     if m > 16:
@@ -122,7 +135,7 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
             x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
             norm_weight if norm_weight is not None else dummy, out, n, k, eps,
             NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            BLOCK_N=bn, BLOCK_K=bk, num_warps=4,
+            BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
         )
         return out
     num_warps, num_stages = 4, 3

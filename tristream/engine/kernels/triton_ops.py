@@ -117,10 +117,13 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 @triton.jit
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_stride,
                          scale, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
+    if USE_PDL:  # nothing here is constant: wait for the previous kernel's writes first
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     ctx = tl.load(ctx_ptr + b)
     kvh = h // GROUP
     per_split = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
@@ -158,8 +161,12 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
 
 
 @triton.jit
-def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLITS: tl.constexpr):
+def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLITS: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     bh = tl.program_id(0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
     sp = tl.arange(0, SPLITS)
     d = tl.arange(0, HD)
     m = tl.load(pm_ptr + bh * SPLITS + sp)
@@ -181,11 +188,13 @@ def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, ctx_lens: torch.Tensor, page: int, scale: float,
-                           splits: int, block_n: int = 64) -> torch.Tensor:
-    """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd]."""
+                           splits: int, block_n: int = 64, pdl: bool = False) -> torch.Tensor:
+    """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd].
+    pdl: launch with Programmatic Dependent Launch (Hopper+; see `decode_fused.py`)."""
     b, nh, hd = q.shape
     nkv = k_cache.shape[1]
     out = torch.empty_like(q)
+    launch: dict[str, bool] = {"launch_pdl": True} if pdl else {}
     if splits > 1:
         po = torch.empty(b * nh * splits, hd, dtype=torch.float32, device=q.device)
         pm = torch.empty(b * nh * splits, dtype=torch.float32, device=q.device)
@@ -194,8 +203,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         po = pm = pl = out
     _paged_decode_kernel[(b, nh, splits)](
         q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, block_tables.stride(0), scale,
-        NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits,
+        NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits, USE_PDL=pdl,
+        **launch,
     )
     if splits > 1:
-        _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits)
+        _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits, USE_PDL=pdl, **launch)
     return out
