@@ -102,9 +102,10 @@ class Recorder:
     def __init__(self, eng: LLMEngine) -> None:
         self.rows: list[tuple[Sequence, int, frozenset[int], torch.Tensor | None]] = []
         prefill, decode = eng.runner.prefill, eng.runner.decode
+        bs = eng.blocks.block_size
 
         def spy_prefill(chunks: list[Any]) -> torch.Tensor | None:
-            ev = [evicted_positions(c.seq) for c in chunks]
+            ev = [evicted_positions(c.seq, bs) for c in chunks]
             out = prefill(chunks)
             r = 0
             for c, e in zip(chunks, ev, strict=True):
@@ -118,7 +119,7 @@ class Recorder:
             return out
 
         def spy_decode(seqs: list[Sequence]) -> torch.Tensor:
-            ev = [evicted_positions(s) for s in seqs]
+            ev = [evicted_positions(s, bs) for s in seqs]
             pos = [len(s.keys) - 1 for s in seqs]
             out = decode(seqs)
             for i, (s, e) in enumerate(zip(seqs, ev, strict=True)):
