@@ -7,6 +7,7 @@ weights, default attention). Ours: compact modules, fp16, CUDA graphs per shape 
     python bench/encoders.py --smoke    # tiny configs on CPU, checks the script end to end
     python bench/encoders.py --only whisper --name encoders_whisper --profile   # Whisper only, kernel table
     python bench/encoders.py --only realspeech --name encoders_realspeech_cpu   # real Whisper base, CPU ok
+    python bench/encoders.py --host-only   # host side of a 16-stream update (DTW, words), before vs after, CPU
 
 "realspeech" streams real Whisper base (the shipped CTranslate2 weights) over 14.5 s of piper
 speech whose word edges are known (piper's phoneme durations) and counts serial decoder steps per
@@ -504,7 +505,18 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     ap.add_argument("--profile", action="store_true", help="kernel table of one 16-stream Whisper update (GPU)")
+    ap.add_argument("--host-only", action="store_true",
+                    help="host side of a 16-stream Whisper update only (DTW, words), before vs after; CPU")
+    ap.add_argument("--before-rev", default="2f71d9f", help="--host-only: git revision of the 'before' timing.py")
     args = ap.parse_args()
+    if args.host_only:
+        from bench.whisper_host import bench_host, print_host
+
+        host = bench_host(args.before_rev, iters=max(30, args.iters * 6))
+        print_host(host)
+        write_results(args.name or "encoders_whisper_host_cpu", {"device": "cpu", "host": host})
+        print(f"wrote {RESULTS_DIR / ((args.name or 'encoders_whisper_host_cpu') + '.json')}")
+        return
     global PROFILE
     PROFILE = args.profile and torch.cuda.is_available()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -65,16 +65,23 @@ def dtw_token_starts(matrix: np.ndarray, n_rows: np.ndarray, n_frames: np.ndarra
         np.subtract(arrive, csum[i], out=e)
         e += cost[i]
         np.add(csum[i], np.minimum.accumulate(e, axis=0), out=acc[i])
+    # backtrace, all streams at once: per row, the last prefix argmin of `gap` up to each stream's
+    # current frame (frames past it masked), only for streams that have that row
+    rows = np.maximum(1, np.asarray(n_rows, dtype=np.int64))
+    j = np.maximum(1, np.minimum(np.asarray(n_frames, dtype=np.int64), m)) - 1  # current frame per stream
     starts = np.zeros((b, n), dtype=np.int64)
-    for k in range(b):
-        rows, frames = int(max(1, n_rows[k])), int(max(1, min(n_frames[k], m)))
-        j = frames - 1
-        for i in range(rows - 1, 0, -1):
-            seg = gap[i, : j + 1, k]
-            c = j - int(np.argmin(seg[::-1]))  # last minimum: prefer entering late (diagonal/down before right)
-            starts[k, i] = c
-            j = c - 1 if c and acc[i - 1, c - 1, k] <= acc[i - 1, c, k] else c
-        starts[k, rows:] = starts[k, rows - 1]
+    col = np.arange(b)
+    rev = np.arange(m)[::-1, None]  # reversed frame index: the last minimum is the first in reverse
+    for i in range(int(rows.max()) - 1, 0, -1):
+        live = rows > i
+        seg = np.where(rev <= j[None, :], gap[i, ::-1], np.inf)  # [m, b], frame m-1-r at row r
+        c = (m - 1) - np.argmin(seg, axis=0)  # last minimum: prefer entering late (diagonal/down before right)
+        diag = (c > 0) & (acc[i - 1, np.maximum(c - 1, 0), col] <= acc[i - 1, c, col])
+        starts[:, i] = np.where(live, c, 0)
+        j = np.where(live, np.where(diag, c - 1, c), j)
+    fill = np.arange(n)[None, :] >= rows[:, None]
+    last = starts[col, rows - 1]
+    starts[fill] = np.broadcast_to(last[:, None], (b, n))[fill]
     return starts
 
 
