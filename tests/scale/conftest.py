@@ -80,7 +80,7 @@ def ray_apps() -> Iterator[RayApps]:
 
 def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_replicas: int | None = None,
            limits: ServerLimits | None = None, max_sessions_total: int = 0, ingress: str = "direct",
-           ingress_replicas: int = 0, **spec_kw: object) -> RayApp:
+           ingress_replicas: int = 0, relay: str = "socket", **spec_kw: object) -> RayApp:
     """Deploy the app (blocks until every replica has loaded its models) and wait for /readyz.
 
     ``ingress="direct"``: the ingress replicas listen on a fresh port (SO_REUSEPORT, one port
@@ -95,7 +95,7 @@ def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_r
                                                 downscale_delay_s=3600.0),
                       replica_cpus=0.5, name_prefix=f"{name}{next(_DEPLOYS)}", tokens=[TOKEN],
                       autoscale_interval_s=0.25, max_sessions_total=max_sessions_total, ingress=ingress,
-                      ingress_replicas=ingress_replicas, ingress_cpus=0.25, port=direct_port)
+                      ingress_replicas=ingress_replicas, ingress_cpus=0.25, port=direct_port, relay=relay)
     serve.run(build_app(cfg), name=name, route_prefix="/")
     app = RayApp(direct_port or port, cfg.name_prefix, ingress)
     deadline = time.monotonic() + 120
@@ -118,5 +118,9 @@ def ingress(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture()
 def echo_app(ray_apps: RayApps, ingress: str) -> RayApp:
-    """Two echo replicas behind the Ray ingress (shared until another test needs other settings)."""
-    return ray_apps.get(ingress=ingress)
+    """Two echo replicas behind the Ray ingress (shared until another test needs other settings).
+
+    ``ingress`` is ``direct`` or ``proxy`` (frames over the socket relay), or ``direct/ray``
+    (frames by batched Ray actor calls)."""
+    kind, _, relay = ingress.partition("/")
+    return ray_apps.get(ingress=kind, relay=relay or "socket")

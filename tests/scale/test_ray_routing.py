@@ -20,6 +20,12 @@ from tristream.serve.client import RealtimeClient
 ray = pytest.importorskip("ray")
 
 
+@pytest.fixture(scope="module", params=["direct", "proxy", "direct/ray"])
+def ingress(request: pytest.FixtureRequest) -> str:
+    """Routing and failure through both ingress kinds, and once with the Ray-call relay."""
+    return str(request.param)
+
+
 async def text_turn(c: RealtimeClient, text: str, timeout: float = 30.0) -> tuple[str, str]:
     """Send a text item + response.create; return (answer text, status)."""
     await c.send({"type": "conversation.item.create", "item": {

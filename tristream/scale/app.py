@@ -57,7 +57,8 @@ class RealtimeIngress:
         self.config = config
         self.limits: ServerLimits = config.spec.limits
         self.router = router
-        self.relay = Relay(self.limits.max_outbox_events, config.spec.poll_wait_s, count=self._count)
+        self.relay = Relay(self.limits.max_outbox_events, config.spec.poll_wait_s, count=self._count,
+                           mode=config.relay)
 
     def _count(self, name: str, label: str) -> Any:
         return self.router.count.remote(name, label)
@@ -189,6 +190,7 @@ def config_from_args(args: dict[str, Any]) -> ScaleConfig:
         name_prefix=str(args.get("name_prefix", "tristream")), max_sessions_per_replica=int(num("max_sessions", 64)),
         tokens=tokens, require_auth=str(args.get("no_auth", "false")).lower() not in ("1", "true", "yes"),
         ingress=str(args.get("ingress", "direct")), ingress_replicas=int(num("ingress_replicas", 0)),
+        relay=str(args.get("relay", "socket")),
         host=str(args.get("host", "127.0.0.1")), port=int(num("port", 8765)))
 
 

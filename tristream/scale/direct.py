@@ -81,7 +81,8 @@ class DirectIngress:
         self.config = config
         self.limits = config.spec.limits
         self.router = router
-        self.relay = Relay(self.limits.max_outbox_events, config.spec.poll_wait_s, count=self._count)
+        self.relay = Relay(self.limits.max_outbox_events, config.spec.poll_wait_s, count=self._count,
+                           mode=config.relay)
         self._placed: dict[Any, tuple[str, SessionPipe, Opened]] = {}
         self._reapers: set[asyncio.Task[None]] = set()
         self._server: Server = await serve(

@@ -73,6 +73,9 @@ class ScaleConfig:
     ingress: str = "direct"
     """``direct``: the ingress replicas listen on ``host:port`` themselves (`tristream.scale.direct`);
     ``proxy``: clients go through Serve's HTTP proxy to a FastAPI ingress (`tristream.scale.app`)."""
+    relay: str = "socket"
+    """Frames between ingress and replica: ``socket`` (a framed TCP stream per pair,
+    `tristream.scale.wire`) or ``ray`` (batched actor calls ``push_many`` / ``poll_many``)."""
     ingress_replicas: int = 0
     """Ingress processes (0: one per initial engine replica); direct ones share ``port`` (SO_REUSEPORT)."""
     ingress_cpus: float = 0.5

@@ -1,6 +1,10 @@
 """`Relay`: one ingress process's frame path to the engine replicas, batched per replica.
 
-Per engine replica this ingress talks to there is one `ReplicaLink` with two loops:
+Per engine replica this ingress talks to there is one `ReplicaLink`. By default
+(``mode="socket"``) it is one TCP stream to the replica (`tristream.scale.wire`): client
+messages go out as framed records, every record of one event-loop step in one write, and
+the replica's events come back the same way; Ray actor calls carry only session opens and
+closes. With ``mode="ray"`` the frames go by Ray actor calls, batched, with two loops:
 
 - **push**: client messages of every session on that replica accumulate in one dict while a
   ``push_many`` call is in flight; the next call carries all of them. One call in flight per
@@ -29,9 +33,10 @@ import socket
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from tristream.scale.pool import DEAD_ERRORS
+from tristream.scale.wire import BINARY, EVENT, HELLO, TEXT, Outlet, RecordProtocol, record
 
 log = logging.getLogger("tristream.scale")
 REPLICA_FAILED = "replica_failed"
@@ -72,19 +77,65 @@ class ReplicaLink:
         self.calls = {"push": 0, "poll": 0}
         self._pending: dict[str, list[str | bytes]] = {}
         self._pusher: asyncio.Task[None] | None = None
-        self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+        self._outlet: Outlet | None = None
+        loop = asyncio.get_running_loop()
+        self._poller = loop.create_task(self._poll_loop() if relay.mode == "ray" else self._connect())
+
+    async def _connect(self) -> None:
+        """Socket mode: fetch the replica's endpoint through Ray, connect, say hello, flush what waited."""
+        try:
+            ep = await self.handle.relay_endpoint.remote()
+            transport, _ = await asyncio.get_running_loop().create_connection(
+                lambda: RecordProtocol(self._on_record, self._on_lost), ep.host, ep.port)
+        except DEAD_ERRORS:
+            self.fail()
+            return
+        except OSError:
+            log.exception("relay connection to replica %s failed; its sessions here are closed", self.replica)
+            self.fail()
+            return
+        if self.dead:
+            transport.close()
+            return
+        transport.write(record(HELLO, self.relay.ingress_id, ep.secret))
+        self._outlet = Outlet(cast(asyncio.Transport, transport), 256 << 20, lambda reason: self.relay.count("relay_dropped", reason))
+        pending, self._pending = self._pending, {}
+        for sid, msgs in pending.items():
+            for m in msgs:
+                self._send(sid, m)
+
+    def _send(self, sid: str, message: str | bytes) -> None:
+        assert self._outlet is not None
+        if isinstance(message, str):
+            self._outlet.send(TEXT, sid, message.encode())
+        else:
+            self._outlet.send(BINARY, sid, message)
+
+    def _on_record(self, kind: bytes, sid: str, payload: bytes) -> None:
+        if kind == EVENT:
+            self.relay.deliver_one(sid, payload.decode())
+        else:
+            self.relay.count("relay_dropped", "bad_record")
+
+    def _on_lost(self, exc: Exception | None) -> None:
+        if not self.dead:  # the replica's process is gone (or its socket broke): its sessions are lost
+            log.warning("relay connection to replica %s lost (%s)", self.replica, exc)
+            self.fail()
 
     def push(self, sid: str, message: str | bytes) -> None:
         """Queue one client message of ``sid`` for the replica (sent with the next batch)."""
         if self.dead:
             self.relay.count("relay_dropped", REPLICA_FAILED)
             return
+        if self._outlet is not None:
+            self._send(sid, message)
+            return
         batch = self._pending.get(sid)
         if batch is None:
             self._pending[sid] = [message]
         else:
             batch.append(message)
-        if self._pusher is None:
+        if self._pusher is None and self.relay.mode == "ray":
             self._pusher = asyncio.get_running_loop().create_task(self._push_loop())
 
     async def _push_loop(self) -> None:
@@ -128,13 +179,18 @@ class ReplicaLink:
             if pipe is not None:
                 pipe.end(REPLICA_FAILED)
         self._poller.cancel()
+        if self._outlet is not None:
+            self._outlet.transport.close()
 
 
 class Relay:
     """Every session of one ingress process: pipes by session id, links by replica id."""
 
     def __init__(self, max_outbox_events: int, poll_wait_s: float = 1.0,
-                 count: Callable[[str, str], Awaitable[None] | None] | None = None) -> None:
+                 count: Callable[[str, str], Awaitable[None] | None] | None = None, mode: str = "socket") -> None:
+        if mode not in ("socket", "ray"):
+            raise ValueError(f"relay mode must be 'socket' or 'ray', not {mode!r}")
+        self.mode = mode
         self.ingress_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.max_outbox_events = max_outbox_events
         self.poll_wait_s = poll_wait_s
@@ -189,10 +245,25 @@ class Relay:
         for e in events:
             put(e)
 
+    def deliver_one(self, sid: str, event: str) -> None:
+        """One event from a replica's socket for one session."""
+        pipe = self.pipes.get(sid)
+        if pipe is None or pipe.ended:
+            self.count("relay_dropped", "session_gone")
+            return
+        if pipe.outbox.qsize() >= self.max_outbox_events:
+            self.count("relay_dropped", SLOW_CLIENT)
+            pipe.end(SLOW_CLIENT)
+            return
+        pipe.outbox.put_nowait(event)
+
     async def close(self) -> None:
         """Stop every link's loops (the ingress is shutting down)."""
         for link in list(self.links.values()):
+            link.dead = True
             link._poller.cancel()
             with contextlib.suppress(BaseException):
                 await link._poller
+            if link._outlet is not None:
+                link._outlet.transport.close()
         self.links.clear()

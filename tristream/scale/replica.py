@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tristream.scale.load import LoadReport, LoadTracker
+from tristream.scale.wire import EVENT, Endpoint, WireServer
 from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory
 from tristream.serve.limits import ServerLimits
@@ -91,6 +92,8 @@ class EngineReplica:
         self.started_s = time.monotonic()
         self._dirty: dict[str, set[str]] = {}  # ingress -> its sessions with queued events
         self._wakes: dict[str, asyncio.Event] = {}
+        self.wire = WireServer(self._on_wire_message, lambda name, reason: self.metrics.inc(name, reason=reason),
+                               self._on_ingress_connected)
 
     async def ready(self) -> dict[str, Any]:
         """Answer once constructed (models loaded): id, pid and visible devices."""
@@ -111,6 +114,11 @@ class EngineReplica:
             if h.close_reason is not None:
                 self.metrics.inc("tristream_events_dropped_total", reason="session_closing")
                 return
+            if h.ingress and not h.outbox:
+                outlet = self.wire.outlets.get(h.ingress)
+                if outlet is not None:  # the ingress is connected: straight to its socket
+                    outlet.send(EVENT, sid, P.dumps(event).encode())
+                    return
             if len(h.outbox) >= self.spec.limits.max_outbox_events:
                 self.metrics.inc("tristream_events_dropped_total", reason="slow_client")
                 self.metrics.inc("tristream_sessions_closed_total", reason="slow_client")
@@ -133,6 +141,29 @@ class EngineReplica:
         if h is None:
             raise UnknownSession(f"session {sid} is not held by replica {self.replica_id}")
         return h
+
+    async def relay_endpoint(self) -> Endpoint:
+        """Where an ingress connects for this replica's frames (`tristream.scale.wire`); starts listening."""
+        import ray
+
+        return await self.wire.start(ray.util.get_node_ip_address())
+
+    def _on_wire_message(self, ingress: str, sid: str, data: str | bytes) -> None:
+        h = self.sessions.get(sid)
+        if h is None or h.ingress != ingress:
+            self.metrics.inc("tristream_messages_dropped_total", reason="session_closed")
+            return
+        h.session.handle_message(data)
+
+    def _on_ingress_connected(self, ingress: str) -> None:
+        """Events queued for this ingress before it connected leave now, in order."""
+        outlet = self.wire.outlets[ingress]
+        for sid in self._dirty.pop(ingress, set()):
+            h = self.sessions.get(sid)
+            if h is not None and h.close_reason is None:
+                for text in h.outbox:
+                    outlet.send(EVENT, sid, text.encode())
+                h.outbox.clear()
 
     def _mark(self, sid: str, h: _Held) -> None:
         h.wake.set()
@@ -257,6 +288,9 @@ class EngineReplica:
 
     async def metrics_text(self) -> str:
         """This replica's Prometheus text (the ingress adds the ``replica`` label)."""
+        records, writes = self.wire.totals()
+        self.metrics.counters[("tristream_replica_relay_records_total", ())] = float(records)
+        self.metrics.counters[("tristream_replica_relay_writes_total", ())] = float(writes)
         return self.metrics.render()
 
     def _collect(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
