@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.engine._tiny import tiny_hf_model
 from tristream.engine.engine import EngineConfig, LLMEngine
@@ -413,5 +415,47 @@ def test_recompute_after_eviction_copies_a_shared_last_block(model: LlamaModel) 
     assert torch.equal(eng.cache.k[:, shared], k_before)  # b's block untouched
     got_b = [o.token_id for o in outs if o.seq_id == b]
     assert got_b == alone[1:]  # the first token came in the admitting step
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+    eng.blocks.check()
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(budget_blocks=st.integers(5, 9), window=st.sampled_from([4, 8]),
+       ops=st.lists(st.tuples(st.sampled_from(["text", "vision", "generate"]), st.integers(1, 14)),
+                    min_size=2, max_size=7))
+def test_budget_invariants_under_random_turns(model: LlamaModel, budget_blocks: int, window: int,
+                                              ops: list[tuple[str, int]]) -> None:
+    """Random turns (text, vision embeddings, generation) under a random valid budget: the block
+    count never exceeds it, sinks and the recent text window stay, nothing runs over budget or
+    preempts, and closing the context frees every block."""
+    ret = RetentionConfig(sink_tokens=4, text_window_tokens=window)
+    eng = make_engine(model, retention=ret, max_prefill_tokens=7)
+    g = torch.Generator().manual_seed(budget_blocks)
+    sid = eng.add_request([1, 2, 3], generate=False, kv_budget_tokens=budget_blocks * BS)
+    for kind, n in ops:
+        if kind == "text":
+            eng.append(sid, token_ids=[(7 * i + n) % 290 + 3 for i in range(n)])
+        elif kind == "vision":
+            eng.append(sid, embeddings=torch.randn(n, model.cfg.hidden_size, generator=g) * 0.5)
+        else:
+            eng.start_generation(sid, SamplingParams(max_tokens=n, ignore_eos=True))
+        for _ in range(500):
+            eng.step()
+            if sid not in eng.seqs:  # generation finished (and freed) it
+                break
+            seq = eng.seqs[sid]
+            assert len(seq.block_table) <= budget_blocks
+            ev = evicted_positions(seq)
+            assert not ev & set(range(ret.sink_tokens))
+            recent_text = {p for p in range(max(0, seq.num_computed - window), seq.num_computed) if seq.keys[p] >= 0}
+            assert not recent_text & ev  # text among the newest `window` positions is kept
+            if not eng.has_work():
+                break
+        if kind == "generate":  # generation finishes the sequence: open a new one
+            assert sid not in eng.seqs
+            sid = eng.add_request([1, 2, 3], generate=False, kv_budget_tokens=budget_blocks * BS)
+    eng.close(sid)
+    eng.step()
+    assert eng.stats.retention.over_budget == 0 and eng.stats.preemptions == 0
     assert eng.blocks.num_free == eng.blocks.num_blocks
     eng.blocks.check()

@@ -7,8 +7,9 @@
 
 A sequence's context is a list of *keys*, one per position: a token id (≥ 0), or a negative
 key for a position filled by a precomputed embedding (vision tokens). The embeddings are kept
-beside the keys as (start position, tensor) segments. `num_computed` counts positions whose
-K/V are in the cache; everything after it is pending prefill.
+beside the keys as (start position, tensor) segments. `num_computed` counts the logical
+positions computed so far (their K/V are in the cache unless KV retention evicted them);
+everything after it is pending prefill.
 
 Logical position vs cache index (KV retention, `kv_retention.py`): a key's index in `keys` is
 its *logical position* (what RoPE sees). Its *cache index* is where its K/V live under the
