@@ -140,7 +140,9 @@ def start_direct(backend: str, backend_kw: dict[str, Any], port: int) -> subproc
         "    await s.start()\n"
         "    await asyncio.Event().wait()\n"
         "asyncio.run(main())\n")
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    # OMP_NUM_THREADS=1: what Ray sets in a replica actor (num_cpus <= 1), so that a CPU model
+    # runs with the same torch threads on both paths (2 spinning OpenMP threads cost ~2x the CPU).
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         try:
@@ -153,11 +155,12 @@ def start_direct(backend: str, backend_kw: dict[str, Any], port: int) -> subproc
 
 
 def deploy(port: int, replicas: int, backend: str, backend_kw: dict[str, Any], gpus: float, cpus: float,
-           target_ms: float, ingress: str = "direct", ingress_replicas: int = 0) -> str:
+           target_ms: float, ingress: str = "direct", ingress_replicas: int = 0, relay: str = "socket") -> str:
     """(Re)deploy the Ray app with ``replicas`` fixed replicas; returns its WebSocket URL.
 
     ``ingress="proxy"``: clients go through Serve's HTTP proxy on ``port``; ``"direct"``: the
-    ingress replicas (``ingress_replicas``, 0 = one per engine replica) listen on a fresh port."""
+    ingress replicas (``ingress_replicas``, 0 = one per engine replica) listen on a fresh port.
+    ``relay``: frames between ingress and replica over a socket (``socket``) or Ray calls (``ray``)."""
     from ray import serve
 
     from tristream.scale.app import build_app
@@ -171,7 +174,7 @@ def deploy(port: int, replicas: int, backend: str, backend_kw: dict[str, Any], g
                                        target_p99_ms=target_ms),
                       autoscale=AutoscaleConfig(replicas, replicas), replica_cpus=cpus, replica_gpus=gpus,
                       name_prefix=f"bench{replicas}x{int(time.time())}", tokens=[TOKEN],
-                      max_sessions_per_replica=1024, ingress=ingress, ingress_replicas=ingress_replicas,
+                      max_sessions_per_replica=1024, ingress=ingress, ingress_replicas=ingress_replicas, relay=relay,
                       port=free_port() if ingress == "direct" else 0)
     serve.run(build_app(cfg), name="bench", route_prefix="/")
     return f"ws://127.0.0.1:{cfg.port if ingress == 'direct' else port}/v1/realtime"
@@ -198,6 +201,8 @@ def main() -> None:
                     help="direct: the ingress replicas listen themselves; proxy: through Serve's HTTP proxy "
                     "(several: each is measured in turn)")
     ap.add_argument("--ingress-replicas", type=int, default=0, help="ingress processes (0: one per engine replica)")
+    ap.add_argument("--relay", choices=("socket", "ray"), default="socket",
+                    help="frames between ingress and replica: a framed socket, or batched Ray actor calls")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--duration", type=float, default=8.0)
@@ -221,6 +226,7 @@ def main() -> None:
     cpus = 0.5 if gpus == 0 else 1.0
     results: dict[str, Any] = {"mode": args.mode, "backend": args.backend, "backend_kw": args.backend_kw,
                                "target_ms": args.target_ms, "ingress_replicas": args.ingress_replicas or "per replica",
+                               "relay": args.relay,
                                "duration_s": args.duration, "think_s": args.think,
                                "latency": "client clock: response.create sent -> first answer text delta",
                                "ingress": {}}
@@ -237,7 +243,7 @@ def main() -> None:
             results["ingress"][kind] = out
             # 1. Ray path vs tristream serve, one session, no concurrency, alternated.
             url = deploy(http_port, 1, args.backend, backend_kw, gpus, cpus, args.target_ms, kind,
-                         args.ingress_replicas)
+                         args.ingress_replicas, args.relay)
             reps = []
             for _ in range(args.overhead_repeats):
                 direct = asyncio.run(_turns(f"ws://127.0.0.1:{port}/v1/realtime", args.overhead_turns))
@@ -260,7 +266,7 @@ def main() -> None:
             cap: dict[str, Any] = {}
             for nrep in args.replicas:
                 url = deploy(http_port, nrep, args.backend, backend_kw, gpus, cpus, args.target_ms, kind,
-                             args.ingress_replicas)
+                             args.ingress_replicas, args.relay)
                 load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
                 rows = []
                 for n in args.sessions:

@@ -56,6 +56,35 @@ def by_role(ms: dict[str, float]) -> dict[str, float]:
     return {k: round(v, 2) for k, v in out.items()}
 
 
+def baseline(a: argparse.Namespace, rep: int) -> list[dict[str, Any]]:
+    """The same load on `tristream serve` (one process): its CPU per turn is the floor."""
+    import json
+
+    import psutil
+    import scale
+
+    rows = []
+    port = scale.free_port()
+    proc = scale.start_direct("tristream.scale.engine_backend:engine_factory", json.loads(a.backend_kw), port)
+    try:
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        p = psutil.Process(proc.pid)
+        scale.load(url, 2, 2.0, 0.1)  # warm-up
+        for n in a.sessions:
+            c0 = sum(p.cpu_times()[:2])
+            row = scale.load(url, n, a.duration, 0.5, procs=2)
+            ms = 1e3 * (sum(p.cpu_times()[:2]) - c0) / max(1, row["turns"])
+            rows.append({"config": "tristream serve", "repeat": rep, "sessions": n, "turns": row["turns"],
+                         "p50_ms": row["p50_ms"], "p99_ms": row["p99_ms"], "n_errors": row["n_errors"],
+                         "cpu_ms_per_turn_by_role": {"server": round(ms, 2)}})
+            print(f"{'serve':<14} {n:>3} sessions p50={row['p50_ms']:.1f} p99={row['p99_ms']:.1f} ms  "
+                  f"cpu ms/turn {ms:.2f}")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return rows
+
+
 def relay_calls(base: str) -> dict[str, float]:
     """The replicas' relay call counters by method (and ``events``: frames carried by poll_many)."""
     import urllib.request
@@ -71,6 +100,9 @@ def relay_calls(base: str) -> dict[str, float]:
             out[key] = out.get(key, 0.0) + v
         elif name == "tristream_replica_relay_events_total":
             out["events"] = out.get("events", 0.0) + v
+        elif name in ("tristream_replica_relay_records_total", "tristream_replica_relay_writes_total"):
+            key = "socket_" + name.split("_")[-2]
+            out[key] = out.get(key, 0.0) + v
     return out
 
 
@@ -79,7 +111,10 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, nargs="+", default=[8, 16])
     ap.add_argument("--duration", type=float, default=8.0)
     ap.add_argument("--backend-kw", default='{"model": "tiny-random", "device": "cpu", "kv_bytes": 67108864}')
-    ap.add_argument("--ingress", nargs="+", choices=("direct", "proxy"), default=["proxy", "direct"])
+    ap.add_argument("--configs", nargs="+", default=["proxy/ray", "direct/ray", "direct/socket", "proxy/socket"],
+                    help="ingress/relay pairs to run in turn: ingress direct|proxy, relay socket|ray")
+    ap.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run the same load on `tristream serve` (RealtimeServer, one process)")
     ap.add_argument("--ingress-replicas", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=1, help="run the whole ladder this many times per ingress")
     ap.add_argument("--name", default="scale_profile_cpu")
@@ -98,9 +133,12 @@ def main() -> None:
                            "ingress_replicas": a.ingress_replicas, "rows": []}
     try:
         for rep in range(a.repeats):
-            for kind in a.ingress:
+            if a.baseline:
+                res["rows"] += baseline(a, rep)
+            for cfg in a.configs:
+                kind, _, relay = cfg.partition("/")
                 url = scale.deploy(port, 1, res["backend"], json.loads(a.backend_kw), 0.0, 0.5, 50.0, kind,
-                                   a.ingress_replicas)
+                                   a.ingress_replicas, relay or "socket")
                 base = url.replace("ws://", "http://").removesuffix("/v1/realtime")
                 scale.load(url, 2, 2.0, 0.1)  # warm-up
                 for n in a.sessions:
@@ -114,18 +152,20 @@ def main() -> None:
                     calls = {k: v - calls0.get(k, 0.0) for k, v in calls1.items()}
                     polls = calls.get("poll_many", 0.0) + calls.get("poll", 0.0)
                     res["rows"].append({
-                        "ingress": kind, "repeat": rep, "sessions": n, "turns": row["turns"], "p50_ms": row["p50_ms"],
+                        "config": cfg, "repeat": rep, "sessions": n, "turns": row["turns"], "p50_ms": row["p50_ms"],
                         "p99_ms": row["p99_ms"], "n_errors": row["n_errors"],
                         "cpu_ms_per_turn": {k: round(1e3 * v / turns, 2) for k, v in procs.items() if v > 0.05},
                         "cpu_ms_per_turn_by_role": by_role({k: 1e3 * v / turns for k, v in procs.items()}),
                         "cpu_share": {k: round(v / dt, 3) for k, v in procs.items() if v > 0.05},
                         "relay_calls_per_turn": {k: round(v / turns, 2) for k, v in calls.items()
-                                                 if not k.startswith("events")},
-                        "frames_per_poll": round(calls.get("events", 0.0) / polls, 2) if polls else None})
+                                                 if k != "events" and not k.startswith("socket")},
+                        "frames_per_poll": round(calls.get("events", 0.0) / polls, 2) if polls else None,
+                        "socket_records_per_write": round(calls.get("socket_records", 0.0) / calls["socket_writes"], 2)
+                        if calls.get("socket_writes") else None})
                     r = res["rows"][-1]
-                    print(f"{kind:<7} {n:>3} sessions p50={row['p50_ms']:.1f} p99={row['p99_ms']:.1f} ms  "
+                    print(f"{cfg:<14} {n:>3} sessions p50={row['p50_ms']:.1f} p99={row['p99_ms']:.1f} ms  "
                           f"cpu ms/turn {r['cpu_ms_per_turn_by_role']}  calls/turn {r['relay_calls_per_turn']}  "
-                          f"frames/poll {r['frames_per_poll']}")
+                          f"frames/poll {r['frames_per_poll']} records/write {r['socket_records_per_write']}")
     finally:
         serve.shutdown()
         ray.shutdown()
