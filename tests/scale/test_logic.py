@@ -131,7 +131,13 @@ def test_serve_config_file_builds_the_app() -> None:
     cfg = scale_app.config_from_args(args)
     assert cfg.autoscale.min_replicas == 2 and cfg.autoscale.max_replicas == 4
     assert cfg.spec.backend == "pipeline" and cfg.tokens == ["change-me"] and cfg.require_auth
+    assert (cfg.ingress, cfg.relay, cfg.host, cfg.port, cfg.n_ingress()) == ("direct", "socket", "0.0.0.0", 8765, 2)
+    assert doc["proxy_location"] == "Disabled"  # the direct ingress needs no Serve proxy
     assert scale_app.app_builder(args) is not None
     with pytest.raises(ValueError, match="token"):
         scale_app.app_builder({"backend": "echo"})
     assert not scale_app.config_from_args({"no_auth": "true"}).require_auth
+    proxy = scale_app.config_from_args({"ingress": "proxy", "ingress_replicas": "3", "relay": "ray", "token": "t"})
+    assert (proxy.ingress, proxy.n_ingress(), proxy.relay) == ("proxy", 3, "ray")
+    with pytest.raises(ValueError, match="ingress must be"):
+        scale_app.build_app(scale_app.config_from_args({"ingress": "carrier-pigeon", "token": "t"}))

@@ -165,6 +165,8 @@ def build_app(config: ScaleConfig) -> Any:
     """The bound Serve application (pass to ``serve.run``): the router and ``config.ingress`` ingress replicas."""
     if config.ingress not in ("direct", "proxy"):
         raise ValueError(f"ingress must be 'direct' or 'proxy', not {config.ingress!r}")
+    if config.relay not in ("socket", "ray"):
+        raise ValueError(f"relay must be 'socket' or 'ray', not {config.relay!r}")
     router = RouterDeployment.bind(config)
     dep = DirectDeployment if config.ingress == "direct" else IngressDeployment
     return dep.options(num_replicas=config.n_ingress(),  # type: ignore[union-attr]
