@@ -36,6 +36,8 @@ def register(app: typer.Typer) -> None:
         max_replicas: int = typer.Option(None, help="--ray: autoscaling upper bound (default: --replicas)."),
         replica_gpus: float = typer.Option(None, help="--ray: GPUs per replica (default 1 where CUDA exists, else 0)."),
         ray_address: str = typer.Option(None, help="--ray: join this Ray cluster instead of starting a local one."),
+        ray_ingress: str = typer.Option("direct", help="--ray: direct (the ingress processes listen on HOST:PORT, "
+                                        "one per replica) or proxy (through Ray Serve's HTTP proxy)."),
     ) -> None:
         """Serve the Realtime API on ws://HOST:PORT/v1/realtime and the browser page on http://HOST:PORT/."""
         import asyncio
@@ -52,7 +54,7 @@ def register(app: typer.Typer) -> None:
         tokens = list(token or []) or ([os.environ["TRISTREAM_TOKEN"]] if os.environ.get("TRISTREAM_TOKEN") else [])
         if ray:
             _serve_ray(host, port, tokens, no_auth, backend, max_sessions, replicas, min_replicas, max_replicas,
-                       replica_gpus, ray_address, record)
+                       replica_gpus, ray_address, record, ray_ingress)
             return
         max_sessions = fit_sessions_to_fd_limit(max_sessions, per_session=2 if record else 1)
         limits = ServerLimits(max_sessions=max_sessions, max_session_s=max_session_s,
@@ -108,7 +110,7 @@ def fit_sessions_to_fd_limit(max_sessions: int, per_session: int = 1, reserve: i
 
 def _serve_ray(host: str, port: int, tokens: list[str], no_auth: bool, backend: str, max_sessions: int,
                replicas: int, min_replicas: int | None, max_replicas: int | None, replica_gpus: float | None,
-               ray_address: str | None, record: Path | None) -> None:
+               ray_address: str | None, record: Path | None, ingress: str = "direct") -> None:
     """`tristream serve --ray`: the same protocol through the Ray Serve app of `tristream.scale`."""
     import importlib.util
 
@@ -132,8 +134,8 @@ def _serve_ray(host: str, port: int, tokens: list[str], no_auth: bool, backend: 
     hi = max(replicas, lo) if max_replicas is None else max_replicas
     cfg = config_from_args({"backend": backend, "replicas": replicas, "min_replicas": lo, "max_replicas": hi,
                             "replica_gpus": replica_gpus, "token": ",".join(tokens), "no_auth": str(no_auth),
-                            "max_sessions": max_sessions, "target_p99_ms": 50})
-    typer.echo(f"ws://{host}:{port}/v1/realtime via Ray Serve, {replicas} replica(s) "
+                            "max_sessions": max_sessions, "target_p99_ms": 50, "ingress": ingress})
+    typer.echo(f"ws://{host}:{port}/v1/realtime via Ray Serve ({ingress} ingress), {replicas} replica(s) "
                f"({replica_gpus:g} GPU each); Ctrl-C stops")
     import signal
 

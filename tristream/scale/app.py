@@ -158,7 +158,8 @@ IngressDeployment = serve.deployment(name="tristream_ingress", num_replicas=1,
 DirectDeployment = serve.deployment(name="tristream_ingress", num_replicas=1, ray_actor_options={"num_cpus": 0.5},
                                     max_ongoing_requests=100)(DirectIngress)
 RouterDeployment = serve.deployment(name="tristream_router", num_replicas=1, ray_actor_options={"num_cpus": 0.1},
-                                    max_ongoing_requests=100_000)(PoolRouter)
+                                    max_ongoing_requests=100_000,
+                                    logging_config={"enable_access_log": False})(PoolRouter)  # a line per call
 
 
 def build_app(config: ScaleConfig) -> Any:
