@@ -93,11 +93,12 @@ def test_dtw_word_times_equal_faster_whisper_and_snap_to_true_edges(base, track)
     assert abs(raw[-1].start_ns / NS - ref[-1].start) <= 0.08
 
 
-def _stream(model, folder, pcm: np.ndarray, max_draft: int, t0: int):  # type: ignore[no-untyped-def]
+def _stream(model, folder, pcm: np.ndarray, max_draft: int, t0: int, align: str = "commit"):  # type: ignore[no-untyped-def]
     toks = WhisperTokens.for_vocab(model.dims.vocab_size)
     r = WhisperRunner(model, toks, batch_buckets=(1,), audio_buckets_s=(3.0, 6.0), max_new_tokens=24, chunk=2,
                       max_draft=max_draft)
-    asr = StreamingWhisper(r, hf_token_text(str(folder / "tokenizer.json")), min_update_s=0.5, trim_after_s=5.9)
+    asr = StreamingWhisper(r, hf_token_text(str(folder / "tokenizer.json")), min_update_s=0.5, trim_after_s=5.9,
+                           align=align)
     asr.open("s", t0)
     committed = []
     chunk = SR // 2
@@ -106,19 +107,27 @@ def _stream(model, folder, pcm: np.ndarray, max_draft: int, t0: int):  # type: i
         for e in asr.step():
             committed += e.committed
     committed += asr.close("s").committed
-    return committed, r.stats
+    return committed, r.stats, asr.stats
 
 
 def test_streaming_with_drafts_commits_the_words_at_their_true_times(base, track) -> None:  # type: ignore[no-untyped-def]
-    """0.5 s updates; LocalAgreement-2 commits; the previous hypothesis is the draft."""
+    """0.5 s updates; LocalAgreement-2 commits; the previous hypothesis is the draft. Word times only
+    for committing updates (the default) vs the plain way (no draft, every update aligned): the same
+    words, at the same times within two frames."""
     folder, model = base
     pcm, truth = track
     t0 = 7 * NS
-    committed, st = _stream(model, folder, pcm, 23, t0)
+    committed, st, sst = _stream(model, folder, pcm, 23, t0)
     err = _errors(committed, truth, t0)
     assert err.max() <= TOL_S, err
-    plain_words, plain = _stream(model, folder, pcm, 0, t0)
-    assert [w.text for w in plain_words] == [w.text for w in committed]  # drafts change no word
+    plain_words, plain, pst = _stream(model, folder, pcm, 0, t0, align="every")
+    assert [w.text for w in plain_words] == [w.text for w in committed]  # drafts and lazy word times change no word
+    dt = [max(abs(a.start_ns - b.start_ns), abs(a.end_ns - b.end_ns)) / NS for a, b in zip(committed, plain_words,
+                                                                                            strict=True)]
+    print(f"commit-only alignment: {sst.unaligned}/{sst.updates} updates without the alignment pass; "
+          f"max |time difference| vs aligning every update {max(dt) * 1e3:.0f} ms")
+    assert max(dt) <= 0.04, dt
+    assert sst.unaligned > 0 and pst.unaligned == 0
     print(f"serial decoder steps: {st.decode_steps} with drafts ({st.draft_accepted}/{st.draft_tokens} draft tokens "
           f"accepted) vs {plain.decode_steps} without, over {sum(st.passes.values())} updates; "
           f"max word-edge error {err.max() * 1e3:.0f} ms")

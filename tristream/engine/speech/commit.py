@@ -84,6 +84,21 @@ class LocalAgreement:
             self._history = [h[k:] for h in self._history]
         return CommitResult(new, list(self._history[-1]) if self._history else [])
 
+    def pending(self, hypothesis: list[Word]) -> int:
+        """How many words `insert(hypothesis)` would commit, without changing any state (used to
+        decide whether an update needs exact word times before it is inserted)."""
+        fresh = self._fresh(hypothesis)
+        hist = [*self._history[-(self.n - 1):], fresh] if self.n > 1 else [fresh]
+        if len(hist) < self.n:
+            return 0
+        k = 0
+        for i, w in enumerate(fresh):
+            if all(i < len(h) and h[i].key == w.key for h in hist[:-1]):
+                k += 1
+            else:
+                break
+        return k
+
     def flush(self) -> CommitResult:
         """End of stream: commit the newest partial as final."""
         tail = list(self._history[-1]) if self._history else []

@@ -58,6 +58,9 @@ class RunnerStats:
     captured: int = 0
     eager_passes: int = 0
     decode_steps: int = 0
+    align_passes: int = 0  # alignment-heads passes run (word times)
+    aligned_rows: int = 0  # stream rows those passes timed
+    deferred_rows: int = 0  # stream rows of passes run without word times (`word_times=False`)
     draft_tokens: int = 0
     draft_accepted: int = 0
     truncated_drafts: int = 0
@@ -138,6 +141,7 @@ class WhisperRunner:
         self.real = torch.zeros(bmax, dtype=torch.bool, device=dev)  # rows holding a stream (not bucket padding)
         self.done = torch.zeros((), dtype=torch.bool, device=dev)
         self.align = torch.zeros(bmax, self.k + 1, tmax_enc, device=dev, dtype=torch.float32)
+        self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
         self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
         self._pool: object | None = None
 
@@ -271,7 +275,7 @@ class WhisperRunner:
     # ---- one pass ----------------------------------------------------------------------------
     @torch.inference_mode()
     def run(self, audio: list[np.ndarray], drafts: Sequence[Sequence[int]] | None = None,
-            draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
+            draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None) -> PassResult:
         """Transcribe each host buffer (float32 16 kHz mono, ≤ largest bucket) in one batched pass.
 
         `drafts[i]`: optional previous hypothesis of stream i (text token ids), see the class doc;
@@ -292,12 +296,15 @@ class WhisperRunner:
         if self.device.type == "cuda":
             src = src.pin_memory()
         self.audio[:bb, :n].copy_(src, non_blocking=True)
-        return self._pass([a.shape[0] for a in audio], bb, ab, drafts, draft_frames)
+        return self._pass([a.shape[0] for a in audio], bb, ab, drafts, draft_frames, word_times)
 
     @torch.inference_mode()
     def run_store(self, store: AudioStore, slots: list[int], drafts: Sequence[Sequence[int]] | None = None,
-                  draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
-        """Transcribe device-resident rows of `store` in one batched pass (no host audio copy)."""
+                  draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None) -> PassResult:
+        """Transcribe device-resident rows of `store` in one batched pass (no host audio copy).
+
+        `word_times=False` skips the alignment pass (frames all 0, `voiced` None); `align_rows`
+        then times just the rows that need it, afterwards."""
         if not slots:
             raise AudioInputError("run_store() needs at least one slot")
         bb = self.batch_bucket(len(slots))
@@ -306,7 +313,7 @@ class WhisperRunner:
         n = int(round(ab * SAMPLE_RATE))
         idx = torch.tensor(slots, device=store.device)
         self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, idx))
-        return self._pass(lengths, bb, ab, drafts, draft_frames)
+        return self._pass(lengths, bb, ab, drafts, draft_frames, word_times)
 
     @torch.inference_mode()
     def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None) -> None:
@@ -343,7 +350,8 @@ class WhisperRunner:
         return anchored_token_starts(self.align, toks, self.tokens.eot, valid, accepted, draft_frames, self.retime)
 
     def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None,
-              draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
+              draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None) -> PassResult:
+        timed = self.word_times if word_times is None else word_times and self.word_times
         n_real = len(lengths)
         n = int(round(ab * SAMPLE_RATE))
         self._set_inputs(lengths, bb, drafts)
@@ -356,16 +364,21 @@ class WhisperRunner:
         while steps < self.k and not bool(self.done):
             self._run("steps", bb, ab)
             steps += self.chunk
-        if self.word_times:
+        if timed:
             self._run("align", bb, ab)
         packed = torch.cat([self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]], dim=1).cpu().numpy()
         toks, accepted = packed[:, : self.k], packed[:, self.k]
         frames = np.zeros((n_real, self.k + 1), np.int64)
         voiced: np.ndarray | None = None
-        if self.word_times:
+        self._last = (lengths, ab, toks, accepted)
+        if timed:
             frames = self._token_times(toks, accepted, lengths, draft_frames)
             db = self.frame_db[:n_real, : n // SAMPLES_PER_POSITION].cpu().numpy()
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
+            self.stats.align_passes += 1
+            self.stats.aligned_rows += n_real
+        else:
+            self.stats.deferred_rows += n_real
         key = (bb, ab)
         self.stats.passes[key] = self.stats.passes.get(key, 0) + 1
         self.stats.decode_steps += steps
@@ -373,3 +386,37 @@ class WhisperRunner:
         if not self.use_graphs:
             self.stats.eager_passes += 1
         return PassResult(toks, frames, ab, bb, accepted, steps, voiced)
+
+    @torch.inference_mode()
+    def align_rows(self, rows: list[int], draft_frames: Sequence[Sequence[int]] | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Word times for some rows of the last pass (run with `word_times=False`): token start
+        frames `[len(rows), K + 1]` and voiced masks `[len(rows), T]`, as that pass would have given.
+
+        The rows move to the front of the static buffers (tokens, audio lengths and the cross K/V of
+        the layers the alignment heads read; the pass is over, nothing else reads them), so the
+        alignment runs on the smallest batch bucket that holds them. `draft_frames[i]` belongs to
+        `rows[i]`."""
+        if not self.word_times:
+            raise AudioInputError("this runner was built with word_times=False")
+        lengths, ab, toks, accepted = self._last
+        if not rows or len(set(rows)) != len(rows) or not all(0 <= r < len(lengths) for r in rows):
+            raise AudioInputError(f"rows {rows} must be distinct rows of the last pass (0..{len(lengths) - 1})")
+        m = len(rows)
+        bb = self.batch_bucket(m)
+        idx = torch.tensor(rows, device=self.device)
+        if rows != list(range(m)):
+            last = max(layer for layer, _ in self.model.alignment_heads) + 1
+            self.out_tok[:m].copy_(self.out_tok.index_select(0, idx))
+            self.valid_frames[:m].copy_(self.valid_frames.index_select(0, idx))
+            for x in (self.cache.xk, self.cache.xv):
+                x[:last, :m].copy_(x[:last].index_select(1, idx))
+        self._run("align", bb, ab)
+        sel = np.asarray(rows)
+        sub = [lengths[r] for r in rows]
+        frames = self._token_times(toks[sel], accepted[sel], sub, draft_frames)
+        t = int(round(ab * SAMPLE_RATE)) // SAMPLES_PER_POSITION
+        db = self.frame_db.index_select(0, idx)[:, :t].cpu().numpy()
+        self.stats.align_passes += 1
+        self.stats.aligned_rows += m
+        return frames, db > (db.max(axis=1, keepdims=True) - self.silence_db)

@@ -10,6 +10,15 @@ previous hypothesis (tokens and their frames) is its draft: the pass verifies it
 and decodes only the tail, and only the tail is re-timed. A buffer longer than `trim_after_s` is
 cut at the end of its last committed word (or, with nothing committed, to its newest `keep_s` —
 counted in `stats.forced_trims`); a trim drops the draft (`stats.draft_resets`).
+
+Word times only where needed (`align="commit"`, the default): the pass runs without the
+alignment-heads pass; each stream's hypothesis first gets provisional times (tokens timed by an
+earlier aligned pass keep their frames; the others are spread evenly from the later of the last
+timed frame and the committed end to the end of the audio) and LocalAgreement is asked, without
+changing it, whether the update would commit a word. Only streams that would (and a closing
+stream) are aligned, together, on the smallest batch bucket that holds them; their exact words
+are then inserted. Committed words therefore always carry DTW times; partial words of an update
+without alignment carry the provisional ones. `align="every"` times every stream every update.
 """
 
 from __future__ import annotations
@@ -54,6 +63,8 @@ class StreamingStats:
     discontinuities: int = 0
     clipped_samples: int = 0
     draft_resets: int = 0
+    aligned: int = 0  # stream updates timed by the alignment pass
+    unaligned: int = 0  # stream updates with provisional times only (align="commit")
 
 
 @dataclass(slots=True)
@@ -65,6 +76,8 @@ class _Stream:
     new_samples: int = 0
     draft: list[int] = field(default_factory=list)
     draft_frames: list[int] = field(default_factory=list)
+    timed: int = 0  # leading entries of draft_frames set by an aligned pass (the rest provisional)
+    exact: bool = True  # the newest hypothesis inserted carried aligned times
 
     def end_ns(self) -> int:
         return self.t0_ns + self.length * NS // SAMPLE_RATE
@@ -115,7 +128,10 @@ class StreamingWhisper:
 
     def __init__(self, runner: WhisperRunner, text_of: Callable[[int], str], *, agreement_n: int = 2,
                  min_update_s: float = 0.16, trim_after_s: float | None = None, keep_s: float = 2.0,
-                 max_streams: int = 256) -> None:
+                 max_streams: int = 256, align: str = "commit") -> None:
+        if align not in ("commit", "every"):
+            raise ValueError(f"align must be 'commit' or 'every', not {align!r}")
+        self.align = align
         self.runner = runner
         self.text_of = text_of
         self.agreement_n = agreement_n
@@ -171,8 +187,8 @@ class StreamingWhisper:
         """Final update for a stream, then flush its partial as final and forget it."""
         s = self._get(stream_id)
         committed: list[Word] = []
-        if s.new_samples:  # the last pass may itself commit words: keep them
-            committed += self._pass([stream_id])[0].committed
+        if s.new_samples or not s.exact:  # the last pass may commit words; the flushed partial needs times
+            committed += self._pass([stream_id], force=True)[0].committed
         committed += s.agreement.flush().committed
         self.store.release(s.slot)
         del self.streams[stream_id]
@@ -198,27 +214,53 @@ class StreamingWhisper:
         s.t0_ns += n * NS // SAMPLE_RATE
         s.agreement.forget_before(s.t0_ns)
         if s.draft:  # the draft's first tokens were for the audio just cut; decode afresh
-            s.draft, s.draft_frames = [], []
+            s.draft, s.draft_frames, s.timed = [], [], 0
             self.stats.draft_resets += 1
         self.stats.trims += 1
         self.stats.forced_trims += int(forced)
 
-    def _pass(self, ids: list[str]) -> list[TranscriptEvent]:
+    def _pass(self, ids: list[str], force: bool = False) -> list[TranscriptEvent]:
         streams = [self._get(i) for i in ids]
+        lazy = self.align == "commit" and self.runner.word_times
         drafts = [s.draft for s in streams] if self.runner.max_draft else None
-        frames = [s.draft_frames for s in streams] if self.runner.max_draft else None
-        res = self.runner.run_store(self.store, [s.slot for s in streams], drafts, frames)
+        frames = [s.draft_frames[: s.timed] if lazy else s.draft_frames for s in streams] \
+            if self.runner.max_draft else None
+        res = self.runner.run_store(self.store, [s.slot for s in streams], drafts, frames, word_times=not lazy)
         self.stats.passes += 1
+        eot = self.runner.tokens.eot
+        n = len(streams)
+        valid = [int(np.ceil(s.length / (FRAME_S * SAMPLE_RATE))) for s in streams]
+        toks = [res.tokens[k].tolist() for k in range(n)]
+        fr: list[list[int]] = [res.frames[k].tolist() for k in range(n)]
+        voiced: list[np.ndarray | None] = [None if res.voiced is None else res.voiced[k] for k in range(n)]
+        exact = [not lazy] * n
+        words: list[list[Word]] = []
+        if lazy:
+            for k, s in enumerate(streams):
+                keep = min(s.timed, int(res.accepted[k]))  # frames of accepted draft tokens still hold
+                fr[k] = self._provisional(s, toks[k], s.draft_frames[:keep], valid[k])
+                s.timed = keep
+                words.append(tokens_to_words(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k]))
+            need = [k for k, s in enumerate(streams) if force or s.agreement.pending(words[k]) > 0]
+            if need:
+                ex, vo = self.runner.align_rows(need, [s.draft_frames[: s.timed] for s in (streams[k] for k in need)]
+                                                if self.runner.max_draft else None)
+                for i, k in enumerate(need):
+                    fr[k], voiced[k], exact[k] = ex[i].tolist(), vo[i], True
         out: list[TranscriptEvent] = []
         for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
-            valid = int(np.ceil(s.length / (FRAME_S * SAMPLE_RATE)))
-            toks = res.tokens[k].tolist()
-            words = tokens_to_words(toks, res.frames[k].tolist(), self.text_of, self.runner.tokens.eot, s.t0_ns, valid,
-                                    None if res.voiced is None else res.voiced[k])
-            eot = self.runner.tokens.eot
-            s.draft = toks[: toks.index(eot)] if eot in toks else toks
-            s.draft_frames = res.frames[k, : len(s.draft) + 1].tolist()
-            r = s.agreement.insert(words)
+            if exact[k]:
+                w = tokens_to_words(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k], voiced[k])
+            else:
+                w = words[k]
+            s.draft = toks[k][: toks[k].index(eot)] if eot in toks[k] else toks[k]
+            s.draft_frames = fr[k][: len(s.draft) + 1]
+            if exact[k]:
+                s.timed = len(s.draft_frames)
+            s.exact = exact[k]
+            self.stats.aligned += int(exact[k])
+            self.stats.unaligned += int(not exact[k])
+            r = s.agreement.insert(w)
             s.new_samples = 0
             self.stats.updates += 1
             out.append(TranscriptEvent(sid, r.committed, r.partial))
@@ -229,6 +271,19 @@ class StreamingWhisper:
                 else:
                     self._trim(s, s.length - self.keep, forced=True)
         return out
+
+    def _provisional(self, s: _Stream, toks: list[int], timed: list[int], valid: int) -> list[int]:
+        """Frames for a hypothesis before alignment: `timed` (frames of its accepted draft prefix
+        from an earlier aligned pass), then the remaining tokens and the end row spread evenly from
+        the later of the last timed frame and the committed end to the end of the audio."""
+        eot = self.runner.tokens.eot
+        n_text = toks.index(eot) if eot in toks else len(toks)
+        rest = n_text + 1 - len(timed)
+        if rest <= 0:
+            return timed[: n_text + 1]
+        ce = (s.agreement.committed_end_ns - s.t0_ns) * SAMPLE_RATE // NS // int(FRAME_S * SAMPLE_RATE)
+        lo = min(max(timed[-1] if timed else 0, int(ce), 0), max(valid - 1, 0))
+        return timed + np.linspace(lo, max(valid - 1, lo), rest).astype(int).tolist()
 
 
 def hf_token_text(tokenizer_json: str) -> Callable[[int], str]:
