@@ -8,6 +8,7 @@ weights, default attention). Ours: compact modules, fp16, CUDA graphs per shape 
     python bench/encoders.py --only whisper --name encoders_whisper --profile   # Whisper only, kernel table
     python bench/encoders.py --only realspeech --name encoders_realspeech_cpu   # real Whisper base, CPU ok
     python bench/encoders.py --host-only   # host side of a 16-stream update (DTW, words), before vs after, CPU
+    python bench/encoders.py --only realstreams --name encoders_realstreams   # 16 real-speech streams (GPU)
 
 "realspeech" streams real Whisper base (the shipped CTranslate2 weights) over 14.5 s of piper
 speech whose word edges are known (piper's phoneme durations) and counts serial decoder steps per
@@ -293,8 +294,9 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                             for k, v in row.items()}, flush=True)
         # real streaming loop: 0.5 s chunks for 10 s per stream, buffers growing 0.5 → 10 s, drafts on
         res["streaming_10s"] = {}
-        for n in streams:
-            asr = StreamingWhisper(runner, lambda t: f" w{t % 97}", min_update_s=update_s, trim_after_s=9.5)
+        for n, align in ((n, a) for n in streams for a in ("commit", "every")):
+            asr = StreamingWhisper(runner, lambda t: f" w{t % 97}", min_update_s=update_s, trim_after_s=9.5,
+                                   align=align)
             for i in range(n):
                 asr.open(f"s{i}", 0)
             audio = (0.1 * rng.standard_normal(10 * 16000)).astype(np.float32)
@@ -309,7 +311,7 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                 _sync(dev)
                 step_ms.append((time.perf_counter() - t) * 1e3)
             total_s = sum(step_ms) / 1e3
-            res["streaming_10s"][str(n)] = {
+            res["streaming_10s"][str(n) if align == "commit" else f"{n}_align_every"] = {
                 "updates": len(step_ms), "median_update_ms": round(statistics.median(step_ms), 3),
                 "max_update_ms": round(max(step_ms), 3),
                 "rtf_per_stream": round(total_s / (10.0 * n), 5),
@@ -318,6 +320,8 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                 "serial_steps_per_update": round((runner.stats.decode_steps - before[0]) / len(step_ms), 2),
                 "draft_tokens": runner.stats.draft_tokens - before[1],
                 "draft_accepted": runner.stats.draft_accepted - before[2],
+                "align": align, "stream_updates_aligned": asr.stats.aligned,
+                "stream_updates_without_alignment": asr.stats.unaligned,
             }
     return res
 
@@ -326,6 +330,13 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
 REAL_TEXT = ("The quick brown fox jumps over the lazy dog. A cold wind blew across the quiet harbor this morning. "
              "Please remember to bring your umbrella tomorrow, because the forecast says it will rain all day. "
              "After dinner we walked along the river and talked about our summer plans.")
+
+
+# (name, max_draft, align policy, trim_after_s): "every" aligns every update (the old way), "commit"
+# only updates that commit a word; trim 4.5 s keeps buffers in the 5 s bucket
+VARIANTS: list[tuple[str, int, str, float | None]] = [
+    ("no_draft", 0, "every", None), ("drafts", 47, "every", None), ("drafts_commit_align", 47, "commit", None),
+    ("drafts_commit_align_trim4.5s", 47, "commit", 4.5)]
 
 
 def bench_real_speech(dev: torch.device, update_s: float = 0.5) -> dict[str, Any]:
@@ -354,11 +365,11 @@ def bench_real_speech(dev: torch.device, update_s: float = 0.5) -> dict[str, Any
         return {"error": f"{len(ref_words)} words in the text, {len(truth)} phoneme groups; change REAL_TEXT"}
     out: dict[str, Any] = {"model": "whisper-base (CTranslate2 float16 weights → ours)", "dtype": str(dt),
                            "audio_s": round(pcm.size / 16000, 2), "words": len(truth), "update_s": update_s}
-    for name, draft in (("no_draft", 0), ("drafts", 47)):
+    for name, draft, align, trim in VARIANTS:
         runner = WhisperRunner(model, toks, batch_buckets=(1,), audio_buckets_s=(5.0, 10.0), max_new_tokens=48,
                                chunk=2, max_draft=draft)
         runner.capture()
-        asr = StreamingWhisper(runner, text_of, min_update_s=update_s)
+        asr = StreamingWhisper(runner, text_of, min_update_s=update_s, align=align, trim_after_s=trim)
         asr.open("s", 0)
         committed, ms = [], []
         n = int(update_s * 16000)
@@ -388,10 +399,63 @@ def bench_real_speech(dev: torch.device, update_s: float = 0.5) -> dict[str, Any
             "word_start_err_ms_median": round(float(np.median(e[:, 0])) * 1e3, 1) if len(e) else None,
             "word_end_err_ms_median": round(float(np.median(e[:, 1])) * 1e3, 1) if len(e) else None,
             "word_edge_err_ms_p90": round(float(np.quantile(e, 0.9)) * 1e3, 1) if len(e) else None,
-            "median_update_ms": round(statistics.median(ms), 2), "trims": asr.stats.trims,
-            "draft_resets": asr.stats.draft_resets,
+            "median_update_ms": round(statistics.median(ms), 2), "mean_update_ms": round(statistics.mean(ms), 2),
+            "trims": asr.stats.trims, "draft_resets": asr.stats.draft_resets, "align": align,
+            "trim_after_s": trim if trim is not None else 8.0,
+            "updates_aligned": asr.stats.aligned, "updates_without_alignment": asr.stats.unaligned,
         }
         print("real speech", name, out[name], flush=True)
+    return out
+
+
+def bench_real_speech_streams(dev: torch.device, n: int = 16, update_s: float = 0.5) -> dict[str, Any]:
+    """`n` streams of real Whisper base on the piper speech (each starting 0.25 s after the previous,
+    so their updates interleave like live sessions), one batched pass per update: per-update time and
+    alignment work, aligning every update vs only updates that commit. CUDA only (eager base on a
+    CPU takes minutes)."""
+    from tristream.engine.speech.ct2 import load_ct2_whisper
+    from tristream.engine.speech.streaming import NS, hf_token_text
+    from tristream.engine.speech.truth import continuous_speech
+    from tristream.stages.asr_whisper import whisper_base_dir
+    from tristream.stages.base import ModelUnavailable
+
+    if dev.type != "cuda":
+        return {"skipped": "CUDA only"}
+    try:
+        folder = whisper_base_dir()
+        pcm, _ = continuous_speech(REAL_TEXT)
+    except ModelUnavailable as e:
+        return {"skipped": str(e)}
+    model = load_ct2_whisper(folder, dtype=torch.float16, device=dev)
+    text_of = hf_token_text(str(folder / "tokenizer.json"))
+    toks = WhisperTokens.for_vocab(model.dims.vocab_size)
+    runner = WhisperRunner(model, toks, batch_buckets=(1, 2, 4, 8, 16), audio_buckets_s=(5.0, 10.0),
+                           max_new_tokens=48, chunk=4, max_draft=47)
+    runner.capture()
+    out: dict[str, Any] = {"model": "whisper-base fp16", "streams": n, "audio_s": round(pcm.size / 16000, 2)}
+    chunk = int(update_s * 16000)
+    lag = int(0.25 * 16000)
+    for align in ("every", "commit"):
+        asr = StreamingWhisper(runner, text_of, min_update_s=update_s, trim_after_s=9.5, align=align)
+        for i in range(n):
+            asr.open(f"s{i}", 0)
+        audio = [np.concatenate([np.zeros(lag * (i % 2), np.float32), pcm]) for i in range(n)]
+        ms, words = [], 0
+        before = runner.stats.aligned_rows
+        for k in range(0, pcm.size, chunk):
+            for i in range(n):
+                asr.push(f"s{i}", audio[i][k : k + chunk], k * NS // 16000)
+            _sync(dev)
+            t = time.perf_counter()
+            words += sum(len(e.committed) for e in asr.step())
+            _sync(dev)
+            ms.append((time.perf_counter() - t) * 1e3)
+        steady = ms[2:]
+        out[align] = {"median_update_ms": round(statistics.median(steady), 3),
+                      "p90_update_ms": round(float(np.quantile(steady, 0.9)), 3), "updates": len(ms),
+                      "words_committed": words, "aligned_rows": runner.stats.aligned_rows - before,
+                      "stream_updates_without_alignment": asr.stats.unaligned}
+        print("real speech streams", align, out[align], flush=True)
     return out
 
 
@@ -510,11 +574,15 @@ def main() -> None:
     ap.add_argument("--before-rev", default="2f71d9f", help="--host-only: git revision of the 'before' timing.py")
     args = ap.parse_args()
     if args.host_only:
-        from bench.whisper_host import bench_host, print_host
+        from bench.whisper_host import bench_host, bench_policies, print_host
 
         host = bench_host(args.before_rev, iters=max(30, args.iters * 6))
         print_host(host)
-        write_results(args.name or "encoders_whisper_host_cpu", {"device": "cpu", "host": host})
+        pol = bench_policies()
+        print(f"\nStreamingWhisper.step() host time, {pol['streams']} streams, GPU work = 0 (ms): "
+              f"align every update {pol['every']['median_step_ms']:.3f} (aligned {pol['every']['aligned_rows']} rows), "
+              f"commit-only {pol['commit']['median_step_ms']:.3f} (aligned {pol['commit']['aligned_rows']} rows)")
+        write_results(args.name or "encoders_whisper_host_cpu", {"device": "cpu", "host": host, "policies": pol})
         print(f"wrote {RESULTS_DIR / ((args.name or 'encoders_whisper_host_cpu') + '.json')}")
         return
     global PROFILE
@@ -544,6 +612,9 @@ def main() -> None:
         save()
     if "realspeech" in parts:
         results["real_speech"] = bench_real_speech(dev)
+        save()
+    if "realstreams" in parts:
+        results["real_speech_streams"] = bench_real_speech_streams(dev)
         save()
     print_table(results)
     print(f"wrote {path}")

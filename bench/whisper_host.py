@@ -126,3 +126,107 @@ def print_host(r: dict[str, Any]) -> None:
         b, a = r["before"][k]["median_us"], r["after"][k]["median_us"]
         print(f"{k:>30} {b:>9.1f} {a:>9.1f} {b / a:>7.2f}x")
     print(f"{'tokens_to_words (snapped), after':>30} {r['tokens_to_words_snapped_all_streams_after']['median_us']:>19.1f}")
+
+
+class _HostOnlyRunner:
+    """Runner stand-in whose GPU work takes no time: it hears a scripted transcript per stream
+    (words at true times, the newest word flickering as the buffer grows), and pays the real host
+    cost of word times: `anchored_token_starts` over a [rows, K + 1, T] matrix for every timed row."""
+
+    def __init__(self, words: dict[str, list[tuple[int, int]]], capacity: int, frames: int) -> None:
+        from tristream.engine.speech.config import WhisperTokens
+        from tristream.engine.speech.runner import RunnerStats
+
+        self.words, self.k = words, capacity
+        self.tokens = WhisperTokens.for_vocab(51865)
+        self.max_draft, self.word_times = capacity - 1, True
+        self.batch_buckets, self.audio_buckets, self.device = (1, 2, 4, 8, 16), (10.0,), "cpu"
+        self.stats = RunnerStats()
+        self.asr: Any = None
+        self.align = torch.randn(16, capacity + 1, frames)
+        self.last: tuple[np.ndarray, np.ndarray, np.ndarray, list[int]] | None = None
+
+    def _hear(self, slot: int) -> tuple[list[int], list[int], int]:
+        sid, s = next((k, v) for k, v in self.asr.streams.items() if v.slot == slot)
+        t0, end = s.t0_ns, s.t0_ns + s.length * 1_000_000_000 // 16000
+        heard = [(i, a, b) for i, (a, b) in enumerate(self.words[sid]) if t0 + 40_000_000 < b <= end]
+        toks = [1000 + i for i, _, _ in heard][-self.k:]
+        fr = [max(0, (a - t0) // 20_000_000) for _, a, _ in heard][-self.k:]
+        if toks and (s.length // 8000) % 2:
+            toks[-1] += 500
+        tail = max(0, (heard[-1][2] - t0) // 20_000_000) if heard else 0
+        return toks, fr + [tail], -(-s.length // 320)
+
+    def _dtw(self, toks: np.ndarray, acc: np.ndarray, valid: list[int], dfr: Any) -> None:
+        from tristream.engine.speech.timing import anchored_token_starts
+
+        anchored_token_starts(self.align, toks, self.tokens.eot, np.asarray(valid), acc, dfr, 4)
+
+    def run_store(self, store: Any, slots: list[int], drafts: Any = None, draft_frames: Any = None,
+                  word_times: bool | None = None) -> Any:
+        from tristream.engine.speech.runner import PassResult
+
+        n, eot = len(slots), self.tokens.eot
+        toks = np.full((n, self.k), eot, np.int64)
+        frames = np.zeros((n, self.k + 1), np.int64)
+        acc = np.zeros(n, np.int64)
+        valid = []
+        for r, slot in enumerate(slots):
+            t, f, v = self._hear(slot)
+            valid.append(v)
+            toks[r, :len(t)], frames[r, :len(f)], frames[r, len(f):] = t, f, f[-1]
+            d = list(drafts[r]) if drafts is not None else []
+            while acc[r] < min(len(d), len(t)) and d[acc[r]] == t[acc[r]]:
+                acc[r] += 1
+        self.last = (toks, frames, acc, valid)
+        timed = word_times is not False
+        if timed:
+            self._dtw(toks, acc, valid, draft_frames)
+            self.stats.aligned_rows += n
+        return PassResult(toks, frames if timed else np.zeros_like(frames), 10.0, n, acc, 0,
+                          np.ones((n, 500), bool) if timed else None)
+
+    def align_rows(self, rows: list[int], draft_frames: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        assert self.last is not None
+        toks, frames, acc, valid = self.last
+        self._dtw(toks[rows], acc[rows], [valid[r] for r in rows], draft_frames)
+        self.stats.aligned_rows += len(rows)
+        return frames[rows], np.ones((len(rows), 500), bool)
+
+
+def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32) -> dict[str, Any]:
+    """Host time per 16-stream `StreamingWhisper.step()` (GPU work = 0), aligning every update vs only
+    updates that commit; scripted speech (words 180-420 ms, pauses 20-400 ms), 0.5 s updates."""
+    from tristream.engine.speech.streaming import StreamingWhisper
+
+    rng = np.random.default_rng(0)
+    script: dict[str, list[tuple[int, int]]] = {}
+    for i in range(streams):
+        t, out = int(rng.integers(50, 300)) * 1_000_000, []
+        while t < seconds * 1e9:
+            d = int(rng.integers(180, 420)) * 1_000_000
+            out.append((t, t + d))
+            t += d + int(rng.integers(20, 400)) * 1_000_000
+        script[f"s{i}"] = out
+    res: dict[str, Any] = {"streams": streams, "audio_s": seconds, "update_s": 0.5, "trim_after_s": 9.5}
+    for align in ("every", "commit"):
+        r = _HostOnlyRunner(script, capacity, 500)
+        asr = StreamingWhisper(r, lambda t: f" w{t}", min_update_s=0.5, trim_after_s=9.5, keep_s=2.0,  # type: ignore[arg-type]
+                               max_streams=streams, align=align)
+        r.asr = asr
+        for sid in script:
+            asr.open(sid, 0)
+        ms, words = [], 0
+        silence = np.zeros(8000, np.float32)
+        for _ in range(int(seconds * 2)):
+            for sid in script:
+                asr.push(sid, silence)
+            t = time.perf_counter()
+            ev = asr.step()
+            ms.append((time.perf_counter() - t) * 1e3)
+            words += sum(len(e.committed) for e in ev)
+        steady = ms[4:]
+        res[align] = {"median_step_ms": round(statistics.median(steady), 3), "mean_step_ms": round(statistics.mean(steady), 3),
+                      "words_committed": words, "stream_updates_aligned": asr.stats.aligned,
+                      "stream_updates_without_alignment": asr.stats.unaligned, "aligned_rows": r.stats.aligned_rows}
+    return res

@@ -216,3 +216,27 @@ def test_random_model_streams_align_only_committing_updates(tiny_whisper: Whispe
 def test_align_policy_is_checked(tiny_whisper: Whisper) -> None:
     with pytest.raises(ValueError, match="'commit' or 'every'"):
         StreamingWhisper(_runner(tiny_whisper), lambda t: "x", align="sometimes")
+
+
+@pytest.mark.gpu
+def test_graphed_align_rows_equals_the_timed_pass(make_whisper) -> None:  # type: ignore[no-untyped-def]
+    """CUDA graphs: rows moved to the front and aligned on a smaller bucket give the frames of the
+    fully timed pass (float32, so both buckets' kernels agree on the DTW path)."""
+    import torch
+
+    model = make_whisper().to("cuda", torch.float32)
+    r = WhisperRunner(model, TOKENS, batch_buckets=(1, 2, 4), audio_buckets_s=(2.0, 5.0), max_new_tokens=10, chunk=4,
+                      early_stop=False, max_draft=8, use_graphs=True)
+    r.capture()
+    audio = [_audio(1.2 + 0.7 * i, i) for i in range(4)]
+    first = r.run(audio)
+    drafts = [row[:6].tolist() for row in first.tokens]
+    dfr = [row[:7].tolist() for row in first.frames]
+    full = r.run(audio, drafts, dfr)
+    for rows in ([3, 1], [0], [2, 0, 1]):
+        lazy = r.run(audio, drafts, dfr, word_times=False)
+        np.testing.assert_array_equal(lazy.tokens, full.tokens)
+        frames, voiced = r.align_rows(rows, [dfr[i] for i in rows])
+        assert (np.abs(frames - full.frames[rows]) <= 1).all()
+        assert full.voiced is not None
+        np.testing.assert_array_equal(voiced, full.voiced[rows])
