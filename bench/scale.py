@@ -231,6 +231,11 @@ def main() -> None:
                                "latency": "client clock: response.create sent -> first answer text delta",
                                "ingress": {}}
     backend_kw = json.loads(args.backend_kw)
+    name = args.name or f"scale_{args.mode}"
+
+    def save() -> None:  # after every step: a run cut short by a time limit keeps what it measured
+        write_results(name, results, extra_modules=("ray", "fastapi", "websockets"))
+
     port = free_port()
     proc = start_direct(args.backend, backend_kw, port)
     ray.init(num_cpus=max(4, os.cpu_count() or 2), include_dashboard=False, log_to_driver=False,
@@ -260,6 +265,7 @@ def main() -> None:
             for i, r in enumerate(reps):
                 print(f"{i:<8}{r['direct']['p50_ms']:>12.2f}{r['ray']['p50_ms']:>10.2f}{r['direct']['p99_ms']:>12.2f}"
                       f"{r['ray']['p99_ms']:>10.2f}{r['added_p50_ms']:>8.2f}{r['added_p99_ms']:>8.2f}")
+            save()
             if args.no_capacity:
                 continue
             # 2. Capacity at the P99 target, per replica count.
@@ -272,6 +278,8 @@ def main() -> None:
                 for n in args.sessions:
                     row = load(url, n, args.duration, args.think, args.client_procs)
                     rows.append(row)
+                    out.setdefault("partial_rows", {})[str(nrep)] = rows
+                    save()
                     print(f"[{kind}] replicas={nrep} sessions={n:>4} turns={row['turns']:>5} "
                           f"P50={row['p50_ms'] or 0:8.2f} P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
                     if row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms:
@@ -280,6 +288,7 @@ def main() -> None:
                 cap[str(nrep)] = {"rows": rows, "sessions_at_target": capacity(rows, args.target_ms),
                                   "largest_passing_step": max(passing, default=0)}
             out["capacity"] = cap
+            out.pop("partial_rows", None)
             base = cap.get("1", {}).get("sessions_at_target", 0)
             print(f"\n[{kind}] sessions at response P99 <= {args.target_ms:g} ms")
             print(f"{'replicas':<10}{'sessions':>10}{'vs 1':>8}")
@@ -292,8 +301,8 @@ def main() -> None:
         proc.wait(10)
         serve.shutdown()
         ray.shutdown()
-    path = write_results(args.name or f"scale_{args.mode}", results, extra_modules=("ray", "fastapi", "websockets"))
-    print(f"\nwrote {path}")
+    save()
+    print(f"\nwrote bench/results/{name}.json")
 
 
 async def _turns(url: str, turns: int) -> dict[str, Any]:
