@@ -36,6 +36,7 @@ class RayApp:
     port: int
     prefix: str
     ingress: str = "direct"
+    relay: str = "socket"
 
     @property
     def url(self) -> str:
@@ -95,9 +96,10 @@ def deploy(port: int, name: str, backend: str = "echo", replicas: int = 2, max_r
                                                 downscale_delay_s=3600.0),
                       replica_cpus=0.5, name_prefix=f"{name}{next(_DEPLOYS)}", tokens=[TOKEN],
                       autoscale_interval_s=0.25, max_sessions_total=max_sessions_total, ingress=ingress,
-                      ingress_replicas=ingress_replicas, ingress_cpus=0.25, port=direct_port, relay=relay)
+                      ingress_replicas=ingress_replicas, ingress_cpus=0.25, port=direct_port, relay=relay,
+                      pin_grace_s=1.0)
     serve.run(build_app(cfg), name=name, route_prefix="/")
-    app = RayApp(direct_port or port, cfg.name_prefix, ingress)
+    app = RayApp(direct_port or port, cfg.name_prefix, ingress, relay)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:

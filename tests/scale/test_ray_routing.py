@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import time
 from collections import Counter
 
 import pytest
+from websockets.exceptions import ConnectionClosed
 
 from tests.scale.conftest import RayApp, RayApps
 from tests.serve.helpers import TOKEN, run
@@ -112,6 +115,52 @@ def test_killing_a_replica_affects_only_its_sessions(echo_app: RayApp) -> None:
             await c.close()
         await again.close()
     run(go(), timeout=120)
+
+
+def test_killing_an_ingress_affects_only_its_sessions(echo_app: RayApp) -> None:
+    """SIGKILL one of the two ingress processes: its clients lose their sockets, the replicas
+    close those sessions (their relay stream closed) and the router drops the pins; sessions on
+    the other ingress keep answering, and new clients are served."""
+    if echo_app.relay == "ray":
+        pytest.skip("with the Ray-call relay a replica cannot see an ingress die (docs/scale.md, limits)")
+
+    async def go() -> None:
+        clients = list(await asyncio.gather(*(RealtimeClient.connect(echo_app.url, TOKEN) for _ in range(6))))
+        for _ in range(20):  # the kernel (SO_REUSEPORT) or the proxy spreads them; make sure both have some
+            if len(set(placement(echo_app)["ingress"].values())) >= 2:
+                break
+            clients.append(await RealtimeClient.connect(echo_app.url, TOKEN))
+        ing = placement(echo_app)["ingress"]
+        by = Counter(ing[c.session["id"]] for c in clients)
+        assert len(by) == 2, by
+        victim = min(by)
+        doomed = [c for c in clients if ing[c.session["id"]] == victim]
+        kept = [c for c in clients if ing[c.session["id"]] != victim]
+        os.kill(int(victim.split(":")[1]), signal.SIGKILL)  # ingress id: host:pid:nonce
+        for c in doomed:
+            with pytest.raises(ConnectionClosed):
+                for _ in range(10):
+                    await c.recv(30)
+        for i, c in enumerate(kept):
+            assert await text_turn(c, f"kept {i}") == (f"echo: kept {i}", "completed")
+        gone = {c.session["id"] for c in doomed}
+        deadline = time.monotonic() + 60
+        info = placement(echo_app)
+        while gone & set(info["placement"]) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            info = placement(echo_app)
+        assert not gone & set(info["placement"]), "pins of the dead ingress's sessions were kept"
+        assert {c.session["id"] for c in kept} <= set(info["placement"])
+        assert info["pins_pruned"] >= len(doomed)
+        samples = parse_samples(echo_app.get("/metrics")[1])
+        closed = sum(v for (n, lab), v in samples.items()
+                     if n == "tristream_sessions_closed_total" and ("reason", "ingress_lost") in lab)
+        assert closed >= len(doomed)
+        again = await RealtimeClient.connect(echo_app.url, TOKEN)
+        assert await text_turn(again, "new") == ("echo: new", "completed")
+        for c in [*kept, again]:
+            await c.close()
+    run(go(), timeout=150)
 
 
 def test_autoscaler_adds_a_replica_under_queue_pressure(ray_apps: RayApps) -> None:

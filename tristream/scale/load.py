@@ -32,6 +32,8 @@ class LoadReport:
     sched_pressure: float | None = None
     accepting: bool = True
     extra: dict[str, float] = field(default_factory=dict)
+    held: list[str] | None = None
+    """Session ids the replica holds (the router drops pins of sessions it no longer has)."""
 
     @property
     def pressure(self) -> float:
@@ -46,6 +48,7 @@ class LoadReport:
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (pressure included)."""
         d = asdict(self)
+        d.pop("held")
         d["pressure"] = self.pressure
         return d
 

@@ -68,6 +68,9 @@ class ScaleConfig:
     max_sessions_per_replica: int = 64
     max_sessions_total: int = 0
     """Sessions across the app before new ones get HTTP 503 (0: replicas × per-replica limit)."""
+    pin_grace_s: float = 10.0
+    """A pin whose session the replica no longer reports is dropped after this long (an ingress
+    that died never said ``session_ended``; the grace covers opens racing the report)."""
     tokens: list[str] = field(default_factory=list)
     require_auth: bool = True
     ingress: str = "direct"
@@ -115,6 +118,9 @@ class ReplicaPool:
         self.config = config
         self.replicas: dict[str, ReplicaRef] = {}
         self.owner: dict[str, str] = {}
+        self.pinned_at: dict[str, float] = {}
+        self.ingress_of: dict[str, str] = {}
+        self.pruned = 0
         self.pending: dict[str, int] = {}
         self.autoscaler = Autoscaler(config.autoscale)
         self.failures = 0
@@ -172,7 +178,7 @@ class ReplicaPool:
         self.failures += 1
         lost = sorted(ref.sessions)
         for sid in lost:
-            self.owner.pop(sid, None)
+            self._unpin(sid)
         log.warning("replica %s failed; %d sessions lost", rid, len(lost))
         return lost
 
@@ -187,6 +193,8 @@ class ReplicaPool:
             if isinstance(rep, DEAD_ERRORS):
                 self.mark_dead(r.id)
             elif isinstance(rep, LoadReport):
+                if rep.held is not None:
+                    self._prune(r, set(rep.held))
                 rep.accepting = rep.accepting and r.accepting and \
                     len(r.sessions) < self.config.max_sessions_per_replica
                 out.append(rep)
@@ -221,16 +229,33 @@ class ReplicaPool:
             ref.sessions.add(sid)
             ref.routed += 1
             self.owner[sid] = ref.id
+            self.pinned_at[sid] = time.monotonic()
+            self.ingress_of[sid] = ingress
             return ref, sid, first
         raise NoReplicaAvailable(f"no engine replica can take a session now ({len(self.live())} live, "
                                  f"{self.config.max_sessions_per_replica} sessions each at most); retry later")
 
     def session_ended(self, sid: str) -> None:
         """Forget a finished session's pin (the replica already freed its state)."""
-        rid = self.owner.pop(sid, None)
+        rid = self._unpin(sid)
         ref = self.replicas.get(rid or "")
         if ref is not None:
             ref.sessions.discard(sid)
+
+    def _unpin(self, sid: str) -> str | None:
+        self.pinned_at.pop(sid, None)
+        self.ingress_of.pop(sid, None)
+        return self.owner.pop(sid, None)
+
+    def _prune(self, ref: ReplicaRef, held: set[str]) -> None:
+        """Drop pins of sessions the replica no longer holds (their ingress died without saying so)."""
+        cutoff = time.monotonic() - self.config.pin_grace_s
+        for sid in [s for s in ref.sessions if s not in held and self.pinned_at.get(s, 0.0) < cutoff]:
+            ref.sessions.discard(sid)
+            self._unpin(sid)
+            self.pruned += 1
+            log.warning("session %s is gone from replica %s without an end from its ingress; pin dropped",
+                        sid, ref.id)
 
     def placement(self) -> dict[str, str]:
         """Session id → replica id, for every live session."""

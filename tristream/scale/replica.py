@@ -93,7 +93,8 @@ class EngineReplica:
         self._dirty: dict[str, set[str]] = {}  # ingress -> its sessions with queued events
         self._wakes: dict[str, asyncio.Event] = {}
         self.wire = WireServer(self._on_wire_message, lambda name, reason: self.metrics.inc(name, reason=reason),
-                               self._on_ingress_connected)
+                               self._on_ingress_connected, self._on_ingress_lost)
+        self._closing: set[asyncio.Task[None]] = set()
 
     async def ready(self) -> dict[str, Any]:
         """Answer once constructed (models loaded): id, pid and visible devices."""
@@ -164,6 +165,15 @@ class EngineReplica:
                 for text in h.outbox:
                     outlet.send(EVENT, sid, text.encode())
                 h.outbox.clear()
+
+    def _on_ingress_lost(self, ingress: str) -> None:
+        """The ingress's relay stream closed: that process is gone (or gave up on this replica), and
+        with it its clients' sockets, so its sessions here are closed (``reason="ingress_lost"``)."""
+        for sid, h in list(self.sessions.items()):
+            if h.ingress == ingress:
+                task = asyncio.get_running_loop().create_task(self.close_session(sid, "ingress_lost"))
+                self._closing.add(task)  # the loop keeps only weak references to tasks
+                task.add_done_callback(self._closing.discard)
 
     def _mark(self, sid: str, h: _Held) -> None:
         h.wake.set()
@@ -283,8 +293,10 @@ class EngineReplica:
         """The scheduler's load signal for this replica (see `tristream.scale.load`)."""
         queued = sum(1 for h in self.sessions.values() if h.session._response is not None)
         queued += sum(len(h.outbox) > 0 for h in self.sessions.values())
-        return self.load.report(self.replica_id, time.monotonic_ns(), len(self.sessions), queued,
-                                self.accepting, getattr(self.factory, "scheduler", None))
+        rep = self.load.report(self.replica_id, time.monotonic_ns(), len(self.sessions), queued,
+                               self.accepting, getattr(self.factory, "scheduler", None))
+        rep.held = list(self.sessions)
+        return rep
 
     async def metrics_text(self) -> str:
         """This replica's Prometheus text (the ingress adds the ``replica`` label)."""

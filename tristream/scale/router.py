@@ -84,7 +84,8 @@ class PoolRouter:
     async def placement(self) -> dict[str, Any]:
         """Session → replica, the replicas' load reports and the autoscaler's target."""
         reports = await self.pool.reports()
-        return {"placement": self.pool.placement(), "desired": self.pool.desired, "failures": self.pool.failures,
+        return {"placement": self.pool.placement(), "ingress": dict(self.pool.ingress_of),
+                "desired": self.pool.desired, "failures": self.pool.failures, "pins_pruned": self.pool.pruned,
                 "replicas": [{**r.to_dict(), "pressure": min(r.pressure, 1e9)} for r in reports]}
 
     async def metrics_text(self) -> str:
@@ -97,6 +98,10 @@ class PoolRouter:
                  "# HELP tristream_scale_replica_failures_total replicas that died",
                  "# TYPE tristream_scale_replica_failures_total counter",
                  f"tristream_scale_replica_failures_total {self.pool.failures}",
+                 "# HELP tristream_scale_pins_pruned_total pins dropped because the replica no longer held the "
+                 "session (its ingress died)",
+                 "# TYPE tristream_scale_pins_pruned_total counter",
+                 f"tristream_scale_pins_pruned_total {self.pool.pruned}",
                  "# HELP tristream_scale_replica_pressure load signal (max of queue and P99 over target)",
                  "# TYPE tristream_scale_replica_pressure gauge"]
         lines += [f'tristream_scale_replica_pressure{{replica="{r.replica}"}} {min(r.pressure, 1e9):g}' for r in reps]

@@ -131,15 +131,17 @@ class WireServer:
     """A replica's relay listener: authenticates ingress connections, routes their records.
 
     ``on_message(ingress, sid, data)`` gets each client message; ``on_connect(ingress)`` runs
-    once an ingress has said hello (to flush events queued for it before); ``outlets`` maps an
-    ingress id to its `Outlet` while connected.
+    once an ingress has said hello (to flush events queued for it before), ``on_disconnect``
+    when its stream closes; ``outlets`` maps an ingress id to its `Outlet` while connected.
     """
 
     def __init__(self, on_message: Callable[[str, str, str | bytes], None], on_count: Callable[[str, str], None],
-                 on_connect: Callable[[str], None], max_buffer_bytes: int = 256 << 20) -> None:
+                 on_connect: Callable[[str], None], on_disconnect: Callable[[str], None] | None = None,
+                 max_buffer_bytes: int = 256 << 20) -> None:
         self.on_message = on_message
         self.on_count = on_count
         self.on_connect = on_connect
+        self.on_disconnect = on_disconnect
         self.max_buffer_bytes = max_buffer_bytes
         self.secret = secrets.token_bytes(32)
         self.outlets: dict[str, Outlet] = {}
@@ -185,6 +187,8 @@ class WireServer:
                 gone = self.outlets.pop(ingress)
                 self._done[0] += gone.records
                 self._done[1] += gone.writes
+                if self.on_disconnect is not None:
+                    self.on_disconnect(ingress)
 
         proto = RecordProtocol(on_record, on_lost)
         return proto
