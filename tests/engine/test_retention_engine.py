@@ -459,3 +459,18 @@ def test_budget_invariants_under_random_turns(model: LlamaModel, budget_blocks: 
     assert eng.stats.retention.over_budget == 0 and eng.stats.preemptions == 0
     assert eng.blocks.num_free == eng.blocks.num_blocks
     eng.blocks.check()
+
+
+def test_budget_does_not_lift_max_model_len(model: LlamaModel) -> None:
+    """A budget bounds the cache, not logical positions (the RoPE table): an append that would
+    pass max_model_len finishes the context with LENGTH instead of failing the step."""
+    eng = make_engine(model, max_model_len=64)
+    sid = eng.add_request([1, 2, 3], generate=False, kv_budget_tokens=24)
+    eng.append(sid, token_ids=list(range(3, 50)))
+    run_all(eng)
+    assert eng.seqs[sid].cache_offset > 0
+    eng.append(sid, token_ids=list(range(3, 20)))  # 50 + 17 > 64
+    outs = eng.step()
+    assert [(o.seq_id, o.finished, o.finish_reason) for o in outs] == [(sid, True, FinishReason.LENGTH)]
+    assert sid not in eng.seqs and eng.stats.context_full == 1
+    assert eng.blocks.num_free == eng.blocks.num_blocks

@@ -118,6 +118,7 @@ class EngineStats:
     cancelled: int = 0
     finished: int = 0
     prefix_cached_tokens: int = 0
+    context_full: int = 0  # contexts finished (LENGTH) because an append would pass max_model_len
     retention: RetentionStats = dataclasses.field(default_factory=RetentionStats)
     """KV retention: evicted blocks by reason, eviction events, attention probes."""
     ignored: dict[str, int] = dataclasses.field(default_factory=dict)
@@ -265,6 +266,12 @@ class LLMEngine:
         seq = self.seqs.get(seq_id)
         if seq is None:
             self.stats.ignore("append")
+            return
+        if len(seq.keys) + len(keys) + (0 if emb is None else int(emb.shape[0])) > self.config.max_model_len:
+            # positions past max_model_len have no RoPE row; a KV budget bounds the cache, not this
+            self.stats.context_full += 1
+            self._finish(seq, FinishReason.LENGTH)
+            self._cancel_outputs.append(StepOutput(seq_id, None, "", True, FinishReason.LENGTH))
             return
         seq.keys.extend(keys)
         if emb is not None:
