@@ -26,6 +26,12 @@ first) and arrival, within the token budget. When KV blocks run out, the lowest-
 sequence is preempted: its blocks are freed and its context recomputed later (prefix caching
 usually makes that cheap). Nothing is dropped silently: `stats` counts preemptions,
 cancellations and prefix-cache hits.
+
+KV retention: with a KV budget (`EngineConfig.kv_budget_tokens` or `add_request(...,
+kv_budget_tokens=)`), a sequence about to outgrow it has whole blocks evicted between steps
+(vision blocks by attention mass first, then text outside a recent window; sinks kept) and
+decodes on over the kept blocks; `stats.retention` counts evictions by reason. See
+`kv_retention.py` and docs/retention.md.
 """
 
 from __future__ import annotations
