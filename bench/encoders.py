@@ -339,7 +339,7 @@ VARIANTS: list[tuple[str, int, str, float | None]] = [
     ("drafts_commit_align_trim4.5s", 47, "commit", 4.5)]
 
 
-def bench_real_speech(dev: torch.device, update_s: float = 0.5) -> dict[str, Any]:
+def bench_real_speech(dev: torch.device, update_s: float = 0.5, variants: list[str] | None = None) -> dict[str, Any]:
     """Streaming real Whisper base (shipped CTranslate2 weights) on piper speech with known word edges:
     serial decoder steps per update with and without drafts, commits, word-time errors."""
     import difflib
@@ -365,7 +365,7 @@ def bench_real_speech(dev: torch.device, update_s: float = 0.5) -> dict[str, Any
         return {"error": f"{len(ref_words)} words in the text, {len(truth)} phoneme groups; change REAL_TEXT"}
     out: dict[str, Any] = {"model": "whisper-base (CTranslate2 float16 weights → ours)", "dtype": str(dt),
                            "audio_s": round(pcm.size / 16000, 2), "words": len(truth), "update_s": update_s}
-    for name, draft, align, trim in VARIANTS:
+    for name, draft, align, trim in [v for v in VARIANTS if variants is None or v[0] in variants]:
         runner = WhisperRunner(model, toks, batch_buckets=(1,), audio_buckets_s=(5.0, 10.0), max_new_tokens=48,
                                chunk=2, max_draft=draft)
         runner.capture()
@@ -569,6 +569,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     ap.add_argument("--profile", action="store_true", help="kernel table of one 16-stream Whisper update (GPU)")
+    ap.add_argument("--variants", default=None, help="realspeech: comma-separated subset of VARIANTS names")
     ap.add_argument("--host-only", action="store_true",
                     help="host side of a 16-stream Whisper update only (DTW, words), before vs after; CPU")
     ap.add_argument("--before-rev", default="2f71d9f", help="--host-only: git revision of the 'before' timing.py")
@@ -611,7 +612,7 @@ def main() -> None:
         results["pruning"] = bench_pruning(dev, args.smoke, max(5, iters // 2))
         save()
     if "realspeech" in parts:
-        results["real_speech"] = bench_real_speech(dev)
+        results["real_speech"] = bench_real_speech(dev, variants=args.variants.split(",") if args.variants else None)
         save()
     if "realstreams" in parts:
         results["real_speech_streams"] = bench_real_speech_streams(dev)
