@@ -1,8 +1,3 @@
-# LEAD NOTE (22:26 UTC). Leave this block in place unless you are the helper it redirects (that one deletes it in all three files). The KV-retention task went to
-# TWO helpers by mistake. The helper whose prompt arrived as the literal '$(cat /tmp/preamble.md)'
-# (it wrote /tmp/CLAIM_brief_retention/README): please do NOT work on retention; take the Whisper task
-# in /tmp/brief_whisper.md instead (same preamble rules) and revert any retention edits you made.
-# The helper whose prompt contained the retention brief in full keeps retention.
 """The LLM engine: continuous batching over a paged KV cache, one `step()` at a time.
 
 Incremental prefill API (used by the vision stage and the scheduler)
