@@ -575,15 +575,19 @@ def main() -> None:
     ap.add_argument("--before-rev", default="2f71d9f", help="--host-only: git revision of the 'before' timing.py")
     args = ap.parse_args()
     if args.host_only:
-        from bench.whisper_host import bench_host, bench_policies, print_host
+        from bench.whisper_host import bench_host, bench_medfilt, bench_policies, print_host
 
         host = bench_host(args.before_rev, iters=max(30, args.iters * 6))
         print_host(host)
         pol = bench_policies()
+        med = bench_medfilt("cuda" if torch.cuda.is_available() else "cpu")
+        print(f"\nmedian filter {med['shape']} on {med['device']}: unfold/median {med['unfold_median_ms']} ms, "
+              f"median7 network {med['median7_network_ms']} ms (identical: {med['identical']})")
         print(f"\nStreamingWhisper.step() host time, {pol['streams']} streams, GPU work = 0 (ms): "
               f"align every update {pol['every']['median_step_ms']:.3f} (aligned {pol['every']['aligned_rows']} rows), "
               f"commit-only {pol['commit']['median_step_ms']:.3f} (aligned {pol['commit']['aligned_rows']} rows)")
-        write_results(args.name or "encoders_whisper_host_cpu", {"device": "cpu", "host": host, "policies": pol})
+        write_results(args.name or "encoders_whisper_host_cpu", {"device": "cpu", "host": host, "policies": pol,
+                                                                   "median_filter": med})
         print(f"wrote {RESULTS_DIR / ((args.name or 'encoders_whisper_host_cpu') + '.json')}")
         return
     global PROFILE

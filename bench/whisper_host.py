@@ -230,3 +230,31 @@ def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32)
                       "words_committed": words, "stream_updates_aligned": asr.stats.aligned,
                       "stream_updates_without_alignment": asr.stats.unaligned, "aligned_rows": r.stats.aligned_rows}
     return res
+
+
+def bench_medfilt(device: str = "cpu", iters: int = 10) -> dict[str, Any]:
+    """The alignment matrix's 7-tap median filter at 16 streams × 6 heads × 33 rows × 500 frames:
+    `unfold().median()` (before) vs the compare-exchange network `median7` (after); identical output."""
+    from tristream.engine.speech.timing import median7
+
+    x = torch.randn(96, 33, 506, device=device)
+    t = 500
+
+    def sync() -> None:
+        if device != "cpu":
+            torch.cuda.synchronize()
+
+    def run(fn: Callable[[], torch.Tensor]) -> float:
+        for _ in range(2):
+            fn()
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        return round((time.perf_counter() - t0) / iters * 1e3, 3)
+
+    before = lambda: x.unfold(-1, 7, 1).median(dim=-1).values  # noqa: E731
+    after = lambda: median7([x[..., i : i + t] for i in range(7)])  # noqa: E731
+    return {"device": device, "shape": [96, 33, 500], "identical": bool(torch.equal(before(), after())),
+            "unfold_median_ms": run(before), "median7_network_ms": run(after)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -50,3 +51,42 @@ def test_anchored_token_starts_equals_per_stream_loop(n: int, k: int, t: int, se
     got = anchored_token_starts(align, toks, eot, valid, accepted, dfr, 3)
     want = anchored_reference(align, toks, eot, valid, accepted, dfr, 3)
     np.testing.assert_array_equal(got, want)
+
+
+def test_median7_network_is_exact() -> None:
+    """0-1 principle: a compare-exchange network selects the median of every input iff it does so
+    for all 128 inputs of zeros and ones; then random inputs with ties against torch's median."""
+    import itertools
+
+    from tristream.engine.speech.timing import median7
+
+    for bits in itertools.product([0.0, 1.0], repeat=7):
+        assert float(median7([torch.tensor([b]) for b in bits])) == sorted(bits)[3], bits
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-3, 4, (5, 9, 40), generator=g).float() + torch.randn(5, 9, 40, generator=g).round(decimals=1)
+    want = x.unfold(-1, 7, 1).median(dim=-1).values
+    got = median7([x[..., i : i + 34] for i in range(7)])
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_alignment_matrix_median_filter_unchanged(device: str) -> None:
+    """On CUDA the filter is the median7 network, on a CPU unfold/median: both equal the original."""
+    import torch.nn.functional as F
+
+    from tristream.engine.speech.timing import alignment_matrix
+
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(3, 4, 12, 60, generator=g) * 3).to(device)
+    valid = torch.tensor([60, 41, 25], device=device)
+    rows = torch.arange(12, device=device)[None, :] < torch.tensor([12, 9, 5], device=device)[:, None]
+    got = alignment_matrix(logits, valid, rows)
+    # the same normalisation with the unfold/median filter it replaced
+    x = logits.float().masked_fill(~(torch.arange(60, device=device)[None, :] < valid[:, None])[:, None, None, :],
+                                   float("-inf")).softmax(-1)
+    r = rows[:, None, :, None].float()
+    n = r.sum(2, keepdim=True).clamp_min(1.0)
+    mean = (x * r).sum(2, keepdim=True) / n
+    x = (x - mean) / ((((x - mean) * r) ** 2).sum(2, keepdim=True) / n).sqrt().clamp_min(1e-6)
+    x = F.pad(x.reshape(12, 12, 60), (3, 3), mode="reflect").unfold(-1, 7, 1).median(-1).values.view(3, 4, 12, 60)
+    assert torch.equal(got, x.mean(1))
