@@ -108,12 +108,13 @@ class Recorder:
 
         def spy_prefill(chunks: list[Any]) -> torch.Tensor | None:
             ev = [evicted_positions(c.seq, bs) for c in chunks]
+            logical = [c.seq.positions(c.start, c.start + c.length, bs) for c in chunks]
             out = prefill(chunks)
             r = 0
-            for c, e in zip(chunks, ev, strict=True):
-                for p in range(c.start, c.start + c.length):
+            for c, e, lp in zip(chunks, ev, logical, strict=True):
+                for p in (range(c.start, c.start + c.length) if lp is None else lp.tolist()):
                     lg = None
-                    if c.want_logits and p == c.start + c.length - 1:
+                    if c.want_logits and p == (c.start + c.length - 1 if lp is None else int(lp[-1])):
                         assert out is not None
                         lg = out[r].clone()
                         r += 1
@@ -337,8 +338,9 @@ def test_evicted_sequence_publishes_nothing_new(model: LlamaModel) -> None:
 
 
 def test_preemption_after_eviction_recomputes_and_matches(model: LlamaModel) -> None:
-    """Preemption forgets the evictions; the context is recomputed under the budget (evicting
-    again) and the continuation is exact against the masked reference of the recomputed state."""
+    """Preemption keeps the evictions: only the kept positions are recomputed, at their logical
+    positions (sinks before the evicted gap, the window after it), and the continuation is exact
+    against the masked reference of the recomputed state."""
     eng = make_engine(model, num_blocks=12, max_prefill_tokens=8)
     rec = Recorder(eng)
     low = eng.add_request(list(range(3, 43)), generate=False, kv_budget_tokens=24)  # 10 blocks > 6
@@ -346,14 +348,19 @@ def test_preemption_after_eviction_recomputes_and_matches(model: LlamaModel) -> 
     seq = eng.seqs[low]
     run_all(eng, 6, seq)
     assert seq.evicted_blocks and len(seq.block_table) == 6
+    evicted, gone = list(seq.evicted_blocks), evicted_positions(seq)
+    mark = len(rec.rows)
     hi = eng.add_request(list(range(200, 230)), SamplingParams(max_tokens=4, ignore_eos=True), priority=5)
     run_all(eng)  # hi needs 8 of the 12 blocks: low (idle) is preempted, then recomputed
     assert hi not in eng.seqs and seq.num_preemptions >= 1 and eng.stats.preemptions == seq.num_preemptions
-    assert seq.num_pending == 0 and len(seq.block_table) <= 6
+    assert seq.num_pending == 0 and len(seq.block_table) == 6 and seq.evicted_blocks == evicted
+    redone = [p for s, p, _, _ in rec.rows[mark:] if s is seq]
+    assert redone and not set(redone) & gone  # only kept positions were recomputed
+    assert set(range(RET.sink_tokens)) <= set(redone) | set(range(seq.num_cached_tokens))  # sinks: recomputed or cached
     eng.start_generation(low, SamplingParams(max_tokens=20, ignore_eos=True))
     run_all(eng, 6, seq)
     assert seq.finish_reason is FinishReason.LENGTH and len(seq.output_ids) == 20
-    assert seq.evicted_blocks  # evicted again while recomputing
+    assert len(seq.evicted_blocks) > len(evicted)  # decoding evicts further
     assert rec.check(model, seq) == 20
     assert eng.blocks.num_free == eng.blocks.num_blocks
     eng.blocks.check()
@@ -474,3 +481,32 @@ def test_budget_does_not_lift_max_model_len(model: LlamaModel) -> None:
     assert [(o.seq_id, o.finished, o.finish_reason) for o in outs] == [(sid, True, FinishReason.LENGTH)]
     assert sid not in eng.seqs and eng.stats.context_full == 1
     assert eng.blocks.num_free == eng.blocks.num_blocks
+
+
+def test_preemption_recomputes_kept_vision_between_evicted_blocks(model: LlamaModel) -> None:
+    """Kept vision blocks between evicted ones are recomputed at their logical positions from
+    their embeddings (gathered keys, positions and splices), exactly."""
+    eng = make_engine(model, num_blocks=16)
+    rec = Recorder(eng)
+    g = torch.Generator().manual_seed(3)
+    low = eng.add_request([1, 5, 9, 13], generate=False, kv_budget_tokens=40)  # 10 blocks
+    eng.append(low, embeddings=torch.randn(24, model.cfg.hidden_size, generator=g) * 0.5)  # logical blocks 1-6
+    eng.append(low, token_ids=list(range(70, 82)))
+    run_all(eng)
+    seq = eng.seqs[low]
+    eng.append(low, token_ids=list(range(90, 99)))  # 3 vision blocks leave
+    run_all(eng)
+    assert len(seq.evicted_blocks) == 3 and all(1 <= b <= 6 for b in seq.evicted_blocks)
+    gap_vision = [b for b in range(1, seq.evicted_blocks[-1]) if b not in seq.evicted_blocks]
+    assert gap_vision  # kept vision blocks before the last evicted one: the gathered case
+    mark = len(rec.rows)
+    hi = eng.add_request(list(range(200, 230)), SamplingParams(max_tokens=3, ignore_eos=True), priority=5)
+    run_all(eng)
+    assert hi not in eng.seqs and seq.num_preemptions >= 1
+    redone = {p for s, p, _, _ in rec.rows[mark:] if s is seq}
+    assert {b * BS for b in gap_vision} <= redone and not redone & evicted_positions(seq)
+    eng.start_generation(low, SamplingParams(max_tokens=6, ignore_eos=True))
+    run_all(eng)
+    assert rec.check(model, seq) >= 6
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+    eng.blocks.check()

@@ -332,22 +332,24 @@ class LLMEngine:
         """Take prefix-cache hits for a waiting sequence."""
         bs = self.blocks.block_size
         limit = len(seq.keys) - 1 if seq.generating else len(seq.keys)
-        blocks, last = self.blocks.match_prefix(seq.keys)
+        off = seq.cache_offset  # > 0: preempted after eviction; only the part before the first gap is a plain prefix
+        blocks, last = self.blocks.match_prefix(seq.keys[:seq.evicted_blocks[0] * bs] if off else seq.keys)
         seq.block_table = blocks
         seq.num_published = len(blocks)
         seq.last_hash = last
         cached = len(blocks) * bs
-        seq.num_computed = min(cached, max(0, limit))
-        seq.num_cached_tokens = seq.num_computed
-        self.stats.prefix_cached_tokens += seq.num_computed
+        seq.num_cached_tokens = min(cached, max(0, limit - off))
+        seq.num_computed = off + seq.num_cached_tokens
+        self.stats.prefix_cached_tokens += seq.num_cached_tokens
         seq.status = SeqStatus.RUNNING
 
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.release(seq.block_table)
         seq.block_table = []
-        seq.num_computed = seq.num_published = 0
+        seq.num_published = 0
+        seq.num_computed = seq.cache_offset  # only the kept blocks are recomputed (sequence.py)
         seq.last_hash = None
-        self.retention.reset(seq)  # recomputed from the full logical context (kv_retention.py)
+        self.retention.reset(seq)
         seq.status = SeqStatus.WAITING
         seq.num_preemptions += 1
         self.stats.preemptions += 1

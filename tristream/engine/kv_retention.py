@@ -16,9 +16,12 @@ Rules that keep the cache correct:
 - a sequence with evictions publishes no further blocks to the prefix cache (their K/V were
   computed over a gapped context, so their hashes would no longer describe a plain prefix);
   blocks it published before keep their (valid) content and their other references;
-- preemption forgets the evictions: the sequence is recomputed from its full logical context
-  (prefix cache hits first), in budget-sized chunks, and evicts again as it goes. Its K/V then
-  equal those of a run that evicted at the new points, not the old ones.
+- preemption keeps the evictions: only the kept positions are recomputed (prefix-cache hits
+  first for the plain prefix before the first evicted block), at their logical positions, each
+  seeing the kept positions before it. Their K/V then equal a run in which every evicted
+  position was masked from the start; the evicted ones had shaped the original K/V, which no
+  recompute of the kept part alone can reproduce.
+- a shared block is copied before an evicted sequence rewrites a position in it.
 """
 
 from __future__ import annotations
@@ -199,9 +202,8 @@ class KVRetention:
         return True
 
     def reset(self, seq: Sequence) -> None:
-        """Forget a sequence's evictions (preemption: it is recomputed from its full context)."""
-        seq.cache_offset = 0
-        seq.evicted_blocks = []
+        """Preemption: the blocks (and their attention mass) are gone; the evictions stay, so
+        only the kept positions are recomputed, at their logical positions."""
         self.masses.pop(seq.seq_id, None)
 
     def forget(self, seq_id: int) -> None:

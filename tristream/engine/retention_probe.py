@@ -75,7 +75,9 @@ def attention_probe(model: LlamaModel, cache: KVCache, seq: Sequence, layers: in
         raise ProbeError(f"sequence {seq.seq_id} has no cached position to probe")
     cfg = model.cfg
     nl = cfg.num_layers if layers is None else max(1, min(layers, cfg.num_layers))
-    pos = seq.num_computed - 1  # logical position of the probed query
+    last = seq.num_computed - 1
+    mapped = seq.positions(last, last + 1, cache.block_size)  # None unless recomputing kept blocks
+    pos = last if mapped is None else int(mapped[0])  # logical position of the probed query
     key = seq.keys[pos]
     h = model.embed(torch.tensor([max(key, 0)], dtype=torch.int64, device=model.device))
     if key < 0:

@@ -38,6 +38,29 @@ class PrefillChunk:
     want_logits: bool
 
 
+def chunk_inputs(seq: Sequence, start: int, end: int, block_size: int
+                 ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, torch.Tensor]]]:
+    """Token keys, logical positions and embedding splices (row within the chunk, rows) of the
+    positions counted [start, end) by `num_computed`. Contiguous (always without eviction):
+    slices. A preempted sequence recomputing kept blocks between evicted ones: gathers."""
+    pos = seq.positions(start, end, block_size)
+    if pos is None:
+        keys = np.asarray(seq.keys[start:end], dtype=np.int64)
+        pos = np.arange(start, end, dtype=np.int64)
+        runs = [(0, start, end)]
+    else:
+        keys = np.asarray(seq.keys, dtype=np.int64)[pos]
+        cuts = [0, *(np.flatnonzero(np.diff(pos) != 1) + 1).tolist(), len(pos)]
+        runs = [(a, int(pos[a]), int(pos[b - 1]) + 1) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    splices: list[tuple[int, torch.Tensor]] = []
+    for seg_start, emb in seq.embeds:
+        for row0, lo_run, hi_run in runs:
+            lo, hi = max(seg_start, lo_run), min(seg_start + emb.shape[0], hi_run)
+            if lo < hi:
+                splices.append((row0 + lo - lo_run, emb[lo - seg_start:hi - seg_start]))
+    return keys, pos, splices
+
+
 def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
     """Flat cache slots of positions [start, end) under a block table."""
     bt = torch.tensor(block_table, dtype=torch.int64)
@@ -135,8 +158,8 @@ class ModelRunner:
 
     def _inputs(self, chunks: list[PrefillChunk]) -> tuple[torch.Tensor, AttnMetadata]:
         model, bs = self.model, self.block_size
-        keys: list[int] = []
-        positions: list[torch.Tensor] = []
+        keys: list[np.ndarray] = []
+        positions: list[np.ndarray] = []
         slots: list[torch.Tensor] = []
         seqs: list[SeqSlice] = []
         splices: list[tuple[int, torch.Tensor]] = []
@@ -145,8 +168,9 @@ class ModelRunner:
             s, end = c.seq, c.start + c.length
             off = s.cache_offset  # logical positions (RoPE) vs cache indexes (slots, context length)
             cstart, cend = c.start - off, end - off
-            keys.extend(s.keys[c.start:end])
-            positions.append(torch.arange(c.start, end, dtype=torch.int64))
+            c_ids, c_pos, c_splices = chunk_inputs(s, c.start, end, bs)
+            keys.append(c_ids)
+            positions.append(c_pos)
             slots.append(slots_for(s.block_table, cstart, cend, bs))
             if cstart == 0:
                 seqs.append(SeqSlice(q, c.length, cend))
@@ -157,17 +181,14 @@ class ModelRunner:
                 mask = causal_offset_mask(c.length, cend, self.device) if c.length > 1 else None
                 seqs.append(SeqSlice(q, c.length, cend, kv_index=kv.to(self.device), mask=mask,
                                      kv_start=first if consecutive else None))
-            for seg_start, emb in s.embeds:
-                lo, hi = max(seg_start, c.start), min(seg_start + emb.shape[0], end)
-                if lo < hi:
-                    splices.append((q + lo - c.start, emb[lo - seg_start:hi - seg_start]))
+            splices += [(q + row, emb) for row, emb in c_splices]
             q += c.length
-        ids = torch.tensor(keys, dtype=torch.int64).clamp_(min=0).to(self.device)
+        ids = torch.from_numpy(np.concatenate(keys)).clamp_(min=0).to(self.device)
         h = model.embed(ids)
         for row, emb in splices:
             h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
         meta = AttnMetadata(
-            positions=torch.cat(positions).to(self.device), seqs=seqs,
+            positions=torch.from_numpy(np.concatenate(positions)).to(self.device), seqs=seqs,
             slot_mapping=torch.cat(slots).to(self.device),
         )
         return h, meta
@@ -213,8 +234,9 @@ class ModelRunner:
             s, end = c.seq, c.start + c.length
             off = s.cache_offset  # logical positions (RoPE) vs cache indexes (slots, context length)
             cstart, cend = c.start - off, end - off
-            ids.append(np.asarray(s.keys[c.start:end], dtype=np.int64))
-            positions.append(np.arange(c.start, end, dtype=np.int64))
+            c_ids, c_pos, c_splices = chunk_inputs(s, c.start, end, bs)
+            ids.append(c_ids)
+            positions.append(c_pos)
             if paged:
                 slots.append(slots_range(s.block_table, cstart, cend, bs))
                 tables.append(np.asarray(s.block_table[:-(-cend // bs)], dtype=np.int64))
@@ -223,10 +245,7 @@ class ModelRunner:
                 kv = slots_np(s.block_table, cend, bs)
                 slots.append(kv[cstart:cend])
                 layouts.append(ChunkLayout(q, c.length, cend, kv))
-            for seg_start, emb in s.embeds:
-                lo, hi = max(seg_start, c.start), min(seg_start + emb.shape[0], end)
-                if lo < hi:
-                    splices.append((q + lo - c.start, emb[lo - seg_start:hi - seg_start]))
+            splices += [(q + row, emb) for row, emb in c_splices]
             q += c.length
             if c.want_logits:
                 rows.append(q - 1)

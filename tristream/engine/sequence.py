@@ -12,6 +12,9 @@ block table. Without eviction the two are equal. Evicting whole, full, computed 
 block table shifts every later cache index down by a multiple of the block size; since only
 computed blocks are evicted, every position at or after the cache's write point has
 `cache index = logical position - cache_offset` (O(1) per sequence on the hot paths).
+After preemption a sequence keeps its evictions and recomputes only its kept blocks:
+`num_computed` then restarts at `cache_offset` (cache index 0) and `positions()` maps the
+kept blocks before the last evicted one back to their logical positions.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import dataclasses
 import enum
 import itertools
 
+import numpy as np
 import torch
 
 
@@ -107,6 +111,29 @@ class Sequence:
     def cache_len(self) -> int:
         """Positions whose K/V are held in the cache (computed minus evicted)."""
         return self.num_computed - self.cache_offset
+
+    def head_end(self, block_size: int) -> int:
+        """Cache index where the shifted tail starts: before it, kept blocks lie between evicted
+        ones (0 without eviction). Positions still to compute are past it, except while a
+        preempted sequence recomputes its kept blocks."""
+        if not self.evicted_blocks:
+            return 0
+        return (self.evicted_blocks[-1] + 1 - len(self.evicted_blocks)) * block_size
+
+    def positions(self, start: int, end: int, block_size: int) -> np.ndarray | None:
+        """Logical positions of the positions counted [start, end) by `num_computed`, or None when
+        they are start..end-1: always without eviction and past `head_end` (O(1) then)."""
+        off = self.cache_offset
+        head = self.head_end(block_size)
+        if start - off >= head:
+            return None
+        c = np.arange(start - off, end - off, dtype=np.int64)
+        kept = np.setdiff1d(np.arange(self.evicted_blocks[-1] + 1, dtype=np.int64),
+                            np.asarray(self.evicted_blocks, dtype=np.int64))
+        out = c + off
+        m = c < head
+        out[m] = kept[c[m] // block_size] * block_size + c[m] % block_size
+        return out
 
     def logical_blocks(self) -> list[int]:
         """Logical block index of each block-table entry, in cache order (eviction time only: O(n))."""
