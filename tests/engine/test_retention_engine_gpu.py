@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.engine._tiny import random_llama_cuda
-from tests.engine.test_retention_engine import Recorder, reference
+from tests.engine.test_retention_engine import Recorder, evicted_positions, reference
 from tristream.engine.engine import EngineConfig, LLMEngine
 from tristream.engine.kv_retention import RetentionConfig
 from tristream.engine.models.llama import LlamaModel
@@ -129,4 +129,35 @@ def test_batched_decode_mixes_evicted_and_plain_sequences() -> None:
     assert {s.cache_offset > 0 for s in seqs} == {True, False}
     for s in seqs:
         assert check_rows(rec, model, s, torch.float32) >= 60
+    assert eng.blocks.num_free == eng.blocks.num_blocks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_preemption_after_eviction_recomputes_kept_positions_on_gpu(dtype: torch.dtype) -> None:
+    """A preempted sequence recomputes only its kept blocks (gathered logical positions, vision
+    embeddings included) through the CUDA prefill paths; generation afterwards is exact."""
+    model = random_llama_cuda(dtype)
+    eng = engine(model, num_blocks=16, max_prefill_tokens=64)
+    rec = Recorder(eng)
+    g = torch.Generator().manual_seed(4)
+    low = eng.add_request(torch.randint(3, 5000, (16,), generator=g).tolist(), generate=False,
+                          kv_budget_tokens=160)  # 10 blocks
+    eng.append(low, embeddings=torch.randn(96, model.cfg.hidden_size, generator=g) * 0.05)  # blocks 1-6
+    eng.append(low, token_ids=torch.randint(3, 5000, (48,), generator=g).tolist())
+    eng.step()
+    seq = eng.seqs[low]
+    run_all(eng, seq, 10)
+    eng.append(low, token_ids=torch.randint(3, 5000, (40,), generator=g).tolist())  # 3 blocks must go
+    run_all(eng, seq, 10)
+    assert len(seq.evicted_blocks) >= 3 and eng.stats.retention.probes >= 1
+    mark = len(rec.rows)
+    hi = eng.add_request(torch.randint(3, 5000, (120,), generator=g).tolist(),
+                         SamplingParams(max_tokens=3, ignore_eos=True), priority=5)
+    run_all(eng, seq, 10)
+    assert hi not in eng.seqs and seq.num_preemptions >= 1
+    redone = {p for s, p, _, _ in rec.rows[mark:] if s is seq}
+    assert redone and not redone & evicted_positions(seq, BS)
+    eng.start_generation(low, SamplingParams(max_tokens=8, ignore_eos=True))
+    run_all(eng, seq, 10)
+    assert check_rows(rec, model, seq, dtype) >= 8
     assert eng.blocks.num_free == eng.blocks.num_blocks
