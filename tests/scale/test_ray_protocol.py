@@ -56,7 +56,7 @@ def via_ray(ray_apps: RayApps, ingress: str, monkeypatch: pytest.MonkeyPatch) ->
             # Paced echo: through the proxy a second message can arrive after an instant (pace 0)
             # answer has already finished, which made the out-of-order check racy.
             None, lambda: ray_apps.get(limits=limits, max_sessions_total=limits.max_sessions,
-                                       backend_kw={"pace": 0.5}, ingress=ingress))
+                                       backend_kw={"pace": 0.5}, ingress=ingress, ingress_replicas=1))
         view = RayServerView(app)
         base = MergedMetrics(app)
         before: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
@@ -83,15 +83,16 @@ _COUNTED: list[tuple[str, dict[str, str]]] = [
 ]
 
 
-@pytest.mark.parametrize("test", [
-    T.test_auth_required,
-    T.test_bad_messages_get_errors_and_session_survives,
-    T.test_rate_limit_drops_are_counted,
-    T.test_twenty_concurrent_clients_audio_and_video,
-    T.test_manual_commit_without_vad,
-    T.test_output_audio_is_the_echoed_turn,
-    T.test_max_sessions,
-    T.test_session_length_limit,
-], ids=lambda f: f.__name__)
+ALL = [T.test_auth_required, T.test_manual_commit_without_vad, T.test_output_audio_is_the_echoed_turn,
+       T.test_bad_messages_get_errors_and_session_survives, T.test_rate_limit_drops_are_counted,
+       T.test_twenty_concurrent_clients_audio_and_video, T.test_max_sessions, T.test_session_length_limit]
+# The proxy ingress shares the relay, the router and the replica with the direct one; what is
+# its own is the handshake (401 and 503 through the ASGI denial extension) and the socket
+# adapter, which these exercise. (The default-limits tests come first: fewer redeploys.)
+PROXY = [T.test_auth_required, T.test_twenty_concurrent_clients_audio_and_video, T.test_max_sessions]
+
+
+@pytest.mark.parametrize(("ingress", "test"), [("direct", t) for t in ALL] + [("proxy", t) for t in PROXY],
+                         ids=lambda x: x if isinstance(x, str) else x.__name__)
 def test_serve_protocol_through_ray(via_ray: Callable[[], None], test: Callable[[], None]) -> None:
     test()
