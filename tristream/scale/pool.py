@@ -112,7 +112,7 @@ def replica_failed_event(replica: str) -> dict[str, Any]:
 
 
 class ReplicaPool:
-    """See the module docstring. Lives in the ingress process (needs ``ray.init`` done)."""
+    """See the module docstring. Lives in the router (`tristream.scale.router`; needs Ray initialised)."""
 
     def __init__(self, config: ScaleConfig) -> None:
         self.config = config

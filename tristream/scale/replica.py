@@ -2,13 +2,15 @@
 
 It runs as a Ray actor (async: every method runs on the actor's event loop, like the
 standalone server's) and holds, per session, the same `RealtimeSession` state machine and
-`SessionBackend` that `tristream serve` uses, so protocol behaviour is identical. The
-ingress opens and closes sessions one call each (``open_session``, ``close_session``); the
-frames in between travel batched across every session an ingress holds here: ``push_many``
-(client messages by session, in order) and ``poll_many`` (a long-poll returning the queued
-events of every session of that ingress that has some). One call per batch, not per frame:
-the relay's CPU per turn is mostly the Ray call, so under load many frames share one call
-(`tristream.scale.relay`). ``push`` / ``poll`` remain for a single session.
+`SessionBackend` that `tristream serve` uses, so protocol behaviour is identical. Sessions
+are opened and closed by one Ray call each (``open_session``, ``close_session``). The frames
+in between travel, by default, over one TCP stream per ingress process (`tristream.scale.wire`:
+``relay_endpoint`` starts the listener and hands out its secret): client messages in, every
+event of one loop step out in one write. Without a stream (``relay="ray"``) they go by Ray
+calls batched across every session an ingress holds here: ``push_many`` (client messages by
+session, in order) and ``poll_many`` (a long-poll returning the queued events of every session
+of that ingress that has some); ``push`` / ``poll`` remain for a single session. When an
+ingress's stream closes, its sessions here are closed (the ingress process is gone).
 ``load_report`` gives the router and autoscaler the scheduler's load signal
 (`tristream.scale.load`); ``metrics_text`` the replica's Prometheus text.
 
