@@ -20,6 +20,7 @@ routes itself:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -176,6 +177,10 @@ class ReplicaPool:
             return []
         ref.alive = False
         self.failures += 1
+        # An ingress may report a replica whose process still runs (only its relay stream broke):
+        # make the verdict true, so its device is free for the replacement and nothing is orphaned.
+        with contextlib.suppress(Exception):
+            ray.kill(ref.handle, no_restart=True)
         lost = sorted(ref.sessions)
         for sid in lost:
             self._unpin(sid)
