@@ -96,10 +96,14 @@ class BatchedWhisperASR:
              batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32),
              audio_buckets_s: tuple[float, ...] = (4.0, 8.0, 16.0), max_new_tokens: int = 64,
              max_draft: int = 48, trim_after_s: float = 10.0, min_update_s: float = 0.3,
-             **kw: Any) -> BatchedWhisperASR:
+             align: str = "every", **kw: Any) -> BatchedWhisperASR:
         """Whisper base from the shipped CTranslate2 wheels (``model_dir``: another CT2 folder) on ``device``.
 
         float16 on CUDA, float32 on CPU; ``use_graphs`` defaults to CUDA graphs on CUDA.
+        ``align``: word times for every update ("every", the default) or only for updates that
+        commit ("commit": fewer alignment rows per update, but a stream
+        whose last update was not aligned needs one more pass when it is finished, i.e. right after
+        the end of speech, where latency matters most; measure before switching).
         """
         import torch
 
@@ -118,7 +122,7 @@ class BatchedWhisperASR:
                                audio_buckets_s=audio_buckets_s, max_new_tokens=max_new_tokens, max_draft=max_draft,
                                use_graphs=use_graphs)
         sw = StreamingWhisper(runner, hf_token_text(str(folder / "tokenizer.json")), trim_after_s=trim_after_s,
-                              min_update_s=min_update_s, max_streams=max(256, 2 * batch_buckets[-1]))
+                              min_update_s=min_update_s, max_streams=max(256, 2 * batch_buckets[-1]), align=align)
         return cls(sw, **kw)
 
     @property
@@ -201,7 +205,8 @@ class BatchedWhisperASR:
                 cmds, self._cmds = list(self._cmds), deque()
             try:
                 self._apply(cmds)
-                self._update(self.sw.ready() + [u.key for u in self._closing if self.sw.streams[u.key].new_samples])
+                closing = [u.key for u in self._closing]
+                self._update(self.sw.ready() + [k for k in closing if self.sw.needs_final_pass(k)], final=closing)
                 self._finish_closing()
             except Exception as exc:  # unexpected: fail every waiting final, keep serving
                 self._fail(exc, list(self.sw.streams))
@@ -270,13 +275,14 @@ class BatchedWhisperASR:
                 if u in self._closing:
                     self._closing.remove(u)
 
-    def _update(self, ids: list[str]) -> None:
+    def _update(self, ids: list[str], final: list[str] | None = None) -> None:
         ids = list(dict.fromkeys(ids))
         if not ids:
             return
         t0 = time.perf_counter()
         try:
-            events = self.sw.step(ids)
+            # closing streams get word times in this update (align="commit"; "every" times all anyway)
+            events = self.sw.step(ids, final=final) if final and self.sw.align == "commit" else self.sw.step(ids)
         except Exception as exc:  # a failed pass: its waiting finals fail, the batcher goes on
             self._fail(exc, ids)
             return
@@ -301,7 +307,7 @@ class BatchedWhisperASR:
     def _finish_closing(self) -> None:
         closing, self._closing = self._closing, []
         for u in closing:
-            ev = self.sw.close(u.key)  # no pass: the update above consumed its new audio
+            ev = self.sw.close(u.key)  # no pass: the update above consumed its new audio and timed its words
             u.committed.extend(ev.committed)
             self._utts.pop(u.key, None)
             self.stats.finals += 1

@@ -1,4 +1,4 @@
-"""Host-side word timing: anchored DTW token starts equal a plain per-stream loop over whisper's DTW."""
+"""Host-side word timing: anchored DTW and pause snapping equal plain reference loops; the median filter."""
 
 from __future__ import annotations
 
@@ -8,7 +8,56 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tristream.engine.speech.timing import anchored_token_starts, dtw_reference
+from tristream.engine.speech.timing import anchored_token_starts, dtw_reference, snap_words
+
+
+def snap_reference(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
+                   ) -> list[tuple[int, int]]:
+    """The former implementation: every pause checked at every boundary, each word scanned by numpy."""
+    t = voiced.shape[0]
+    if not bounds or t == 0:
+        return list(bounds)
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], voiced.astype(np.int8), [1]])))
+    gaps = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a >= min_gap]
+    out = [(int(a), int(b)) for a, b in bounds]
+    for j in range(len(out) - 1):
+        s0, b = out[j][0], out[j + 1][0]
+        e1 = out[j + 1][1]
+        best: tuple[int, int] | None = None
+        for g0, g1 in gaps:
+            if g0 < b + window and g1 > b - window and g0 > s0 and g1 < e1:
+                if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
+                    best = (g0, g1)
+        if best is not None:
+            out[j] = (out[j][0], best[0])
+            out[j + 1] = (best[1], out[j + 1][1])
+    for j, (a, z) in enumerate(out):
+        seg = np.flatnonzero(voiced[max(a, 0) : min(z, t)])
+        if seg.size:
+            out[j] = (a + int(seg[0]), a + int(seg[-1]) + 1)
+    return out
+
+
+def speechlike(rng: np.random.Generator, t: int) -> np.ndarray:
+    """Voiced runs with pauses of 1–15 frames (some shorter than min_gap)."""
+    v = np.zeros(t, bool)
+    f = int(rng.integers(0, 5))
+    while f < t:
+        w = int(rng.integers(1, 25))
+        v[f : f + w] = True
+        f += w + int(rng.integers(1, 15))
+    return v
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 40), st.integers(0, 10_000))
+def test_snap_words_equals_the_former_loop(t: int, n_words: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    voiced = speechlike(rng, t) if seed % 4 else rng.random(t) > 0.5
+    cuts = np.sort(rng.integers(0, t + 3, n_words + 1))  # may run past the audio end
+    bounds = [(int(a), int(max(b, a + 1 if seed % 3 else a))) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    for window in (20, 3):
+        assert snap_words(bounds, voiced, window=window) == snap_reference(bounds, voiced, window=window)
 
 
 def anchored_reference(align: torch.Tensor, toks: np.ndarray, eot: int, valid: np.ndarray, accepted: np.ndarray,

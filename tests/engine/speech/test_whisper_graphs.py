@@ -59,8 +59,10 @@ def test_device_audio_store_pass_equals_host_pass(make_whisper) -> None:  # type
 
 
 @pytest.mark.gpu
-def test_graphed_streaming_with_drafts_equals_eager(make_whisper) -> None:  # type: ignore[no-untyped-def]
-    """Many streams, 0.32 s updates, drafts and DTW word times: graphed and eager give the same words."""
+@pytest.mark.parametrize("align", ["every", "commit"])
+def test_graphed_streaming_with_drafts_equals_eager(make_whisper, align: str) -> None:  # type: ignore[no-untyped-def]
+    """Many streams, 0.32 s updates, drafts and DTW word times (every update, or only committing
+    updates through `align_rows` on smaller graphed buckets): graphed and eager give the same words."""
     from tristream.engine.speech.streaming import StreamingWhisper
 
     model = make_whisper().to("cuda", torch.float32)
@@ -71,7 +73,7 @@ def test_graphed_streaming_with_drafts_equals_eager(make_whisper) -> None:  # ty
     out = []
     for graphs in (True, False):
         asr = StreamingWhisper(WhisperRunner(model, TOKENS, use_graphs=graphs, **kw),  # type: ignore[arg-type]
-                               lambda t: f" w{t % 7}", min_update_s=0.32, trim_after_s=3.0, keep_s=1.0)
+                               lambda t: f" w{t % 7}", min_update_s=0.32, trim_after_s=3.0, keep_s=1.0, align=align)
         for i in range(3):
             asr.open(f"s{i}", 0)
         words = []

@@ -22,11 +22,11 @@ class Word:
     text: str
     start_ns: int
     end_ns: int
+    key: str = field(init=False, repr=False, compare=False)
+    """Comparison form: case and punctuation folded (computed once: every update compares it)."""
 
-    @property
-    def key(self) -> str:
-        """Comparison form: case and punctuation folded."""
-        return _NORM.sub("", self.text.lower())
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", _NORM.sub("", self.text.lower()))
 
 
 @dataclass(slots=True)

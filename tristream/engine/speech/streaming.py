@@ -11,19 +11,22 @@ and decodes only the tail, and only the tail is re-timed. A buffer longer than `
 cut at the end of its last committed word (or, with nothing committed, to its newest `keep_s` —
 counted in `stats.forced_trims`); a trim drops the draft (`stats.draft_resets`).
 
-Word times only where needed (`align="commit"`, the default): the pass runs without the
+Word times only where needed (`align="commit"`): the pass runs without the
 alignment-heads pass; each stream's hypothesis first gets provisional times (tokens timed by an
 earlier aligned pass keep their frames; the others are spread evenly from the later of the last
 timed frame and the committed end to the end of the audio) and LocalAgreement is asked, without
 changing it, whether the update would commit a word. Only streams that would (and a closing
 stream) are aligned, together, on the smallest batch bucket that holds them; their exact words
 are then inserted. Committed words therefore always carry DTW times; partial words of an update
-without alignment carry the provisional ones. `align="every"` times every stream every update.
+without alignment carry the provisional ones. `align="every"` (the default) times every stream
+every update. The price of "commit": a stream whose newest update was not aligned needs one more
+pass at `close()` (its flushed partial needs times), right after the end of speech; `step(final=...)`
+folds that into a batched update when the caller knows which streams are ending.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -128,7 +131,7 @@ class StreamingWhisper:
 
     def __init__(self, runner: WhisperRunner, text_of: Callable[[int], str], *, agreement_n: int = 2,
                  min_update_s: float = 0.16, trim_after_s: float | None = None, keep_s: float = 2.0,
-                 max_streams: int = 256, align: str = "commit") -> None:
+                 max_streams: int = 256, align: str = "every") -> None:
         if align not in ("commit", "every"):
             raise ValueError(f"align must be 'commit' or 'every', not {align!r}")
         self.align = align
@@ -174,21 +177,29 @@ class StreamingWhisper:
         """Streams with enough new audio for an update."""
         return [k for k, s in self.streams.items() if s.new_samples >= self.min_update]
 
-    def step(self, stream_ids: list[str] | None = None) -> list[TranscriptEvent]:
-        """Run one update over the ready streams (batched in passes of the largest bucket)."""
+    def step(self, stream_ids: list[str] | None = None, final: Collection[str] = ()) -> list[TranscriptEvent]:
+        """Run one update over the ready streams (batched in passes of the largest bucket).
+
+        Streams in `final` are about to be closed: they get word times in this update whatever the
+        commit policy, so that `close()` needs no pass of its own (see `needs_final_pass`)."""
         ids = self.ready() if stream_ids is None else stream_ids
         events: list[TranscriptEvent] = []
         cap = self.runner.batch_buckets[-1]
         for i in range(0, len(ids), cap):
-            events.extend(self._pass(ids[i : i + cap]))
+            events.extend(self._pass(ids[i : i + cap], final))
         return events
+
+    def needs_final_pass(self, stream_id: str) -> bool:
+        """Whether `close()` would run a pass: unseen audio, or a newest hypothesis without word times."""
+        s = self._get(stream_id)
+        return bool(s.new_samples) or not s.exact
 
     def close(self, stream_id: str) -> TranscriptEvent:
         """Final update for a stream, then flush its partial as final and forget it."""
         s = self._get(stream_id)
         committed: list[Word] = []
         if s.new_samples or not s.exact:  # the last pass may commit words; the flushed partial needs times
-            committed += self._pass([stream_id], force=True)[0].committed
+            committed += self._pass([stream_id], {stream_id})[0].committed
         committed += s.agreement.flush().committed
         self.store.release(s.slot)
         del self.streams[stream_id]
@@ -219,7 +230,7 @@ class StreamingWhisper:
         self.stats.trims += 1
         self.stats.forced_trims += int(forced)
 
-    def _pass(self, ids: list[str], force: bool = False) -> list[TranscriptEvent]:
+    def _pass(self, ids: list[str], force: Collection[str] = ()) -> list[TranscriptEvent]:
         streams = [self._get(i) for i in ids]
         lazy = self.align == "commit" and self.runner.word_times
         drafts = [s.draft for s in streams] if self.runner.max_draft else None
@@ -241,7 +252,7 @@ class StreamingWhisper:
                 fr[k] = self._provisional(s, toks[k], s.draft_frames[:keep], valid[k])
                 s.timed = keep
                 words.append(tokens_to_words(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k]))
-            need = [k for k, s in enumerate(streams) if force or s.agreement.pending(words[k]) > 0]
+            need = [k for k, s in enumerate(streams) if ids[k] in force or s.agreement.pending(words[k]) > 0]
             if need:
                 ex, vo = self.runner.align_rows(need, [s.draft_frames[: s.timed] for s in (streams[k] for k in need)]
                                                 if self.runner.max_draft else None)

@@ -11,6 +11,7 @@ first token's jump and ends at the next word's (the last word at the end-of-text
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 
 import numpy as np
@@ -154,28 +155,44 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
     frames) within `window` frames of it that lies inside the two words becomes the pause: the
     first word ends where it starts, the second starts where it ends. Then each word is trimmed to
     its first and last voiced frame. Words without a voiced frame keep their bounds.
+
+    Plain Python over lists: a few dozen words and pauses per stream, where numpy's per-call cost
+    dominates (pauses are sorted and disjoint, so each boundary bisects to its candidates).
     """
     t = voiced.shape[0]
     if not bounds or t == 0:
         return list(bounds)
-    edges = np.flatnonzero(np.diff(np.concatenate([[1], voiced.astype(np.int8), [1]])))
-    gaps = [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True) if b - a >= min_gap]
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], voiced.astype(np.int8), [1]]))).tolist()
+    g0s: list[int] = []
+    g1s: list[int] = []
+    for a, b in zip(edges[::2], edges[1::2], strict=True):
+        if b - a >= min_gap:
+            g0s.append(a)
+            g1s.append(b)
     out = [(int(a), int(b)) for a, b in bounds]
     for j in range(len(out) - 1):
         s0, b = out[j][0], out[j + 1][0]
         e1 = out[j + 1][1]
+        # candidates: g0 > s0, g1 > b - window, g0 < b + window, g1 < e1 (both edges increase with the index)
+        lo = max(bisect.bisect_right(g0s, s0), bisect.bisect_right(g1s, b - window))
+        hi = min(bisect.bisect_left(g0s, b + window), bisect.bisect_left(g1s, e1))
         best: tuple[int, int] | None = None
-        for g0, g1 in gaps:
-            if g0 < b + window and g1 > b - window and g0 > s0 and g1 < e1:
-                if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
-                    best = (g0, g1)
+        for k in range(lo, hi):
+            g0, g1 = g0s[k], g1s[k]
+            if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
+                best = (g0, g1)
         if best is not None:
             out[j] = (out[j][0], best[0])
             out[j + 1] = (best[1], out[j + 1][1])
+    v = voiced.tolist()
     for j, (a, z) in enumerate(out):
-        seg = np.flatnonzero(voiced[max(a, 0) : min(z, t)])
-        if seg.size:
-            out[j] = (a + int(seg[0]), a + int(seg[-1]) + 1)
+        lo, hi = max(a, 0), min(z, t)
+        while lo < hi and not v[lo]:
+            lo += 1
+        if lo < hi:
+            while not v[hi - 1]:
+                hi -= 1
+            out[j] = (a + (lo - max(a, 0)), a + (hi - max(a, 0)))
     return out
 
 
