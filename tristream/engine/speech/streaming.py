@@ -294,7 +294,11 @@ class StreamingWhisper:
             return timed[: n_text + 1]
         ce = (s.agreement.committed_end_ns - s.t0_ns) * SAMPLE_RATE // NS // int(FRAME_S * SAMPLE_RATE)
         lo = min(max(timed[-1] if timed else 0, int(ce), 0), max(valid - 1, 0))
-        return timed + np.linspace(lo, max(valid - 1, lo), rest).astype(int).tolist()
+        if rest == 1:
+            return [*timed, lo]
+        hi = max(valid - 1, lo)
+        step = (hi - lo) / (rest - 1)
+        return timed + [int(lo + i * step) for i in range(rest - 1)] + [hi]
 
 
 def hf_token_text(tokenizer_json: str) -> Callable[[int], str]:
