@@ -66,7 +66,7 @@ class SessionPipe:
 
 
 class ReplicaLink:
-    """This ingress's batched push and poll to one engine replica (see the module docstring)."""
+    """This ingress's frame path to one engine replica: a relay stream, or batched Ray calls."""
 
     def __init__(self, relay: Relay, replica: str, handle: Any) -> None:
         self.relay = relay
@@ -74,12 +74,11 @@ class ReplicaLink:
         self.handle = handle
         self.sids: set[str] = set()
         self.dead = False
-        self.calls = {"push": 0, "poll": 0}
         self._pending: dict[str, list[str | bytes]] = {}
         self._pusher: asyncio.Task[None] | None = None
         self._outlet: Outlet | None = None
         loop = asyncio.get_running_loop()
-        self._poller = loop.create_task(self._poll_loop() if relay.mode == "ray" else self._connect())
+        self._task = loop.create_task(self._poll_loop() if relay.mode == "ray" else self._connect())
 
     async def _connect(self) -> None:
         """Socket mode: fetch the replica's endpoint through Ray, connect, say hello, flush what waited."""
@@ -98,7 +97,8 @@ class ReplicaLink:
             transport.close()
             return
         transport.write(record(HELLO, self.relay.ingress_id, ep.secret))
-        self._outlet = Outlet(cast(asyncio.Transport, transport), 256 << 20, lambda reason: self.relay.count("relay_dropped", reason))
+        self._outlet = Outlet(cast(asyncio.Transport, transport), 256 << 20,
+                              lambda reason: self.relay.count("relay_dropped", reason))
         pending, self._pending = self._pending, {}
         for sid, msgs in pending.items():
             for m in msgs:
@@ -142,7 +142,6 @@ class ReplicaLink:
         try:
             while self._pending:
                 batch, self._pending = self._pending, {}
-                self.calls["push"] += 1
                 await self.handle.push_many.remote(batch)
         except DEAD_ERRORS:
             self.fail()
@@ -156,7 +155,6 @@ class ReplicaLink:
         deliver = self.relay.deliver
         try:
             while True:
-                self.calls["poll"] += 1
                 out = await self.handle.poll_many.remote(self.relay.ingress_id, self.relay.poll_wait_s)
                 for sid, events in out.items():
                     deliver(sid, events)
@@ -178,7 +176,7 @@ class ReplicaLink:
             pipe = self.relay.pipes.get(sid)
             if pipe is not None:
                 pipe.end(REPLICA_FAILED)
-        self._poller.cancel()
+        self._task.cancel()
         if self._outlet is not None:
             self._outlet.transport.close()
 
@@ -261,9 +259,9 @@ class Relay:
         """Stop every link's loops (the ingress is shutting down)."""
         for link in list(self.links.values()):
             link.dead = True
-            link._poller.cancel()
+            link._task.cancel()
             with contextlib.suppress(BaseException):
-                await link._poller
+                await link._task
             if link._outlet is not None:
                 link._outlet.transport.close()
         self.links.clear()
