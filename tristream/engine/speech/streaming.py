@@ -15,8 +15,10 @@ Word times only where needed (`align="commit"`): the pass runs without the
 alignment-heads pass; each stream's hypothesis first gets provisional times (tokens timed by an
 earlier aligned pass keep their frames; the others are spread evenly from the later of the last
 timed frame and the committed end to the end of the audio) and LocalAgreement is asked, without
-changing it, whether the update would commit a word. Only streams that would (and a closing
-stream) are aligned, together, on the smallest batch bucket that holds them; their exact words
+changing it, whether the update would commit a word. Only streams that would, streams with
+committed audio in the buffer but no timed token (after a trim: which re-heard words are already
+committed is decided by time) and closing streams are aligned, together, on the smallest batch
+bucket that holds them; their exact words
 are then inserted. Committed words therefore always carry DTW times; partial words of an update
 without alignment carry the provisional ones. `align="every"` (the default) times every stream
 every update. The price of "commit": a stream whose newest update was not aligned needs one more
@@ -247,12 +249,17 @@ class StreamingWhisper:
         exact = [not lazy] * n
         words: list[list[Word]] = []
         if lazy:
+            unsure: list[bool] = []
             for k, s in enumerate(streams):
                 keep = min(s.timed, int(res.accepted[k]))  # frames of accepted draft tokens still hold
                 fr[k] = self._provisional(s, toks[k], s.draft_frames[:keep], valid[k])
                 s.timed = keep
                 words.append(tokens_to_words(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k]))
-            need = [k for k, s in enumerate(streams) if ids[k] in force or s.agreement.pending(words[k]) > 0]
+                # which re-heard words `_fresh` drops as already committed is decided by time: with
+                # committed audio still in the buffer and nothing timed (after a trim), align
+                unsure.append(keep == 0 and s.agreement.committed_end_ns > s.t0_ns)
+            need = [k for k, s in enumerate(streams)
+                    if ids[k] in force or unsure[k] or s.agreement.pending(words[k]) > 0]
             if need:
                 ex, vo = self.runner.align_rows(need, [s.draft_frames[: s.timed] for s in (streams[k] for k in need)]
                                                 if self.runner.max_draft else None)
