@@ -21,7 +21,9 @@ committed is decided by time) and closing streams are aligned, together, on the 
 bucket that holds them; their exact words
 are then inserted. Committed words therefore always carry DTW times; partial words of an update
 without alignment carry the provisional ones. `align="every"` (the default) times every stream
-every update. The price of "commit": a stream whose newest update was not aligned needs one more
+every update. "commit" saves work only with drafts (`max_draft > 0`): without one, no token keeps
+its times from an earlier pass, so every update with committed audio in the buffer is aligned.
+The price of "commit": a stream whose newest update was not aligned needs one more
 pass at `close()` (its flushed partial needs times), right after the end of speech; `step(final=...)`
 folds that into a batched update when the caller knows which streams are ending.
 """
