@@ -79,9 +79,11 @@ class MaskedDense:
 
 
 def reference(model: LlamaModel, seq: Sequence, upto: int, evicted_at: dict[int, frozenset[int]],
-              record_row: int | None = None) -> tuple[torch.Tensor, MaskedDense]:
+              record_row: int | None = None, embeds: list[tuple[int, torch.Tensor]] | None = None
+              ) -> tuple[torch.Tensor, MaskedDense]:
     """Logits [upto, vocab] of a dense forward over logical positions [0, upto) where query t
-    does not see the positions in evicted_at[t]."""
+    does not see the positions in evicted_at[t]. `embeds`: the sequence's embedding segments
+    (default `seq.embeds`; the engine frees those of evicted positions, the Recorder keeps them)."""
     mask = torch.tril(torch.ones(upto, upto, dtype=torch.bool))
     for t in range(upto):
         for j in evicted_at.get(t, ()):
@@ -90,7 +92,7 @@ def reference(model: LlamaModel, seq: Sequence, upto: int, evicted_at: dict[int,
     ids = torch.tensor([max(k, 0) for k in seq.keys[:upto]], device=model.device)
     with torch.inference_mode():
         h = model.embed(ids)
-        for start, emb in seq.embeds:
+        for start, emb in (seq.embeds if embeds is None else embeds):
             lo, hi = start, min(start + emb.shape[0], upto)
             if lo < hi:
                 h[lo:hi] = emb[:hi - lo].to(device=h.device, dtype=h.dtype)
@@ -103,10 +105,14 @@ class Recorder:
 
     def __init__(self, eng: LLMEngine) -> None:
         self.rows: list[tuple[Sequence, int, frozenset[int], torch.Tensor | None]] = []
+        self.embeds: dict[int, dict[int, torch.Tensor]] = {}  # seq id -> start -> rows, as first seen
         prefill, decode = eng.runner.prefill, eng.runner.decode
         bs = eng.blocks.block_size
 
         def spy_prefill(chunks: list[Any]) -> torch.Tensor | None:
+            for c in chunks:
+                for start, emb in c.seq.embeds:
+                    self.embeds.setdefault(c.seq.seq_id, {}).setdefault(start, emb)
             ev = [evicted_positions(c.seq, bs) for c in chunks]
             logical = [c.seq.positions(c.start, c.start + c.length, bs) for c in chunks]
             out = prefill(chunks)
@@ -132,6 +138,9 @@ class Recorder:
         eng.runner.prefill = spy_prefill  # type: ignore[method-assign]
         eng.runner.decode = spy_decode  # type: ignore[method-assign]
 
+    def seq_embeds(self, seq: Sequence) -> list[tuple[int, torch.Tensor]]:
+        return sorted(self.embeds.get(seq.seq_id, {}).items(), key=lambda kv: kv[0])
+
     def check(self, model: LlamaModel, seq: Sequence, tol: float = 1e-4) -> int:
         """Compare every recorded logits row of `seq` with the masked dense reference."""
         evicted_at: dict[int, frozenset[int]] = {}
@@ -142,7 +151,7 @@ class Recorder:
             evicted_at[p] = e
             if lg is None:
                 continue
-            ref, _ = reference(model, seq, p + 1, evicted_at)
+            ref, _ = reference(model, seq, p + 1, evicted_at, embeds=self.seq_embeds(seq))
             err = float((lg - ref[p]).abs().max() / ref[p].abs().max())
             assert err < tol, f"position {p}: logits differ from the masked reference (rel err {err:.2e})"
             checked += 1
@@ -248,6 +257,10 @@ def test_vision_blocks_leave_lowest_attention_first(model: LlamaModel, monkeypat
     expect = sorted(vision, key=lambda lb: mass[lb])[:3]
     assert sorted(seq.evicted_blocks) == sorted(expect)
     assert eng.stats.retention.evicted_blocks == {"vision_low_attention": 3}
+    # the evicted positions' embeddings are freed; the kept ones survive as their own segments
+    assert eng.stats.retention.dropped_embedding_rows == 3 * BS
+    kept_rows = {st + i for st, e in seq.embeds for i in range(e.shape[0])}
+    assert kept_rows == {p for p in range(4, 28) if p // BS not in seq.evicted_blocks}
     assert mass[expect[-1]] <= min(mass[lb] for lb in vision if lb not in expect)
 
 

@@ -44,7 +44,7 @@ def check_rows(rec: Recorder, model: LlamaModel, seq: Sequence, dtype: torch.dty
         evicted_at[p] = e
         if lg is None:
             continue
-        ref, _ = reference(model, seq, p + 1, evicted_at)
+        ref, _ = reference(model, seq, p + 1, evicted_at, embeds=rec.seq_embeds(seq))
         err = float((lg.float() - ref[p].float()).norm() / ref[p].float().norm())
         assert err < TOL[dtype], f"position {p} ({dtype}): relative error {err:.3g} vs the masked reference"
         n += 1

@@ -30,6 +30,8 @@ import bisect
 import dataclasses
 import time
 
+import torch
+
 from tristream.engine.block_manager import BlockManager, OutOfBlocks
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
@@ -86,6 +88,7 @@ class RetentionStats:
     probe_seconds: float = 0.0  # wall time spent in probes
     over_budget: int = 0  # steps a sequence ran past its budget because nothing was evictable
     copied_blocks: int = 0  # shared blocks copied before an evicted sequence rewrote a position
+    dropped_embedding_rows: int = 0  # embedding rows (vision tokens) freed with their evicted blocks
 
 
 class KVRetention:
@@ -157,12 +160,40 @@ class KVRetention:
         seq.block_table = [b for b in seq.block_table if b not in gone]
         seq.cache_offset += bs * len(gone)
         self.blocks.release(list(plan.evict))
+        if seq.embeds:
+            self._drop_embeddings(seq)
         mass = self.masses.get(seq.seq_id)
         if mass is not None:
             mass.forget(list(plan.evict))
         self.stats.evictions += 1
         for reason, k in plan.reasons.items():
             self.stats.evicted_blocks[reason] = self.stats.evicted_blocks.get(reason, 0) + k
+
+    def _drop_embeddings(self, seq: Sequence) -> None:
+        """Free the embeddings of evicted positions: never needed again, since a preempted
+        sequence recomputes only its kept positions. A partly evicted segment keeps copies of
+        its kept runs (a slice would pin the whole tensor)."""
+        bs = self.blocks.block_size
+        gone = set(seq.evicted_blocks)
+        out: list[tuple[int, torch.Tensor]] = []
+        for start, emb in seq.embeds:
+            n = int(emb.shape[0])
+            b0, b1 = start // bs, (start + n - 1) // bs
+            if not any(b in gone for b in range(b0, b1 + 1)):
+                out.append((start, emb))
+                continue
+            run: int | None = None
+            for b in range(b0, b1 + 2):
+                keep = b <= b1 and b not in gone
+                if keep and run is None:
+                    run = max(start, b * bs)
+                elif not keep and run is not None:
+                    end = min(start + n, b * bs)
+                    out.append((run, emb[run - start:end - start].clone()))
+                    run = None
+            self.stats.dropped_embedding_rows += n - sum(
+                int(e.shape[0]) for st, e in out if start <= st < start + n)
+        seq.embeds = out
 
     def _observe(self, seq: Sequence, infos: list[KVBlockInfo]) -> None:
         """Probe the attention of the sequence's last position and fold it into its mass."""
