@@ -21,7 +21,8 @@ Rules that keep the cache correct:
   seeing the kept positions before it. Their K/V then equal a run in which every evicted
   position was masked from the start; the evicted ones had shaped the original K/V, which no
   recompute of the kept part alone can reproduce.
-- a shared block is copied before an evicted sequence rewrites a position in it.
+- a shared block is copied before an evicted sequence rewrites a position in it;
+- the embeddings of evicted positions are freed (only kept positions are ever recomputed).
 """
 
 from __future__ import annotations
@@ -109,6 +110,7 @@ class KVRetention:
             config.check_budget(default_budget, blocks.block_size)
 
     def budget_blocks(self, seq: Sequence) -> int | None:
+        """The sequence's budget in blocks (its own, else the engine's default); None: no budget."""
         budget = seq.kv_budget_tokens if seq.kv_budget_tokens is not None else self.default_budget
         return None if budget is None else budget // self.blocks.block_size
 
