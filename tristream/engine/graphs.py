@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tristream.engine.kernels import triton_ops as K
+from tristream.engine.kernels.decode_fused import decode_logits_b1
 from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
@@ -54,6 +55,9 @@ class TritonDecodeAttention:
 
 
 FUSED_MAX_ROWS = 16
+VARIANTS = ("cublas", "fused", "b1", "b1_pdl")
+"""Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
+at batch 1 also the norm+QKV+RoPE+store kernel (`kernels/decode_fused.py`), with or without PDL."""
 
 
 def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention) -> torch.Tensor:
@@ -75,12 +79,14 @@ class DecodeGraphs:
     def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int,
                  buckets: tuple[int, ...] | None = None, use_graphs: bool = True,
                  kernels: str = "auto") -> None:
-        """kernels: 'fused' (skinny fused GEMMs for buckets ≤ 16), 'cublas', or 'auto' (time both
-        per small bucket at capture and keep the faster)."""
-        if kernels not in ("auto", "fused", "cublas"):
-            raise ValueError(f"kernels must be auto, fused or cublas, not {kernels!r}")
+        """kernels: 'fused' (skinny fused GEMMs for buckets ≤ 16), 'cublas', 'b1' / 'b1_pdl' (as
+        'fused', and bucket 1 through the fused QKV+RoPE+store kernel, launched without / with
+        Programmatic Dependent Launch), or 'auto' (time the variants per small bucket at capture,
+        keep the fastest that agrees with cuBLAS)."""
+        if kernels != "auto" and kernels not in VARIANTS:
+            raise ValueError(f"kernels must be auto or one of {', '.join(VARIANTS)}, not {kernels!r}")
         self.kernels = kernels
-        self.fused: dict[int, bool] = {}
+        self.fused: dict[int, str] = {}  # bucket -> chosen variant (buckets ≤ FUSED_MAX_ROWS)
         self.choice_ms: dict[int, dict[str, float]] = {}
         self.fused_error: str | None = None
         self.model = model
@@ -111,23 +117,42 @@ class DecodeGraphs:
                 return b
         return None
 
-    def use_fused(self, b: int) -> bool:
+    def variant_for(self, b: int) -> str:
+        """The kernel variant bucket `b` runs (chosen at capture; before it, the configured one)."""
         if b > FUSED_MAX_ROWS or self.kernels == "cublas":
-            return False
-        return self.fused.get(b, self.kernels == "fused" or self.model.device.type != "cuda")
+            return "cublas"
+        if b in self.fused:
+            return self.fused[b]
+        if self.kernels == "auto":
+            return "cublas" if self.model.device.type == "cuda" else "fused"
+        return self.kernels if b == 1 or self.kernels == "fused" else "fused"
 
-    def forward(self, b: int, fused: bool | None = None) -> torch.Tensor:
+    def use_fused(self, b: int) -> bool:
+        return self.variant_for(b) != "cublas"
+
+    def forward(self, b: int, variant: str | None = None) -> torch.Tensor:
         """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]."""
         m = self.model
         splits = K.choose_splits(b, m.cfg.num_heads, self.num_sms)
         attn = TritonDecodeAttention(m, self.cache, self.positions[:b], self.slots[:b], self.block_tables[:b],
                                      self.ctx_lens[:b], splits)
         h = m.embed(self.ids[:b])
-        if self.use_fused(b) if fused is None else fused:
+        v = self.variant_for(b) if variant is None else variant
+        if v in ("b1", "b1_pdl") and b == 1:
+            return decode_logits_b1(m, h, attn, pdl=v == "b1_pdl")
+        if v != "cublas":
             return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))
 
-    def _time_variant(self, b: int, fused: bool) -> float:
+    def _candidates(self, b: int) -> list[str]:
+        out = ["fused"]
+        if b == 1 and self.model.device.type == "cuda":
+            out.append("b1")
+            if torch.cuda.get_device_capability(self.model.device)[0] >= 9:
+                out.append("b1_pdl")
+        return out
+
+    def _time_variant(self, b: int, fused: str) -> float:
         """Milliseconds per replay of a throw-away graph of bucket b in one kernel variant."""
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
@@ -148,20 +173,21 @@ class DecodeGraphs:
             if b > FUSED_MAX_ROWS:
                 break
             if self.kernels != "auto":
-                self.fused[b] = self.kernels == "fused"
+                self.fused[b] = self.variant_for(b)
                 continue
-            try:
-                ref, got = self.forward(b, False), self.forward(b, True)
-                err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
-                if not err < 2e-2:  # never pick a variant that disagrees with the cuBLAS path
-                    raise ValueError(f"fused logits differ from cuBLAS: rel err {err:.3g}")
-                t_f, t_c = self._time_variant(b, True), self._time_variant(b, False)
-            except Exception as exc:  # this bucket keeps the cuBLAS path; say why
-                self.fused[b] = False
-                self.fused_error = f"bucket {b}: {type(exc).__name__}: {exc}"[:300]
-                continue
-            self.choice_ms[b] = {"fused": t_f, "cublas": t_c, "rel_err": err}
-            self.fused[b] = t_f < t_c
+            ref = self.forward(b, "cublas")
+            times = {"cublas": self._time_variant(b, "cublas")}
+            for v in self._candidates(b):
+                try:
+                    got = self.forward(b, v)
+                    err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
+                    if not err < 2e-2:  # never pick a variant that disagrees with the cuBLAS path
+                        raise ValueError(f"{v} logits differ from cuBLAS: rel err {err:.3g}")
+                    times[v] = self._time_variant(b, v)
+                except Exception as exc:  # this variant is out for this bucket; say why
+                    self.fused_error = f"bucket {b} {v}: {type(exc).__name__}: {exc}"[:300]
+            self.choice_ms[b] = times
+            self.fused[b] = min(times, key=lambda k: times[k])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -173,7 +199,7 @@ class DecodeGraphs:
 
         between = self._choose_kernels if self.kernels != "cublas" else None
         self.graphs, self.outputs, self.pool = capture_buckets(
-            self.buckets, self.forward, self.pool, warm=lambda b: self.forward(b, False), between=between)
+            self.buckets, self.forward, self.pool, warm=lambda b: self.forward(b, "cublas"), between=between)
 
     def _fill_padding(self, lo: int, hi: int) -> None:
         n, h = self.max_bs, self.host_np

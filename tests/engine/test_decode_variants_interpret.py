@@ -1,0 +1,56 @@
+"""Decode kernel variants agree on a real (tiny, HF-saved) model: the batch-1 fused
+norm+QKV+RoPE+store layer ('b1') against the cuBLAS-style and fused-GEMM variants, greedy
+tokens included. GPU, or CPU under TRITON_INTERPRET=1 (PDL itself needs Hopper: see
+test_gpu_graphs.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.engine._tiny import tiny_hf_model
+from tristream.engine.engine import EngineConfig, LLMEngine
+from tristream.engine.loader import load_model
+from tristream.engine.models.llama import LlamaModel
+from tristream.engine.sequence import SamplingParams
+
+pytestmark = [pytest.mark.gpu, pytest.mark.interpret_ok]
+
+
+@pytest.fixture(scope="module", params=["llama3", "qwen2"])
+def model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    d: Path = tmp_path_factory.mktemp(f"tiny_{request.param}")
+    tiny_hf_model(request.param, d, seed=5)
+    return load_model(d, device="cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _engine(model: LlamaModel, kernels: str) -> LLMEngine:
+    return LLMEngine(model, None, EngineConfig(block_size=4, num_blocks=128, max_model_len=256, graph_buckets=(1, 2),
+                                               triton_decode=True, decode_kernels=kernels, use_graphs=False))
+
+
+def test_b1_variant_logits_and_tokens_equal_the_other_variants(model: LlamaModel) -> None:
+    prompt = list(range(3, 30))
+    out: dict[str, list[int]] = {}
+    logits: dict[str, torch.Tensor] = {}
+    for kernels in ("cublas", "fused", "b1"):
+        eng = _engine(model, kernels)
+        dec = eng.runner.decoder
+        assert dec is not None and dec.variant_for(1) == kernels
+        out[kernels] = eng.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+        logits[kernels] = dec.forward(1).float()  # the last step's inputs are still in the buffers
+    assert out["b1"] == out["cublas"] == out["fused"]
+    ref = logits["cublas"]
+    for k in ("fused", "b1"):
+        assert float((logits[k] - ref).norm() / ref.norm()) < 1e-5, k
+
+
+def test_unknown_variant_is_refused(model: LlamaModel) -> None:
+    with pytest.raises(ValueError, match="b1_pdl"):
+        _engine(model, "b2")
