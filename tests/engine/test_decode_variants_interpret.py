@@ -54,3 +54,21 @@ def test_b1_variant_logits_and_tokens_equal_the_other_variants(model: LlamaModel
 def test_unknown_variant_is_refused(model: LlamaModel) -> None:
     with pytest.raises(ValueError, match="b1_pdl"):
         _engine(model, "b2")
+
+
+@pytest.mark.parametrize("kernels", ["cublas", "b1"])
+def test_triton_decode_after_eviction_equals_the_torch_path(model: LlamaModel, kernels: str) -> None:
+    """KV retention on the Triton decode path (`DecodeGraphs.prepare` in cache space, RoPE at the
+    logical position): a sequence that outgrows its budget decodes the same greedy tokens as the
+    torch reference path with the same evictions."""
+    from tristream.engine.kv_retention import RetentionConfig
+
+    out: dict[bool, list[int]] = {}
+    for triton in (True, False):
+        eng = LLMEngine(model, None, EngineConfig(
+            block_size=4, num_blocks=128, max_model_len=256, graph_buckets=(1, 2), triton_decode=triton,
+            decode_kernels=kernels, use_graphs=False, kv_budget_tokens=24,
+            retention=RetentionConfig(sink_tokens=4, text_window_tokens=8)))
+        out[triton] = eng.generate([list(range(3, 23))], SamplingParams(max_tokens=30, ignore_eos=True))[0]
+        assert eng.stats.retention.evictions > 0 and sum(eng.stats.retention.evicted_blocks.values()) >= 5
+    assert out[True] == out[False]
