@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import hmac
 import json
 import logging
-from http import HTTPStatus
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
@@ -37,7 +34,7 @@ from tristream.scale.relay import Relay, SessionPipe
 from tristream.scale.router import Opened, Refused
 from tristream.scale.session_relay import SocketOps, run_session
 from tristream.serve import protocol as P
-from tristream.serve.server import _STATIC, KEY_SUBPROTOCOL, WEB_DIR
+from tristream.serve.server import _STATIC, KEY_SUBPROTOCOL, WEB_DIR, http_response
 
 log = logging.getLogger("tristream.scale")
 AUTH_HELP = ("missing or invalid bearer token: send 'Authorization: Bearer <token>' or subprotocol "
@@ -62,16 +59,7 @@ def token_ok(offered: list[str], tokens: list[str]) -> bool:
 
 def _respond(conn: ServerConnection, status: int, body: str | bytes, ctype: str,
              extra: dict[str, str] | None = None) -> Response:
-    resp = conn.respond(HTTPStatus(status), "")
-    data = body.encode() if isinstance(body, str) else body
-    headers = Headers([(k, v) for k, v in resp.headers.raw_items() if k.lower() not in
-                       ("content-length", "content-type")])
-    headers["Content-Type"] = ctype
-    headers["Content-Length"] = str(len(data))
-    headers["Cache-Control"] = "no-store"
-    for k, v in (extra or {}).items():
-        headers[k] = v
-    return dataclasses.replace(resp, headers=headers, body=data)
+    return http_response(conn, status, body, ctype, extra)
 
 
 class DirectIngress:

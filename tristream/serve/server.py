@@ -65,6 +65,22 @@ class _Conn:
     slow: bool = False
 
 
+def http_response(conn: ServerConnection, status: int, body: str | bytes, ctype: str,
+                  extra: dict[str, str] | None = None) -> Response:
+    """A plain HTTP answer on the WebSocket server's port (metrics, health, the browser page):
+    `body` with its type and length, never cached, plus `extra` headers."""
+    resp = conn.respond(HTTPStatus(status), "")
+    data = body.encode() if isinstance(body, str) else body
+    headers = Headers([(k, v) for k, v in resp.headers.raw_items() if k.lower() not in
+                       ("content-length", "content-type")])
+    headers["Content-Type"] = ctype
+    headers["Content-Length"] = str(len(data))
+    headers["Cache-Control"] = "no-store"
+    for k, v in (extra or {}).items():
+        headers[k] = v
+    return dataclasses.replace(resp, headers=headers, body=data)
+
+
 class RealtimeServer:
     """The serving process: see the module docstring. Use ``async with`` or start()/stop()."""
 
@@ -191,14 +207,7 @@ class RealtimeServer:
         return None
 
     def _respond(self, conn: ServerConnection, status: int, body: bytes | str, ctype: str) -> Response:
-        resp = conn.respond(HTTPStatus(status), "")
-        data = body.encode() if isinstance(body, str) else body
-        headers = Headers([(k, v) for k, v in resp.headers.raw_items() if k.lower() not in
-                           ("content-length", "content-type")])
-        headers["Content-Type"] = ctype
-        headers["Content-Length"] = str(len(data))
-        headers["Cache-Control"] = "no-store"
-        return dataclasses.replace(resp, headers=headers, body=data)
+        return http_response(conn, status, body, ctype)
 
     def _process_request(self, conn: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]

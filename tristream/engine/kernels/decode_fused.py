@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tristream.engine.kernels.gemv import fused_gemv
+from tristream.engine.kernels.gemv import fused_gemv, row_rstd
 from tristream.engine.kernels.triton_ops import paged_decode_attention
 
 
@@ -50,12 +50,7 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     if NORM:
-        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            ss += xv * xv
-        rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
+        rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     xv = tl.load(x_ptr + rk0, mask=k0mask, other=0.0)
     if NORM:
         nw = tl.load(nw_ptr + rk0, mask=k0mask, other=0.0)

@@ -65,6 +65,17 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
 
 
 @triton.jit
+def row_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    """1 / RMS of the row x[0:K] (float32), read in BLOCK_K tiles."""
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + tl.arange(0, BLOCK_K)
+        xv = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+        ss += xv * xv
+    return tl.rsqrt(tl.sum(ss, 0) / K + eps)
+
+
+@triton.jit
 def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps,
                         NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
@@ -81,12 +92,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     if NORM:
-        ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            ss += xv * xv
-        rstd = tl.rsqrt(tl.sum(ss, 0) / K + eps)
+        rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
