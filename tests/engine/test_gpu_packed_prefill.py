@@ -59,7 +59,8 @@ def test_prefill_graphs_equal_eager_prefill(dtype: torch.dtype) -> None:
     graphs = eng.runner.prefill_graphs
     assert graphs is not None and set(graphs.graphs) == set(graphs.buckets)
     g = torch.Generator().manual_seed(3)
-    for step, lengths in enumerate([[1], [5, 9], [16, 1, 7, 3], [40, 20, 3], [30, 30, 30, 30, 5], [2] * 16]):
+    for step, lengths in enumerate([[1], [5, 9], [16, 1, 7, 3], [40, 20, 3], [30, 30, 30, 30, 5], [2] * 16,
+                                    [100, 60, 40]]):  # the last one needs the 256-token bucket
         prefix = [int(x) for x in torch.randint(0, 300, (len(lengths),), generator=g)]
         chunks = []
         for n, k in zip(lengths, prefix, strict=True):

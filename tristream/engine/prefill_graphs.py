@@ -3,7 +3,7 @@
 A step that appends 8–40 tokens to a handful of sessions costs the GPU about a millisecond,
 but its eager launch sequence (five Triton kernels and four GEMMs per layer, each launched
 from Python) costs the host several. The paged prefill kernel takes every index from device
-memory, so such a step is capturable: per token bucket (16, 32, 64, 128 tokens) one graph over
+memory, so such a step is capturable: per token bucket (16, 32, 64, 128, 256 tokens) one graph over
 persistent buffers, with room for `max_chunks` chunks and the worst-case number of query
 tiles. Per step the host fills one pinned buffer (token ids, positions, cache slots, logit
 rows, tiles, per-chunk q_start/q_len/ctx_len, block tables at a fixed stride) and copies it
@@ -28,7 +28,7 @@ from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.packed_attention import PART_ALIGN, PackedAttention, PagedPrefillPlan
 
-DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128)
+DEFAULT_TOKEN_BUCKETS = (16, 32, 64, 128, 256)
 
 
 def _align(n: int) -> int:
