@@ -122,17 +122,21 @@ class AsyncLLM:
 
     def submit(self, prompt: str | list[int] | None = None, params: SamplingParams | None = None,
                priority: int = 0, deadline: float | None = None,
-               chat: list[dict[str, str]] | None = None) -> RequestStream:
-        """Start a request; returns its stream (call from the event loop's thread)."""
-        seq_id = self.engine.add_request(prompt, params, priority=priority, deadline=deadline, chat=chat)
+               chat: list[dict[str, str]] | None = None, kv_budget_tokens: int | None = None) -> RequestStream:
+        """Start a request; returns its stream (call from the event loop's thread). `kv_budget_tokens`:
+        this request's KV budget (default: the engine's; see `kv_retention.py`)."""
+        seq_id = self.engine.add_request(prompt, params, priority=priority, deadline=deadline, chat=chat,
+                                         kv_budget_tokens=kv_budget_tokens)
         stream = self._register(seq_id)
         self.wake()
         return stream
 
     def open_context(self, prompt: str | list[int] | None = None, priority: int = 0,
-                     deadline: float | None = None) -> ContextHandle:
-        """Open a context that is prefilled as input arrives; generate later."""
-        seq_id = self.engine.add_request(prompt, None, priority=priority, deadline=deadline, generate=False)
+                     deadline: float | None = None, kv_budget_tokens: int | None = None) -> ContextHandle:
+        """Open a context that is prefilled as input arrives; generate later. `kv_budget_tokens`:
+        as for `submit` (a long-lived context under a budget evicts instead of growing)."""
+        seq_id = self.engine.add_request(prompt, None, priority=priority, deadline=deadline, generate=False,
+                                         kv_budget_tokens=kv_budget_tokens)
         self.wake()
         return ContextHandle(self, seq_id)
 
