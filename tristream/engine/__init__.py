@@ -2,7 +2,8 @@
 
 Public API (imported lazily so that `import tristream.engine` stays cheap):
 `LLMEngine`, `EngineConfig`, `StepOutput`, `SamplingParams`, `FinishReason`, `AsyncLLM`,
-`Delta`, `ModelConfig`, `LlamaModel`, `load_model`, `Tokenizer`. See `engine.engine` for
+`Delta`, `ModelConfig`, `LlamaModel`, `load_model`, `Tokenizer`, `RetentionConfig` (KV budgets,
+`kv_retention.py`). See `engine.engine` for
 the incremental-prefill API (`add_request(generate=False)`, `append`, `start_generation`).
 """
 
@@ -23,6 +24,7 @@ _EXPORTS = {
     "LlamaModel": "tristream.engine.models.llama",
     "load_model": "tristream.engine.loader",
     "Tokenizer": "tristream.engine.tokenizer",
+    "RetentionConfig": "tristream.engine.kv_retention",
 }
 
 __all__ = sorted(_EXPORTS)
