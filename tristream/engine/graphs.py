@@ -36,12 +36,16 @@ class TritonDecodeAttention:
     """Attention backend for one-token-per-sequence decode over the paged cache."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, positions: torch.Tensor, slots: torch.Tensor,
-                 block_tables: torch.Tensor, ctx_lens: torch.Tensor, splits: int) -> None:
+                 block_tables: torch.Tensor, ctx_lens: torch.Tensor, splits: int,
+                 counters: torch.Tensor | None = None) -> None:
+        """counters: persistent int32 zeros (one per row and head) that let the batch-1 path merge
+        split attention in the same kernel (`decode_fused.decode_logits_b1`)."""
         self.cfg = model.cfg
         self.cos_sin = model.cos_sin
         self.cache = cache
         self.positions, self.slots, self.block_tables, self.ctx_lens = positions, slots, block_tables, ctx_lens
         self.splits = splits
+        self.counters = counters
         self.scale = self.cfg.head_dim ** -0.5
 
     def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
@@ -106,6 +110,7 @@ class DecodeGraphs:
         self.slots = self.dev_buf[2 * n:3 * n]
         self.ctx_lens = self.dev_buf[3 * n:4 * n]
         self.block_tables = self.dev_buf[4 * n:].view(n, self.max_blocks)
+        self.merge_counters = torch.zeros(n * model.cfg.num_heads, dtype=torch.int32, device=dev)
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -135,7 +140,7 @@ class DecodeGraphs:
         m = self.model
         splits = K.choose_splits(b, m.cfg.num_heads, self.num_sms)
         attn = TritonDecodeAttention(m, self.cache, self.positions[:b], self.slots[:b], self.block_tables[:b],
-                                     self.ctx_lens[:b], splits)
+                                     self.ctx_lens[:b], splits, self.merge_counters)
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
         if v in ("b1", "b1_pdl") and b == 1:

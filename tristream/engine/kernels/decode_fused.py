@@ -3,14 +3,17 @@ and Programmatic Dependent Launch (PDL) between the step's kernels.
 
 At batch 1 a decode step of a small model is a chain of ~7 tiny kernels per layer, each bound
 by its launch and its first round trip to memory rather than by bytes (SmolLM2-135M: ~210
-kernels for 0.92 ms on an H200, against an HBM floor of 0.06 ms). Two things shorten it:
+kernels for 0.92 ms on an H200, against an HBM floor of 0.06 ms). Three things shorten it:
 
 * `qkv_rope_store1` folds the rope+store kernel into the QKV GEMV's epilogue. Each program owns
   `PAIR` rows of the first half of one head and the `PAIR` matching rows of its second half, so
   the rotation pairs (i, i + head_dim/2) meet in registers: q heads are rotated into `q_out`, k
   heads rotated into the K cache, v heads copied into the V cache (slot -1: nothing written).
   Rounding follows the unfused path (the GEMV result is rounded to the weight dtype before the
-  rotation), so both give the same bits.
+  rotation); the two agree to float rounding of the K sums (tests: relative error < 1e-6).
+* Split attention merges in its own kernel: the last split of each head to finish (an atomic
+  count per head in persistent `counters`) merges the partial softmaxes, so the merge kernel
+  goes (`triton_ops.paged_decode_attention(counters=...)`).
 * With ``pdl=True`` each kernel is launched with the PDL attribute: it may start while its
   predecessor finishes, loads only constant weights before ``gdc_wait`` (which waits for the
   predecessor's memory), and lets its own successor launch early. Hopper and newer only; the
@@ -136,11 +139,12 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
 
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False) -> torch.Tensor:
-    """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention, O+residual,
-    norm+gate|up, SiLU+down+residual (5-6 kernels instead of 7), optionally chained with PDL.
+    """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
+    in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
+    kernels instead of 7, optionally chained with PDL.
 
     `attention` carries the step's device inputs (`positions`, `slots`, `block_tables`,
-    `ctx_lens`, `cache`, `splits`, `scale`), as `graphs.TritonDecodeAttention` does.
+    `ctx_lens`, `cache`, `splits`, `scale`, optional `counters`), as `graphs.TritonDecodeAttention` does.
     """
     cfg = model.cfg
     eps = cfg.rms_norm_eps
@@ -151,7 +155,8 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                             pdl=pdl)
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
-                                   attention.scale, attention.splits, pdl=pdl).view(1, cfg.q_size)
+                                   attention.scale, attention.splits, pdl=pdl,
+                                   counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
         r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl)
         gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl)
         r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl)

@@ -115,9 +115,10 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 
 
 @triton.jit
-def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, bt_stride,
+def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, bt_stride,
                          scale, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
-                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr):
+                         PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+                         FUSED_MERGE: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -158,6 +159,33 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
         tl.store(po_ptr + idx * HD + d, acc)
         tl.store(pm_ptr + idx, m_i)
         tl.store(pl_ptr + idx, l_i)
+        if FUSED_MERGE:
+            # the last split of this (row, head) to finish merges all of them: no second kernel.
+            # Barrier, then a release/acquire count at GPU scope (cumulative: the partials of
+            # every thread of every split are visible to the merging program), reads past L1.
+            tl.debug_barrier()
+            bh = b * NH + h
+            done = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
+            if done == SPLITS - 1:
+                tl.debug_barrier()
+                _merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, ".cg")
+                tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")  # ready for the next step
+
+
+@triton.jit
+def _merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
+    """Merge the SPLITS partial softmaxes of one (row, head) into its output."""
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, HD)
+    m = tl.load(pm_ptr + bh * SPLITS + sp, cache_modifier=CACHE)
+    lsum = tl.load(pl_ptr + bh * SPLITS + sp, cache_modifier=CACHE)
+    mmax = tl.max(m, 0)
+    mmax = tl.where(mmax == -float("inf"), 0.0, mmax)
+    w = tl.exp(m - mmax)
+    total = tl.sum(w * lsum, 0)
+    po = tl.load(po_ptr + (bh * SPLITS + sp[:, None]) * HD + d[None, :], cache_modifier=CACHE)
+    o = tl.sum(po * w[:, None], 0) / tl.maximum(total, 1e-30)
+    tl.store(out_ptr + bh * HD + d, o.to(out_ptr.dtype.element_ty))
 
 
 @triton.jit
@@ -167,17 +195,7 @@ def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLI
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sp = tl.arange(0, SPLITS)
-    d = tl.arange(0, HD)
-    m = tl.load(pm_ptr + bh * SPLITS + sp)
-    lsum = tl.load(pl_ptr + bh * SPLITS + sp)
-    mmax = tl.max(m, 0)
-    mmax = tl.where(mmax == -float("inf"), 0.0, mmax)
-    w = tl.exp(m - mmax)
-    total = tl.sum(w * lsum, 0)
-    po = tl.load(po_ptr + (bh * SPLITS + sp[:, None]) * HD + d[None, :])
-    o = tl.sum(po * w[:, None], 0) / tl.maximum(total, 1e-30)
-    tl.store(out_ptr + bh * HD + d, o.to(out_ptr.dtype.element_ty))
+    _merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, "")
 
 
 def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
@@ -188,9 +206,12 @@ def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, ctx_lens: torch.Tensor, page: int, scale: float,
-                           splits: int, block_n: int = 64, pdl: bool = False) -> torch.Tensor:
+                           splits: int, block_n: int = 64, pdl: bool = False,
+                           counters: torch.Tensor | None = None) -> torch.Tensor:
     """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd].
-    pdl: launch with Programmatic Dependent Launch (Hopper+; see `decode_fused.py`)."""
+    pdl: launch with Programmatic Dependent Launch (Hopper+; see `decode_fused.py`).
+    counters: int32 zeros, ≥ B·nh of them, kept between calls: with splits > 1 the last split of
+    each head merges the partials itself (one kernel instead of two) and resets its counter."""
     b, nh, hd = q.shape
     nkv = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -201,11 +222,15 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         pl = torch.empty(b * nh * splits, dtype=torch.float32, device=q.device)
     else:
         po = pm = pl = out
+    fused = splits > 1 and counters is not None
+    if fused and (counters.dtype != torch.int32 or counters.numel() < b * nh):  # type: ignore[union-attr]
+        raise ValueError(f"counters must be int32 with at least {b * nh} elements")
     _paged_decode_kernel[(b, nh, splits)](
-        q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, block_tables.stride(0), scale,
+        q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, counters if fused else out,
+        block_tables.stride(0), scale,
         NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits, USE_PDL=pdl,
-        **launch,
+        FUSED_MERGE=fused, **launch,
     )
-    if splits > 1:
+    if splits > 1 and not fused:
         _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits, USE_PDL=pdl, **launch)
     return out
