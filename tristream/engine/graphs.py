@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from tristream.engine.kernels import triton_ops as K
-from tristream.engine.kernels.decode_fused import decode_logits_b1
+from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1
 from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
@@ -59,9 +59,11 @@ class TritonDecodeAttention:
 
 
 FUSED_MAX_ROWS = 16
-VARIANTS = ("cublas", "fused", "b1", "b1_pdl")
+B1_VARIANTS = tuple(f"{t}{p}" for t in TILES for p in ("", "_pdl"))
+VARIANTS = ("cublas", "fused", *B1_VARIANTS)
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
-at batch 1 also the norm+QKV+RoPE+store kernel (`kernels/decode_fused.py`), with or without PDL."""
+at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
+(b1, b1w, b1m), each with or without PDL (`_pdl`)."""
 
 
 def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention) -> torch.Tensor:
@@ -83,10 +85,10 @@ class DecodeGraphs:
     def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int,
                  buckets: tuple[int, ...] | None = None, use_graphs: bool = True,
                  kernels: str = "auto") -> None:
-        """kernels: 'fused' (skinny fused GEMMs for buckets ≤ 16), 'cublas', 'b1' / 'b1_pdl' (as
-        'fused', and bucket 1 through the fused QKV+RoPE+store kernel, launched without / with
-        Programmatic Dependent Launch), or 'auto' (time the variants per small bucket at capture,
-        keep the fastest that agrees with cuBLAS)."""
+        """kernels: 'fused' (skinny fused GEMMs for buckets ≤ 16), 'cublas', one of the batch-1
+        variants `B1_VARIANTS` (as 'fused', and bucket 1 through the fused QKV+RoPE+store layer in
+        one GEMV tile, launched without / with Programmatic Dependent Launch), or 'auto' (time the
+        variants per small bucket at capture, keep the fastest that agrees with cuBLAS)."""
         if kernels != "auto" and kernels not in VARIANTS:
             raise ValueError(f"kernels must be auto or one of {', '.join(VARIANTS)}, not {kernels!r}")
         self.kernels = kernels
@@ -143,8 +145,8 @@ class DecodeGraphs:
                                      self.ctx_lens[:b], splits, self.merge_counters)
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
-        if v in ("b1", "b1_pdl") and b == 1:
-            return decode_logits_b1(m, h, attn, pdl=v == "b1_pdl")
+        if v in B1_VARIANTS and b == 1:
+            return decode_logits_b1(m, h, attn, pdl=v.endswith("_pdl"), tile=TILES[v.removesuffix("_pdl")])
         if v != "cublas":
             return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))
@@ -152,9 +154,8 @@ class DecodeGraphs:
     def _candidates(self, b: int) -> list[str]:
         out = ["fused"]
         if b == 1 and self.model.device.type == "cuda":
-            out.append("b1")
-            if torch.cuda.get_device_capability(self.model.device)[0] >= 9:
-                out.append("b1_pdl")
+            pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
+            out += [v for v in B1_VARIANTS if pdl or not v.endswith("_pdl")]
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:

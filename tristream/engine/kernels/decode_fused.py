@@ -113,7 +113,7 @@ def pair_rows(half: int, k: int) -> int:
 def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
                     eps: float, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, nh: int, nkv: int, hd: int,
-                    pdl: bool = False) -> torch.Tensor:
+                    pdl: bool = False, tile: tuple[int, int] | None = None) -> torch.Tensor:
     """Batch-1 QKV projection of `x` [1, K] (optionally RMS-normalised first) with RoPE at
     `positions[0]`; k and v go to the flat caches at `slots[0]` (-1: skipped). Returns q [1, nh, hd]."""
     if x.shape[0] != 1:
@@ -122,14 +122,17 @@ def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     if n != (nh + 2 * nkv) * hd or hd % 2:
         raise ValueError(f"weight rows {n} != (heads {nh} + 2 x kv heads {nkv}) x head_dim {hd} (even)")
     half = hd // 2
-    pair = pair_rows(half, k)
+    pair = pair_rows(half, k) if tile is None else max(1, min(tile[0] // 2, half))
+    while half % pair:
+        pair //= 2
+    block_k = min(triton.next_power_of_2(k), 1024) if tile is None else tile[1]
     q = torch.empty(1, nh, hd, dtype=w.dtype, device=w.device)
     dummy = q
     _qkv_rope_store1_kernel[(nh + 2 * nkv, half // pair)](
         x, w, bias if bias is not None else dummy, norm_weight if norm_weight is not None else dummy,
         positions, cos_sin, slots, q, k_cache, v_cache, k, eps,
         NH=nh, NKV=nkv, HD=hd, HALF=half, PAIR=pair, NORM=norm_weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_K=min(triton.next_power_of_2(k), 1024), USE_PDL=pdl, num_warps=4, **_pdl_launch(pdl),
+        BLOCK_K=block_k, USE_PDL=pdl, num_warps=4, **_pdl_launch(pdl),
     )
     return q
 
@@ -138,14 +141,23 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
     return {"launch_pdl": True} if pdl else {}
 
 
-def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False) -> torch.Tensor:
+TILES: dict[str, tuple[int, int] | None] = {"b1": None, "b1w": (64, 128), "b1m": (32, 256)}
+"""Batch-1 GEMV tiles (rows, K columns) per variant name: the default per shape (8-16 rows x
+up to 1024 columns), wide-and-short, and between. Which is fastest depends on the GPU and the
+model; the decode graphs time them at capture."""
+
+
+def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
+                     tile: tuple[int, int] | None = None) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
 
     `attention` carries the step's device inputs (`positions`, `slots`, `block_tables`,
     `ctx_lens`, `cache`, `splits`, `scale`, optional `counters`), as `graphs.TritonDecodeAttention` does.
+    `tile`: the GEMV tile (rows, K columns) of every projection; None: the default per shape.
     """
+    bn, bk = tile if tile is not None else (None, None)
     cfg = model.cfg
     eps = cfg.rms_norm_eps
     r = h
@@ -153,11 +165,12 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
         kc, vc = attention.cache.flat(i)
         q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attention.positions,
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                            pdl=pdl)
+                            pdl=pdl, tile=tile)
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
                                    counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
-        r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl)
-        gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl)
-        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl)
-    return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl).float()
+        r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk)
+        gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn, block_k=bk)
+        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=bn, block_k=bk)
+    return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
+                      block_k=bk).float()

@@ -127,7 +127,8 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
 
     pdl: launch the batch-1 kernel with Programmatic Dependent Launch (Hopper+; see
-    `decode_fused.py`); ignored for more rows."""
+    `decode_fused.py`); ignored for more rows. block_n / block_k: the tile (default: per shape);
+    at batch 1 the decode graphs time a few tiles at capture and keep the fastest."""
     m = x.shape[0]
     n, k = w.shape
     if m > 16:
@@ -135,8 +136,8 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     out = torch.empty(m, n, dtype=w.dtype, device=w.device)
     dummy = out
     if m == 1:
-        bk = min(triton.next_power_of_2(k), 1024)
-        bn = 8 if bk >= 1024 else 16
+        bk = block_k or min(triton.next_power_of_2(k), 1024)
+        bn = block_n or (8 if bk >= 1024 else 16)
         _fused_gemv1_kernel[(triton.cdiv(n, bn),)](
             x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
             norm_weight if norm_weight is not None else dummy, out, n, k, eps,
