@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.serve.helpers import run
-from tristream.scale.wire import BINARY, EVENT, HELLO, TEXT, RecordProtocol, WireServer, record
+from tristream.scale.wire import BINARY, EVENT, HELLO, MAX_HELLO, TEXT, RecordProtocol, WireServer, record
 
 _records = st.lists(st.tuples(st.sampled_from([TEXT, BINARY, EVENT]),
                               st.text(alphabet="abcdefghij_0123456789", max_size=40),
@@ -76,6 +76,30 @@ def test_corrupt_length_closes_the_stream() -> None:
         r, w = await asyncio.open_connection(ep.host, ep.port)
         w.write(record(HELLO, "ing", ep.secret) + (1 << 30).to_bytes(4, "big") + b"T")
         assert await asyncio.wait_for(r.read(), 5) == b""
+        w.close()
+        srv.close()
+
+    run(go(), timeout=30)
+
+
+def test_a_stranger_cannot_make_the_replica_buffer_a_large_first_record() -> None:
+    """Before the hello is checked only a small record is accepted: announcing a 32 MiB first
+    record closes the connection at once (nothing buffered, counted as refused by the closing)."""
+    async def go() -> None:
+        connected: list[str] = []
+        srv = WireServer(lambda i, s, d: None, lambda n, r: None, connected.append)
+        ep = await srv.start("127.0.0.1")
+        r, w = await asyncio.open_connection(ep.host, ep.port)
+        w.write((32 << 20).to_bytes(4, "big") + b"H" + b"\x00" * 1000)
+        assert await asyncio.wait_for(r.read(), 5) == b""
+        w.close()
+        # a real hello still fits, and after it large records are accepted again
+        r, w = await asyncio.open_connection(ep.host, ep.port)
+        big = b"x" * (4 * MAX_HELLO)
+        got: asyncio.Queue[int] = asyncio.Queue()
+        srv.on_message = lambda i, s, d: got.put_nowait(len(d))
+        w.write(record(HELLO, "ing", ep.secret) + record(BINARY, "sess_1", big))
+        assert await asyncio.wait_for(got.get(), 5) == len(big) and connected == ["ing"]
         w.close()
         srv.close()
 

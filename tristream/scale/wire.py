@@ -31,6 +31,9 @@ log = logging.getLogger("tristream.scale")
 HELLO, TEXT, BINARY, EVENT = b"H", b"T", b"B", b"E"
 MAX_RECORD = 64 << 20
 """A larger length is a corrupt stream (client messages are capped far below, at the socket)."""
+MAX_HELLO = 1024
+"""Largest first record (the hello) a replica accepts: before the secret is checked, a stranger
+cannot make it buffer more than this."""
 
 
 class WireError(Exception):
@@ -61,6 +64,8 @@ class RecordProtocol(asyncio.Protocol):
         self.on_record = on_record
         self.on_lost = on_lost
         self.transport: asyncio.Transport | None = None
+        self.max_record = MAX_RECORD
+        """Largest record accepted now (a server lowers it to `MAX_HELLO` until the hello)."""
         self._buf = bytearray()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -73,7 +78,7 @@ class RecordProtocol(asyncio.Protocol):
         try:
             while n - pos >= 4:
                 size = int.from_bytes(buf[pos:pos + 4], "big")
-                if size < 2 or size > MAX_RECORD:
+                if size < 2 or size > self.max_record:
                     raise WireError(f"relay record of {size} bytes: corrupt stream")
                 if n - pos - 4 < size:
                     break
@@ -168,6 +173,7 @@ class WireServer:
                     self.on_count("tristream_relay_refused_total", "bad_hello")
                     raise WireError("relay connection without the replica's secret")
                 assert proto.transport is not None
+                proto.max_record = MAX_RECORD
                 state["ingress"] = sid
                 self.outlets[sid] = Outlet(proto.transport, self.max_buffer_bytes,
                                            lambda reason: self.on_count("tristream_events_dropped_total", reason))
@@ -191,6 +197,7 @@ class WireServer:
                     self.on_disconnect(ingress)
 
         proto = RecordProtocol(on_record, on_lost)
+        proto.max_record = MAX_HELLO
         return proto
 
     def totals(self) -> tuple[int, int]:
