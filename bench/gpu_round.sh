@@ -2,11 +2,11 @@
 # One device call that checks and measures everything GPU-side that is waiting for a GPU:
 # every `gpu` test, then the benchmarks of the open engine issues. Each part has its own time
 # limit (a hung part cannot eat the whole call) and its own log; results JSON and logs land in
-# $OUT (the device tool brings that folder back). Parts: tests llm encoders prefill sched.
+# $OUT (the device tool brings that folder back). Parts: gemv tests llm encoders prefill sched.
 #
-#   run: bash bench/gpu_round.sh                 # all parts: their limits add up to 36 min, over one
+#   run: bash bench/gpu_round.sh                 # all parts: their limits add up to 40 min, over one
 #                                                # call's 28; split them over two calls
-#        bash bench/gpu_round.sh tests llm       # a subset, in this order
+#        bash bench/gpu_round.sh gemv tests llm  # a subset, in this order
 #
 # The GPU machine's own torch/triton/transformers are used; the serving GPU tests also need
 # websockets and soxr wheels and silero_vad.onnx under .cache/gpu-serve (carry it; see
@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/gpu_round_out}
 mkdir -p "$OUT"
 PY=${PY:-python3}
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests llm encoders prefill sched)
+[ ${#parts[@]} -eq 0 ] && parts=(gemv tests llm encoders prefill sched)
 
 if [ -d .cache/gpu-serve ] && ls .cache/gpu-serve/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-serve .cache/gpu-serve/*.whl \
@@ -38,6 +38,7 @@ step() {  # step NAME LIMIT_S CMD...: run with a limit, log to $OUT/NAME.log, sa
 
 for part in "${parts[@]}"; do
   case $part in
+    gemv) step gemv 240 $PY bench/gemv.py --name gemv_round ;;
     tests) step gpu_tests 480 $PY -m pytest -q -m gpu tests -p no:cacheprovider ;;
     llm) step llm 600 $PY bench/llm.py --models smollm2-135m,llama-3.2-1b,llama-3-8b --name llm_gpu_round ;;
     encoders) step encoders 420 $PY bench/encoders.py --only siglip,whisper,realspeech,realstreams --profile \
@@ -45,7 +46,7 @@ for part in "${parts[@]}"; do
     prefill) step prefill_mix 240 $PY bench/prefill_mix.py --name prefill_mix_round ;;
     sched) step sched_real 420 $PY bench/sched.py --real --sessions 64 --duration 16 --warmup 3 \
              --real-schedulers ours,fifo ;;
-    *) echo "unknown part $part (tests llm encoders prefill sched)" | tee -a "$OUT/summary.txt" ;;
+    *) echo "unknown part $part (gemv tests llm encoders prefill sched)" | tee -a "$OUT/summary.txt" ;;
   esac
   cp bench/results/*round*.json bench/results/sched_real.json "$OUT/" 2>/dev/null
 done

@@ -123,12 +123,13 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
-               pdl: bool = False) -> torch.Tensor:
+               pdl: bool = False, num_warps: int | None = None) -> torch.Tensor:
     """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
 
     pdl: launch the batch-1 kernel with Programmatic Dependent Launch (Hopper+; see
     `decode_fused.py`); ignored for more rows. block_n / block_k: the tile (default: per shape);
-    at batch 1 the decode graphs time a few tiles at capture and keep the fastest."""
+    at batch 1 the decode graphs time a few tiles at capture and keep the fastest; num_warps:
+    the batch-1 kernel's warps (default 4)."""
     m = x.shape[0]
     n, k = w.shape
     if m > 16:
@@ -142,7 +143,7 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
             x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
             norm_weight if norm_weight is not None else dummy, out, n, k, eps,
             NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=4, **({"launch_pdl": True} if pdl else {}),
+            BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
         )
         return out
     num_warps, num_stages = 4, 3
