@@ -104,3 +104,34 @@ def test_a_stranger_cannot_make_the_replica_buffer_a_large_first_record() -> Non
         srv.close()
 
     run(go(), timeout=30)
+
+
+def test_an_ingress_that_stops_reading_loses_its_link_instead_of_events() -> None:
+    """Past the write-buffer bound the replica drops the whole link (counted), so the ingress's
+    sessions end with an error instead of silently missing events."""
+    async def go() -> None:
+        counts: list[tuple[str, str]] = []
+        gone: list[str] = []
+        srv = WireServer(lambda i, s, d: None, lambda n, r: counts.append((n, r)), lambda i: None, gone.append,
+                         max_buffer_bytes=64 << 10)
+        ep = await srv.start("127.0.0.1")
+        r, w = await asyncio.open_connection(ep.host, ep.port)
+        w.transport.pause_reading()  # this ingress never reads again
+        w.write(record(HELLO, "ing", ep.secret))
+        while "ing" not in srv.outlets:
+            await asyncio.sleep(0.01)
+        outlet = srv.outlets["ing"]
+        chunk = b"e" * 16384
+        for _ in range(2000):  # far more than the socket buffers and the 64 KiB bound hold
+            outlet.send(EVENT, "sess_1", chunk)
+            await asyncio.sleep(0)
+            if outlet.transport.is_closing():
+                break
+        assert ("tristream_events_dropped_total", "ingress_backlog") in counts
+        while not gone:  # the link is dropped: the replica ends that ingress's sessions
+            await asyncio.sleep(0.01)
+        assert gone == ["ing"] and "ing" not in srv.outlets
+        w.close()
+        srv.close()
+
+    run(go(), timeout=30)

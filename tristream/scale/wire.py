@@ -118,7 +118,11 @@ class Outlet:
             self.on_drop("ingress_gone")
             return
         if self.transport.get_write_buffer_size() > self.max_buffer_bytes:
-            self.on_drop("ingress_backlog")  # the ingress process stopped reading: it is overloaded
+            # the ingress process stopped reading (hung or far overloaded): rather than leave holes
+            # in its sessions' event streams, drop the link; its sessions end with an error on
+            # both sides (the ingress: replica_failed, so clients reconnect; here: ingress_lost)
+            self.on_drop("ingress_backlog")
+            self.transport.abort()
             return
         if not self._out:
             self._loop.call_soon(self._flush)
