@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.engine._tiny import random_llama_cuda
-from tests.engine.test_retention_engine import Recorder, evicted_positions, reference
+from tests.engine.test_retention_engine import Recorder, evicted_positions
 from tristream.engine.engine import EngineConfig, LLMEngine
 from tristream.engine.kv_retention import RetentionConfig
 from tristream.engine.models.llama import LlamaModel
@@ -36,19 +36,7 @@ def engine(model: LlamaModel, **kw: Any) -> LLMEngine:
 
 
 def check_rows(rec: Recorder, model: LlamaModel, seq: Sequence, dtype: torch.dtype) -> int:
-    evicted_at: dict[int, frozenset[int]] = {}
-    n = 0
-    for s, p, e, lg in rec.rows:
-        if s is not seq:
-            continue
-        evicted_at[p] = e
-        if lg is None:
-            continue
-        ref, _ = reference(model, seq, p + 1, evicted_at, embeds=rec.seq_embeds(seq))
-        err = float((lg.float() - ref[p].float()).norm() / ref[p].float().norm())
-        assert err < TOL[dtype], f"position {p} ({dtype}): relative error {err:.3g} vs the masked reference"
-        n += 1
-    return n
+    return rec.check(model, seq, TOL[dtype], norm=True)
 
 
 def run_all(eng: LLMEngine, seq: Sequence, budget_blocks: int) -> None:

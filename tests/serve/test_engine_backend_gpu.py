@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
 
 import pytest
 
@@ -26,7 +25,7 @@ MAX_TOKENS = 16
 def test_engine_backend_on_cuda_graphs_through_the_scheduler() -> None:
     import torch
 
-    from tests.serve.helpers import TOKEN, run, url
+    from tests.serve.helpers import TOKEN, count_replays, run, url
     from tristream.serve.client import RealtimeClient
     from tristream.serve.sched_backend import engine_factory
     from tristream.serve.server import RealtimeServer
@@ -36,20 +35,7 @@ def test_engine_backend_on_cuda_graphs_through_the_scheduler() -> None:
     decoder = se.engine.runner.decoder
     assert decoder is not None and decoder.graphs, "decode graphs were not captured"
     graphs = decoder.graphs
-    replays = {"n": 0}
-
-    class Counted:  # counts replays; everything else goes to the captured graph
-        def __init__(self, g: Any) -> None:
-            self.g = g
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.g, name)
-
-        def replay(self) -> None:
-            replays["n"] += 1
-            self.g.replay()
-    for b in list(graphs):
-        graphs[b] = Counted(graphs[b])
+    replays = count_replays(graphs)
 
     async def client(srv: RealtimeServer, k: int) -> tuple[list[str], list[float]]:
         c = await RealtimeClient.connect(url(srv), TOKEN)

@@ -136,7 +136,7 @@ async def spoken_sessions(factory: Any, clips: list[np.ndarray], n: int) -> list
 def test_spoken_sessions_on_cuda_graphs() -> None:
     import torch
 
-    from tests.serve.helpers import run
+    from tests.serve.helpers import count_replays, run
     from tests.serve.pipeline_helpers import recall
     from tristream.serve.sched_backend import engine_factory
 
@@ -146,20 +146,7 @@ def test_spoken_sessions_on_cuda_graphs() -> None:
     asr.warm_up()
     runner = asr.runner
     assert runner.use_graphs and runner.stats.captured > 0, "the Whisper graphs were not captured"
-    replays = {"n": 0}
-
-    class Counted:  # counts replays; everything else goes to the captured graph
-        def __init__(self, g: Any) -> None:
-            self.g = g
-
-        def __getattr__(self, name: str) -> Any:
-            return getattr(self.g, name)
-
-        def replay(self) -> None:
-            replays["n"] += 1
-            self.g.replay()
-    for key in list(runner._graphs):
-        runner._graphs[key] = Counted(runner._graphs[key])
+    replays = count_replays(runner._graphs)
     eager_before, passes_before = runner.stats.eager_passes, asr.stats.passes
     f = engine_factory(model="llama-3.2-1b", device="cuda", stages="gpu", max_tokens=4, kv_bytes=2 << 30, asr=asr,
                        tts=build_tts(), vad=build_vad())

@@ -134,9 +134,6 @@ class DecodeGraphs:
             return "cublas" if self.model.device.type == "cuda" else "fused"
         return self.kernels if b == 1 or self.kernels == "fused" else "fused"
 
-    def use_fused(self, b: int) -> bool:
-        return self.variant_for(b) != "cublas"
-
     def forward(self, b: int, variant: str | None = None) -> torch.Tensor:
         """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]."""
         m = self.model

@@ -101,10 +101,11 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
             tl.store(vd + HALF + d1, x2.to(vc_ptr.dtype.element_ty))
 
 
-def pair_rows(half: int, k: int) -> int:
-    """Rows per half-head slice of one program: enough programs to spread the weight over SMs,
-    few enough registers for a `2·PAIR × BLOCK_K` tile."""
-    p = 8 if k <= 1024 else 4
+def pair_rows(half: int, k: int, rows: int | None = None) -> int:
+    """Rows per half-head slice of one program: half of `rows` when a tile is given, else enough
+    programs to spread the weight over SMs with few enough registers for a `2·PAIR × BLOCK_K`
+    tile; always a divisor of `half`."""
+    p = max(1, min(rows // 2, half)) if rows is not None else (8 if k <= 1024 else 4)
     while half % p:
         p //= 2
     return max(p, 1)
@@ -122,9 +123,7 @@ def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
     if n != (nh + 2 * nkv) * hd or hd % 2:
         raise ValueError(f"weight rows {n} != (heads {nh} + 2 x kv heads {nkv}) x head_dim {hd} (even)")
     half = hd // 2
-    pair = pair_rows(half, k) if tile is None else max(1, min(tile[0] // 2, half))
-    while half % pair:
-        pair //= 2
+    pair = pair_rows(half, k, None if tile is None else tile[0])
     block_k = min(triton.next_power_of_2(k), 1024) if tile is None else tile[1]
     q = torch.empty(1, nh, hd, dtype=w.dtype, device=w.device)
     dummy = q
