@@ -40,6 +40,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -59,12 +60,13 @@ def pct(xs: list[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(xs), q)) if xs else None
 
 
-async def session_loop(url: str, stop_at: float, lat: list[float], think_s: float, start_delay: float,
+async def session_loop(url: str, start_at: float, stop_at: float, lat: list[tuple[float, float]], think_s: float,
                        errors: list[str]) -> None:
-    """One client: text turns until ``stop_at``; appends response latencies (ms)."""
+    """One client: text turns from ``start_at`` until ``stop_at`` (``time.monotonic``, shared by
+    every client process); appends (send time, response latency ms) per answered turn."""
     from tristream.serve.client import RealtimeClient
 
-    await asyncio.sleep(start_delay)
+    await asyncio.sleep(max(0.0, start_at - time.monotonic()))
     c = await RealtimeClient.connect(url, TOKEN, open_timeout=60)
     await c.send({"type": "session.update", "session": {"modalities": ["text"]}})
     k = 0
@@ -73,6 +75,7 @@ async def session_loop(url: str, stop_at: float, lat: list[float], think_s: floa
             k += 1
             await c.send({"type": "conversation.item.create", "item": {
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"turn {k} hello"}]}})
+            sent = time.monotonic()
             t0 = time.perf_counter()
             await c.send({"type": "response.create"})
             first: float | None = None
@@ -85,45 +88,159 @@ async def session_loop(url: str, stop_at: float, lat: list[float], think_s: floa
                 if ev["type"] == "response.done":
                     break
             if first is not None:
-                lat.append(first)
+                lat.append((sent, first))
             await asyncio.sleep(think_s * (0.5 + random.random()))
     finally:
         await c.close()
 
 
-async def _sessions(url: str, n: int, duration_s: float, think_s: float, seed: int
-                    ) -> tuple[list[float], list[str]]:
-    """N sessions in this process for ``duration_s``; each session's first turn (warm-up) dropped."""
+async def _sessions(url: str, n: int, start_at: float, stop_at: float, think_s: float, seed: int
+                    ) -> tuple[list[tuple[float, float]], list[str]]:
+    """N sessions in this process, connecting at staggered offsets after ``start_at``; each
+    session's first turn (warm-up) dropped."""
     random.seed(seed)
-    lat_all: list[list[float]] = [[] for _ in range(n)]
+    lat_all: list[list[tuple[float, float]]] = [[] for _ in range(n)]
     errors: list[str] = []
-    stop_at = time.monotonic() + duration_s
-    await asyncio.gather(*(session_loop(url, stop_at, lat_all[i], think_s, random.random() * min(1.0, think_s),
-                                        errors) for i in range(n)))
+    await asyncio.gather(*(session_loop(url, start_at + random.random() * min(1.0, think_s), stop_at, lat_all[i],
+                                        think_s, errors) for i in range(n)))
     return [x for xs in lat_all for x in xs[1:]], errors
 
 
-def _sessions_proc(args: tuple[str, int, float, float, int]) -> tuple[list[float], list[str]]:
+def _sessions_proc(args: tuple[str, int, float, float, float, int]) -> tuple[list[tuple[float, float]], list[str]]:
     return asyncio.run(_sessions(*args))
 
 
-def load(url: str, n: int, duration_s: float, think_s: float, procs: int = 1) -> dict[str, Any]:
-    """N client sessions for ``duration_s``, spread over ``procs`` client processes (so that the
-    load generator's own event loop is never what saturates)."""
+def _proc_cpu() -> dict[int, tuple[str, float]]:
+    """pid → (command line, CPU seconds so far) of every process we can read (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[int, tuple[str, float]] = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            stat = (d / "stat").read_text()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(d.name)] = (cmd or stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _group(cmd: str) -> str:
+    """A process's group in the CPU table: Ray sets titles like ``ray::ServeReplica:bench:Ingress``."""
+    if cmd.startswith("ray::"):
+        return cmd.split()[0][:60]
+    if "bench/scale.py" in cmd or "multiprocessing" in cmd:
+        return "bench driver + client procs"
+    for key in ("raylet", "gcs_server", "dashboard", "log_monitor", "tristream.serve.server"):
+        if key in cmd:
+            return key
+    return cmd.split()[0].rsplit("/", 1)[-1][:40] if cmd else "?"
+
+
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU jiffies of the whole machine (/proc/stat)."""
+    vals = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return float(sum(vals) - idle), float(sum(vals))
+
+
+class _Sampler(threading.Thread):
+    """CPU per process group, machine CPU and GPU utilisation over the measured window of one level,
+    and the router's placement (sessions per replica) in its middle: where the time goes when a
+    level misses its target."""
+
+    def __init__(self, t_from: float, t_to: float, url: str) -> None:
+        super().__init__(daemon=True)
+        self.t_from, self.t_to, self.url = t_from, t_to, url
+        self.result: dict[str, Any] = {}
+
+    def run(self) -> None:
+        try:
+            time.sleep(max(0.0, self.t_from - time.monotonic()))
+            a, ma, w0 = _proc_cpu(), _machine_busy(), time.monotonic()
+            time.sleep(max(0.0, (self.t_to - self.t_from) / 2))
+            self.result["placement"] = _placement(self.url)
+            self.result["gpu_util_pct"] = _gpu_util()
+            time.sleep(max(0.0, self.t_to - time.monotonic()))
+            b, mb, w1 = _proc_cpu(), _machine_busy(), time.monotonic()
+        except Exception as exc:  # the sampler must never break a level; say why it has no figures
+            self.result["error"] = f"{type(exc).__name__}: {exc}"
+            return
+        wall = max(w1 - w0, 1e-9)
+        groups: dict[str, list[float]] = {}
+        for pid, (cmd, cpu) in b.items():
+            if pid in a:
+                groups.setdefault(_group(cmd), []).append((cpu - a[pid][1]) / wall)
+        top = sorted(groups.items(), key=lambda kv: -sum(kv[1]))[:10]
+        # "name xN": N processes of that name; the figure is their sum and the busiest one's share
+        self.result["cores_by_process"] = {f"{k} x{len(v)}" if len(v) > 1 else k:
+                                           round(sum(v), 2) if len(v) == 1 else [round(sum(v), 2), round(max(v), 2)]
+                                           for k, v in top if sum(v) >= 0.01}
+        self.result["machine_busy_cores"] = round((mb[0] - ma[0]) / max(mb[1] - ma[1], 1.0) * (os.cpu_count() or 1), 2)
+
+
+def _placement(url: str) -> dict[str, int] | str:
+    """Sessions per replica from the app's ``/scale/placement`` (direct ingress)."""
+    import urllib.request
+
+    http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0] + "/scale/placement"
+    try:
+        with urllib.request.urlopen(http, timeout=5) as r:
+            placed = json.loads(r.read())["placement"]
+    except Exception as exc:  # the proxy ingress has no such route; report why
+        return f"unavailable: {type(exc).__name__}"
+    counts: dict[str, int] = {}
+    for rid in placed.values():
+        counts[rid] = counts.get(rid, 0) + 1
+    return counts
+
+
+def _gpu_util() -> list[int] | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10).stdout
+        return [int(x) for x in out.split()]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+
+
+def load(url: str, n: int, duration_s: float, think_s: float, procs: int = 1, ramp_s: float = 0.0,
+         sample: bool = False) -> dict[str, Any]:
+    """N client sessions, spread over ``procs`` client processes (so that the load generator's
+    own event loop is never what saturates). The sessions connect over ``min(1, think)`` s; turns
+    sent in the first ``ramp_s`` s (the connection burst) are reported apart (``*_all`` figures
+    include them), the ``duration_s`` s after are the steady state the P50/P99 describe."""
     procs = max(1, min(procs, n))
+    start_at = time.monotonic() + (1.0 if procs > 1 else 0.1)  # client processes start in this second
+    measure_from = start_at + ramp_s
+    stop_at = measure_from + duration_s
+    sampler = _Sampler(measure_from, stop_at, url) if sample else None
+    if sampler is not None:
+        sampler.start()
     if procs == 1:
-        lat, errors = asyncio.run(_sessions(url, n, duration_s, think_s, 0))
+        pairs, errors = asyncio.run(_sessions(url, n, start_at, stop_at, think_s, 0))
     else:
         from concurrent.futures import ProcessPoolExecutor
 
         shares = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
         with ProcessPoolExecutor(procs) as ex:
-            parts = list(ex.map(_sessions_proc, [(url, k, duration_s, think_s, i) for i, k in enumerate(shares)]))
-        lat = [x for p in parts for x in p[0]]
+            parts = list(ex.map(_sessions_proc, [(url, k, start_at, stop_at, think_s, i)
+                                                 for i, k in enumerate(shares)]))
+        pairs = [x for p in parts for x in p[0]]
         errors = [e for p in parts for e in p[1]]
-    return {"sessions": n, "client_procs": procs, "turns": len(lat), "p50_ms": pct(lat, 50),
-            "p99_ms": pct(lat, 99), "max_ms": max(lat) if lat else None, "errors": errors[:20],
-            "n_errors": len(errors)}
+    lat = [ms for sent, ms in pairs if sent >= measure_from]
+    lat_all = [ms for _, ms in pairs]
+    row: dict[str, Any] = {
+        "sessions": n, "client_procs": procs, "ramp_s": ramp_s, "turns": len(lat), "p50_ms": pct(lat, 50),
+        "p99_ms": pct(lat, 99), "max_ms": max(lat) if lat else None, "turns_all": len(lat_all),
+        "p99_all_ms": pct(lat_all, 99), "max_all_ms": max(lat_all) if lat_all else None,
+        "turns_per_s": len(lat) / duration_s, "errors": errors[:20], "n_errors": len(errors)}
+    if sampler is not None:
+        sampler.join(timeout=30)
+        row.update(sampler.result)
+    return row
 
 
 def start_direct(backend: str, backend_kw: dict[str, Any], port: int) -> subprocess.Popen[bytes]:
@@ -205,7 +322,10 @@ def main() -> None:
                     help="frames between ingress and replica: a framed socket, or batched Ray actor calls")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--duration", type=float, default=8.0)
+    ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per level (after the ramp)")
+    ap.add_argument("--ramp", type=float, default=2.0,
+                    help="seconds of each level before the measured window: sessions connect and take their first "
+                    "turns (reported apart as p99_all_ms)")
     ap.add_argument("--think", type=float, default=0.5, help="mean pause between a session's turns (s)")
     ap.add_argument("--target-ms", type=float, default=50.0)
     ap.add_argument("--overhead-turns", type=int, default=60)
@@ -227,8 +347,10 @@ def main() -> None:
     results: dict[str, Any] = {"mode": args.mode, "backend": args.backend, "backend_kw": args.backend_kw,
                                "target_ms": args.target_ms, "ingress_replicas": args.ingress_replicas or "per replica",
                                "relay": args.relay,
-                               "duration_s": args.duration, "think_s": args.think,
-                               "latency": "client clock: response.create sent -> first answer text delta",
+                               "duration_s": args.duration, "ramp_s": args.ramp, "think_s": args.think,
+                               "latency": "client clock: response.create sent -> first answer text delta; p50/p99 over the turns "
+                               "sent in the measured window after the ramp (the connection burst), p99_all over every "
+                               "turn but each session's first",
                                "ingress": {}}
     backend_kw = json.loads(args.backend_kw)
     name = args.name or f"scale_{args.mode}"
@@ -276,12 +398,16 @@ def main() -> None:
                 load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
                 rows = []
                 for n in args.sessions:
-                    row = load(url, n, args.duration, args.think, args.client_procs)
+                    row = load(url, n, args.duration, args.think, args.client_procs, args.ramp, sample=True)
                     rows.append(row)
                     out.setdefault("partial_rows", {})[str(nrep)] = rows
                     save()
                     print(f"[{kind}] replicas={nrep} sessions={n:>4} turns={row['turns']:>5} "
-                          f"P50={row['p50_ms'] or 0:8.2f} P99={row['p99_ms'] or 0:8.2f} ms errors={row['n_errors']}")
+                          f"P50={row['p50_ms'] or 0:8.2f} P99={row['p99_ms'] or 0:8.2f} ms "
+                          f"(with ramp {row['p99_all_ms'] or 0:.2f}) errors={row['n_errors']} "
+                          f"busy cores={row.get('machine_busy_cores')} gpu%={row.get('gpu_util_pct')} "
+                          f"placed={row.get('placement')}", flush=True)
+                    print("    cores:", row.get("cores_by_process"), flush=True)
                     if row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms:
                         break  # far past the target: larger N only takes longer
                 passing = [r["sessions"] for r in rows if r["p99_ms"] is not None and r["p99_ms"] <= args.target_ms]

@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import ray
@@ -66,6 +66,10 @@ class ScaleConfig:
     start_timeout_s: float = 900.0
     autoscale_interval_s: float = 1.0
     report_timeout_s: float = 10.0
+    report_max_age_s: float = 0.25
+    """Placement uses load reports at most this old: a burst of new sessions (a reconnect storm)
+    costs one round of report calls shared by every open in flight, not one round per session;
+    the router's own session counts (always current) break ties within the window."""
     max_sessions_per_replica: int = 64
     max_sessions_total: int = 0
     """Sessions across the app before new ones get HTTP 503 (0: replicas × per-replica limit)."""
@@ -127,6 +131,9 @@ class ReplicaPool:
         self.failures = 0
         self.desired = config.autoscale.min_replicas
         self.last_reports: list[LoadReport] = []
+        self._reports_at: float | None = None
+        self._refresh: asyncio.Future[list[LoadReport]] | None = None
+        self.report_rounds = 0
         self._ids = itertools.count()
         self._spawning: set[str] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -204,7 +211,20 @@ class ReplicaPool:
                     len(r.sessions) < self.config.max_sessions_per_replica
                 out.append(rep)
         self.last_reports = out
+        self._reports_at = time.monotonic()
+        self.report_rounds += 1
         return out
+
+    async def recent_reports(self) -> list[LoadReport]:
+        """`reports`, reused while younger than ``config.report_max_age_s``; callers that arrive
+        while a refresh is in flight wait for that one instead of starting their own."""
+        at = self._reports_at
+        if at is not None and time.monotonic() - at <= self.config.report_max_age_s:
+            return self.last_reports
+        task = self._refresh
+        if task is None or task.done():
+            task = self._refresh = asyncio.ensure_future(self.reports())
+        return await asyncio.shield(task)
 
     async def open_session(self, sid: str | None = None, ingress: str = "") -> tuple[ReplicaRef, str, list[str]]:
         """Place a new session on the least-loaded replica; returns (replica, session id, first events).
@@ -216,8 +236,14 @@ class ReplicaPool:
         if cap and len(self.owner) + sum(self.pending.values()) >= cap:
             raise NoReplicaAvailable(f"server full: {cap} sessions")
         for _ in range(3):
-            reports = await self.reports()
-            counts = {r.id: len(r.sessions) + self.pending.get(r.id, 0) for r in self.live()}
+            live = {r.id: r for r in self.live()}
+            counts = {rid: len(r.sessions) + self.pending.get(rid, 0) for rid, r in live.items()}
+            cap_each = self.config.max_sessions_per_replica
+            # a cached report may be up to report_max_age_s old: re-check what changed since
+            # (the replica died or was drained, or it filled up with the opens placed since)
+            reports = [replace(rep, accepting=rep.accepting and live[rep.replica].accepting
+                               and counts[rep.replica] < cap_each)
+                       for rep in await self.recent_reports() if rep.replica in live]
             choice = least_loaded(reports, counts)
             if choice is None:
                 break
