@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from tristream.engine.kernel_choice import variant_agrees
 from tristream.engine.kernels import triton_ops as K
 from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1
 from tristream.engine.kernels.gemv import fused_gemv
@@ -94,7 +95,9 @@ class DecodeGraphs:
         self.kernels = kernels
         self.fused: dict[int, str] = {}  # bucket -> chosen variant (buckets ≤ FUSED_MAX_ROWS)
         self.choice_ms: dict[int, dict[str, float]] = {}
-        self.fused_error: str | None = None
+        self.fused_error: str | None = None  # the last variant rejected at capture, and why
+        self.variant_errors: list[str] = []  # every variant rejected at capture, and why
+        self.choice_err: dict[int, dict[str, float]] = {}  # bucket -> variant -> logits rel err vs cuBLAS
         self.model = model
         self.cache = cache
         self.buckets = tuple(sorted(buckets or DEFAULT_BUCKETS))
@@ -184,11 +187,13 @@ class DecodeGraphs:
                 try:
                     got = self.forward(b, v)
                     err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
-                    if not err < 2e-2:  # never pick a variant that disagrees with the cuBLAS path
+                    self.choice_err.setdefault(b, {})[v] = err
+                    if not variant_agrees(got, ref, err):  # never pick a variant that disagrees with cuBLAS
                         raise ValueError(f"{v} logits differ from cuBLAS: rel err {err:.3g}")
                     times[v] = self._time_variant(b, v)
                 except Exception as exc:  # this variant is out for this bucket; say why
                     self.fused_error = f"bucket {b} {v}: {type(exc).__name__}: {exc}"[:300]
+                    self.variant_errors.append(self.fused_error)
             self.choice_ms[b] = times
             self.fused[b] = min(times, key=lambda k: times[k])
 

@@ -1,0 +1,150 @@
+"""Where a batch-1 (and batch-2) decode step's time goes, per kernel variant (GPU only).
+
+`bench/llm.py` showed our decode graph slower than the sum of its GEMVs measured alone
+(`bench/gemv.py`): SmolLM2-135M 0.93 ms per step for ~0.3 ms of GEMV, and the fused batch-1
+variants slower still (Llama-3.2-1B: b1m 1.59 ms vs the cuBLAS path 1.04 ms), several of them
+rejected at capture for a 2-3% logits difference. This script takes one engine per model (random
+bf16 weights, a 128-token prompt, steady decode), and for every variant of
+`tristream.engine.graphs.VARIANTS` at buckets 1 and 2 reports:
+
+* the logits' relative error against the cuBLAS path and whether the greedy tokens agree;
+* the graph replay time (ms);
+* the kernels of one replay from the profiler: how many, their summed time, and the top ones,
+  so that launch-bound gaps (replay time minus kernel time) and slow kernels are told apart.
+
+    python3 bench/decode_profile.py --models smollm2-135m,llama-3.2-1b   # writes bench/results/decode_profile.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench._common import write_results  # noqa: E402
+
+
+def _engine(model: Any) -> Any:
+    from tristream.engine.engine import EngineConfig, LLMEngine
+
+    eng = LLMEngine(model, None, EngineConfig(block_size=16, kv_cache_bytes=4 << 30, max_model_len=4096,
+                                              max_prefill_tokens=2048, enable_prefix_cache=False,
+                                              decode_kernels="cublas", graph_buckets=(1, 2, 4)))
+    eng.runner.capture()
+    return eng
+
+
+def _steady(eng: Any, batch: int, vocab: int) -> None:
+    """`batch` sequences of 128 prompt tokens, decoding: the decode buffers hold a real step."""
+    from tristream.engine.sequence import SamplingParams
+
+    for sid in list(eng.seqs):
+        eng.cancel(sid)
+    eng.step()
+    gen = torch.Generator().manual_seed(batch)
+    for _ in range(batch):
+        eng.add_request(torch.randint(10, vocab, (128,), generator=gen).tolist(),
+                        SamplingParams(max_tokens=64, ignore_eos=True))
+    while any(not s.is_decode for s in eng.seqs.values()) or len(eng.seqs) < batch:
+        eng.step()
+    for _ in range(4):
+        eng.step()
+    torch.cuda.synchronize()
+
+
+def _kernel_table(dec: Any, b: int, v: str, reps: int = 10, top: int = 12) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        dec.forward(b, v)
+    for _ in range(3):
+        g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            g.replay()
+        torch.cuda.synchronize()
+    rows: dict[str, list[float]] = {}
+    for ev in prof.events():
+        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.name and "Memcpy" not in ev.name:
+            rows.setdefault(ev.name, []).append(ev.device_time_total if hasattr(ev, "device_time_total")
+                                                else ev.cuda_time_total)
+    del g
+    total = sum(sum(x) for x in rows.values()) / reps
+    n = sum(len(x) for x in rows.values()) / reps
+    ranked = sorted(rows.items(), key=lambda kv: -sum(kv[1]))[:top]
+    return {"kernels_per_step": n, "kernel_us_per_step": round(total, 1),
+            "top": [{"kernel": k[:110], "per_step": len(x) / reps, "us_per_step": round(sum(x) / reps, 1),
+                     "us_mean": round(sum(x) / len(x), 2)} for k, x in ranked]}
+
+
+def profile_model(name: str, buckets: list[int]) -> dict[str, Any]:
+    from llm import random_model
+
+    model = random_model(name)
+    t0 = time.perf_counter()
+    eng = _engine(model)
+    out: dict[str, Any] = {"capture_s": round(time.perf_counter() - t0, 2), "buckets": {}}
+    dec = eng.runner.decoder
+    with torch.inference_mode():
+        _profile_buckets(name, eng, dec, model.cfg.vocab_size, buckets, out)
+    del eng, model
+    torch.cuda.empty_cache()
+    return out
+
+
+def _profile_buckets(name: str, eng: Any, dec: Any, vocab: int, buckets: list[int], out: dict[str, Any]) -> None:
+    from tristream.engine.graphs import B1_VARIANTS, VARIANTS
+
+    for b in buckets:
+        _steady(eng, b, vocab)
+        ref = dec.forward(b, "cublas")
+        res: dict[str, Any] = {}
+        for v in VARIANTS:
+            if v in B1_VARIANTS and b != 1:
+                continue
+            try:
+                got = dec.forward(b, v)
+                err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
+                same = bool((got.argmax(-1) == ref.argmax(-1)).all())
+                ms = dec._time_variant(b, v)
+                table = _kernel_table(dec, b, v)
+                res[v] = {"rel_err_vs_cublas": err, "greedy_same": same, "replay_ms": round(ms, 4),
+                          "launch_gap_us": round(ms * 1e3 - table["kernel_us_per_step"], 1), **table}
+                print(f"{name} b={b} {v:<9} replay {ms:.3f} ms  kernels {table['kernels_per_step']:.0f} "
+                      f"({table['kernel_us_per_step']:.0f} us busy)  err {err:.2e} same={same}", flush=True)
+                for k in table["top"][:6]:
+                    print(f"      {k['us_per_step']:8.1f} us  x{k['per_step']:<4g} {k['us_mean']:7.2f} us  {k['kernel'][:80]}",
+                          flush=True)
+            except Exception as exc:  # one broken variant must not hide the others
+                res[v] = {"error": f"{type(exc).__name__}: {exc}"[:400]}
+                print(f"{name} b={b} {v}: {res[v]['error']}", flush=True)
+        out["buckets"][str(b)] = res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
+    ap.add_argument("--buckets", default="1,2")
+    ap.add_argument("--name", default="decode_profile")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("decode_profile.py needs a CUDA GPU (it profiles the decode graphs)")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    res: dict[str, Any] = {"models": {}}
+    for name in args.models.split(","):
+        res["models"][name] = profile_model(name, [int(b) for b in args.buckets.split(",")])
+        write_results(args.name, res)
+    print(f"wrote bench/results/{args.name}.json")
+
+
+if __name__ == "__main__":
+    main()
