@@ -27,6 +27,7 @@ from tristream.engine.speech.timing import alignment_matrix, anchored_token_star
 from tristream.engine.speech.whisper import DecoderCache, Whisper
 
 SAMPLES_PER_POSITION = 2 * HOP
+_COLS = 4  # leading columns of WhisperRunner.inputs before the draft tokens
 
 
 @dataclass(slots=True)
@@ -126,19 +127,26 @@ class WhisperRunner:
         self.t_max = t_max
         self.mel = LogMel(model.dims.n_mels).to(dev)
         self.audio = torch.zeros(bmax, smax, device=dev)
-        self.mel_buf = torch.zeros(bmax, model.dims.n_mels, smax // HOP, device=dev, dtype=self.dtype)
         self.cache = model.new_cache(bmax, tmax_enc, t_max, device=dev, dtype=self.dtype)
         self.prompt_ids = torch.tensor(self.prompt, device=dev)
-        self.draft = torch.full((bmax, max_draft), tokens.eot, dtype=torch.long, device=dev)
-        self.draft_len = torch.zeros(bmax, dtype=torch.long, device=dev)
-        self.valid_frames = torch.ones(bmax, dtype=torch.long, device=dev)
+        # per-row pass inputs, one int64 table filled by one host→device copy per pass from a pinned
+        # host twin; the graphs read its columns in place: valid frames, draft length, real row,
+        # audio-store slot, draft tokens
+        self.inputs = torch.zeros(bmax, _COLS + max_draft, dtype=torch.long, device=dev)
+        self._host_in = torch.zeros(bmax, _COLS + max_draft, dtype=torch.long,
+                                    pin_memory=dev.type == "cuda")
+        self.valid_frames = self.inputs[:, 0]
+        self.draft_len = self.inputs[:, 1]
+        self.real = self.inputs[:, 2]  # 1: row holds a stream (not bucket padding)
+        self.slots = self.inputs[:, 3]
+        self.draft = self.inputs[:, _COLS:]
+        self._in_copied: torch.cuda.Event | None = None
         self.pos = torch.zeros(bmax, dtype=torch.long, device=dev)  # next input position, per sequence
         self.tok = torch.zeros(bmax, dtype=torch.long, device=dev)
         self.accepted = torch.zeros(bmax, dtype=torch.long, device=dev)
         self.out_tok = torch.full((bmax, self.k + 1), tokens.eot, dtype=torch.long, device=dev)  # last col: overflow
         self.cols = torch.arange(self.k, device=dev)
         self.frame_db = torch.zeros(bmax, tmax_enc, device=dev)
-        self.real = torch.zeros(bmax, dtype=torch.bool, device=dev)  # rows holding a stream (not bucket padding)
         self.done = torch.zeros((), dtype=torch.bool, device=dev)
         self.align = torch.zeros(bmax, self.k + 1, tmax_enc, device=dev, dtype=torch.float32)
         self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
@@ -164,20 +172,19 @@ class WhisperRunner:
 
     def _views(self, bb: int, ab: float) -> tuple[torch.Tensor, DecoderCache]:
         n = int(round(ab * SAMPLE_RATE))
-        t = n // SAMPLES_PER_POSITION
-        return self.mel_buf[:bb, :, : n // HOP], self.cache.rows(bb, t)
+        return self.audio[:bb, :n], self.cache.rows(bb, n // SAMPLES_PER_POSITION)
 
     # ---- the three captured regions ----------------------------------------------------------
     def _encode(self, bb: int, ab: float) -> None:
-        """Encoder, cross K/V, parallel prefill of prompt + draft, draft acceptance, first new token."""
-        mel, cache = self._views(bb, ab)
+        """Log-mel, encoder, cross K/V, parallel prefill of prompt + draft, draft acceptance, first new token."""
+        audio, cache = self._views(bb, ab)
         m = self.model
         n_prompt, d = len(self.prompt), self.max_draft
+        t = audio.shape[1] // SAMPLES_PER_POSITION
         if self.word_times:  # loudness of every 20 ms frame (snapping word edges onto pauses)
-            t = mel.shape[-1] // 2
-            power = self.audio[:bb, : t * SAMPLES_PER_POSITION].view(bb, t, -1).square().mean(-1)
+            power = audio.view(bb, t, -1).square().mean(-1)
             self.frame_db[:bb, :t].copy_(10.0 * torch.log10(power + 1e-10))
-        enc = m.encode(mel)
+        enc = m.encode(self.mel(audio).to(self.dtype))
         m.fill_cross(enc, cache)
         ids = torch.cat([self.prompt_ids.expand(bb, -1), self.draft[:bb]], dim=1)
         pos = torch.arange(n_prompt + d, device=self.device)
@@ -197,7 +204,7 @@ class WhisperRunner:
 
     def _set_done(self, bb: int) -> None:
         written = self.pos[:bb] - len(self.prompt)  # last written column per sequence
-        row_done = (written >= self.k - 1) | ~self.real[:bb]
+        row_done = (written >= self.k - 1) | (self.real[:bb] == 0)
         if self.early_stop:
             row_done |= ((self.out_tok[:bb, : self.k] == self.tokens.eot) & (self.cols[None, :] <= written[:, None])).any(1)
         self.done.copy_(row_done.all())
@@ -256,6 +263,11 @@ class WhisperRunner:
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
+            # the log-mel's cuFFT plan of every bucket shape is made here, eagerly: a plan first
+            # made inside a capture would have its setup work recorded instead of run
+            for ab in self.audio_buckets:
+                for bb in self.batch_buckets:
+                    self.mel(self._views(bb, ab)[0])
             for _ in range(2):
                 for kind in self._kinds():
                     self._fn(kind)(self.batch_buckets[-1], self.audio_buckets[-1])
@@ -307,42 +319,50 @@ class WhisperRunner:
         then times just the rows that need it, afterwards."""
         if not slots:
             raise AudioInputError("run_store() needs at least one slot")
+        if store.device != self.device:
+            raise AudioInputError(f"audio store on {store.device}, runner on {self.device}; build them on one device")
         bb = self.batch_bucket(len(slots))
         lengths = [int(store.lengths[s]) for s in slots]
         ab = self.audio_bucket(max(lengths))
         n = int(round(ab * SAMPLE_RATE))
-        idx = torch.tensor(slots, device=store.device)
-        self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, idx))
-        return self._pass(lengths, bb, ab, drafts, draft_frames, word_times)
+        self._set_inputs(lengths, bb, drafts, slots)
+        self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, self.slots[: len(slots)]))
+        return self._pass(lengths, bb, ab, drafts, draft_frames, word_times, inputs_set=True)
 
     @torch.inference_mode()
-    def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None) -> None:
-        """One small host→device copy: valid frames, draft lengths and draft tokens of every row."""
+    def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None,
+                    slots: Sequence[int] | None = None) -> None:
+        """One small host→device copy: valid frames, draft lengths, real rows, store slots and draft
+        tokens of every row, from the pinned host twin of `self.inputs`.
+
+        The twin is rewritten only here; the previous pass's copy out of it is long done (every
+        pass ends by reading its tokens, which waits for the whole stream)."""
         d = self.max_draft
-        host = np.zeros((bb, 3 + d), np.int64)
-        host[:, 3:] = self.tokens.eot
+        if self._in_copied is not None:
+            self._in_copied.synchronize()  # normally long complete; guards a pass that raised midway
+        host = self._host_in[:bb].numpy()
         host[:, 0] = 1
-        for i, n in enumerate(lengths):
-            host[i, 0] = max(1, -(-n // SAMPLES_PER_POSITION))
-            host[i, 2] = 1
+        host[:, 1:_COLS] = 0
+        host[:, _COLS:] = self.tokens.eot
+        m = len(lengths)
+        host[:m, 0] = np.maximum(1, -(-np.asarray(lengths, np.int64) // SAMPLES_PER_POSITION))
+        host[:m, 2] = 1
+        if slots is not None:
+            host[:m, 3] = slots
         if drafts is not None:
-            if len(drafts) != len(lengths):
-                raise AudioInputError(f"{len(drafts)} drafts for {len(lengths)} streams; pass one per stream")
+            if len(drafts) != m:
+                raise AudioInputError(f"{len(drafts)} drafts for {m} streams; pass one per stream")
             for i, dr in enumerate(drafts):
                 if len(dr) > d:
                     self.stats.truncated_drafts += 1
                 dr = [t for t in list(dr)[:d] if t < self.tokens.eot]
                 host[i, 1] = len(dr)
-                host[i, 3 : 3 + len(dr)] = dr
+                host[i, _COLS : _COLS + len(dr)] = dr
                 self.stats.draft_tokens += len(dr)
-        src = torch.from_numpy(host)
+        self.inputs[:bb].copy_(self._host_in[:bb], non_blocking=True)
         if self.device.type == "cuda":
-            src = src.pin_memory()
-        dev = src.to(self.device, non_blocking=True)
-        self.valid_frames[:bb].copy_(dev[:, 0])
-        self.draft_len[:bb].copy_(dev[:, 1])
-        self.real[:bb].copy_(dev[:, 2] > 0)
-        self.draft[:bb].copy_(dev[:, 3:])
+            self._in_copied = torch.cuda.Event()
+            self._in_copied.record()
 
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
                      draft_frames: Sequence[Sequence[int]] | None) -> np.ndarray:
@@ -350,12 +370,13 @@ class WhisperRunner:
         return anchored_token_starts(self.align, toks, self.tokens.eot, valid, accepted, draft_frames, self.retime)
 
     def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None,
-              draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None) -> PassResult:
+              draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None,
+              inputs_set: bool = False) -> PassResult:
         timed = self.word_times if word_times is None else word_times and self.word_times
         n_real = len(lengths)
         n = int(round(ab * SAMPLE_RATE))
-        self._set_inputs(lengths, bb, drafts)
-        self.mel_buf[:bb, :, : n // HOP].copy_(self.mel(self.audio[:bb, :n]))
+        if not inputs_set:
+            self._set_inputs(lengths, bb, drafts)
         self._run("encode", bb, ab)
         steps = 0
         # one sync per chunk: the graphs leave `done` set once every real stream has written
@@ -409,8 +430,11 @@ class WhisperRunner:
             last = max(layer for layer, _ in self.model.alignment_heads) + 1
             self.out_tok[:m].copy_(self.out_tok.index_select(0, idx))
             self.valid_frames[:m].copy_(self.valid_frames.index_select(0, idx))
-            for x in (self.cache.xk, self.cache.xv):
-                x[:last, :m].copy_(x[:last].index_select(1, idx))
+            # for one audio bucket, stream row r of the cross K|V sits at the same place in every
+            # batch bucket's view (DecoderCache.rows): gather the rows (into a temporary), write them first
+            t = int(round(ab * SAMPLE_RATE)) // SAMPLES_PER_POSITION
+            x = self.cache.rows(len(lengths), t).xkv
+            x[:m, :, :last].copy_(x[:, :, :last].index_select(0, idx))
         self._run("align", bb, ab)
         sel = np.asarray(rows)
         sub = [lengths[r] for r in rows]

@@ -10,6 +10,7 @@ the alignment heads' cross-attention (word times by DTW, see `timing.py`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,17 +62,10 @@ class DecoderLayer(nn.Module):
         self.out = nn.Linear(d, d)
         self.lnx = nn.LayerNorm(d)
         self.xq = nn.Linear(d, d)
-        self.xkv = nn.Linear(d, 2 * d)
         self.xout = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d)
         self.fc1 = nn.Linear(d, dims.ffn)
         self.fc2 = nn.Linear(dims.ffn, d)
-
-    def cross_kv(self, enc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention K, V `[B, H, T, hd]` of encoder output."""
-        b, t, d = enc.shape
-        k, v = self.xkv(enc).view(b, t, 2, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        return k, v
 
     def self_attend(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: tuple[torch.Tensor, ...],
                     mask: torch.Tensor) -> torch.Tensor:
@@ -106,23 +100,38 @@ class DecoderLayer(nn.Module):
 
 @dataclass(slots=True)
 class DecoderCache:
-    """Static decoder buffers: self K/V `[L, 2, B, H, Tmax, hd]`, cross K/V `[L, B, H, T, hd]`.
+    """Static decoder buffers: self K/V `[L, 2, B, H, Tmax, hd]`, cross K|V `[B, T, L, 2, H, hd]`.
 
-    `mask` is the additive causal table `[Tmax, Tmax]` (row p: 0 for positions ≤ p, -inf after);
-    `seq_idx` `[B, 1, 1]` and `head_idx` `[1, H, 1]` index the cache's sequence and head axes.
+    The cross K|V is a contiguous view of the flat buffer `xflat`, laid out as the fused cross
+    projection's output (`Whisper.fill_cross`: one GEMM writes it, no copy); `cross(i)` gives layer
+    i's K and V as `[B, H, T, hd]` views. `rows(b, t)` views the first `b * t` positions of `xflat`
+    as `[b, t, ...]`, so for a fixed `t` stream row r sits at the same place for every `b` (a
+    smaller batch bucket sees the first rows of a larger one). `mask` is the additive causal table
+    `[Tmax, Tmax]` (row p: 0 for positions ≤ p, -inf after); `seq_idx` `[B, 1, 1]` and `head_idx`
+    `[1, H, 1]` index the self K/V's sequence and head axes.
     """
 
     kv: torch.Tensor
-    xk: torch.Tensor
-    xv: torch.Tensor
+    xkv: torch.Tensor
+    xflat: torch.Tensor
     mask: torch.Tensor
     seq_idx: torch.Tensor
     head_idx: torch.Tensor
 
     def rows(self, batch: int, enc_len: int) -> DecoderCache:
         """View of the first `batch` sequences and `enc_len` encoder positions (for shape buckets)."""
-        return DecoderCache(self.kv[:, :, :batch], self.xk[:, :batch, :, :enc_len], self.xv[:, :batch, :, :enc_len],
-                            self.mask, self.seq_idx[:batch], self.head_idx)
+        per = self.xkv.shape[2:]
+        n = batch * enc_len * math.prod(per)
+        if n > self.xflat.numel() or batch > self.kv.shape[2]:
+            raise AudioInputError(f"cache holds {self.kv.shape[2]} sequences x {self.xkv.shape[1]} encoder positions; "
+                                  f"asked for {batch} x {enc_len}")
+        return DecoderCache(self.kv[:, :, :batch], self.xflat[:n].view(batch, enc_len, *per), self.xflat, self.mask,
+                            self.seq_idx[:batch], self.head_idx)
+
+    def cross(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s cross-attention K and V, `[B, H, T, hd]` views."""
+        x = self.xkv[:, :, layer]
+        return x[:, :, 0].transpose(1, 2), x[:, :, 1].transpose(1, 2)
 
     @property
     def max_len(self) -> int:
@@ -145,6 +154,10 @@ class Whisper(nn.Module):
         self.dec_pos = nn.Parameter(torch.zeros(dims.max_target_positions, d))
         self.dec_layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.decoder_layers))
         self.dec_ln = nn.LayerNorm(d)
+        # cross-attention K|V projections of all decoder layers as one GEMM: `fill_cross` writes the
+        # whole cross cache in one call straight into its buffer (per-layer projections + permuted
+        # copies cost 2 copy kernels per layer per pass)
+        self.xkv = nn.Linear(d, dims.decoder_layers * 2 * d)
         # Word times come from the cross-attention of these (layer, head) pairs: OpenAI's published
         # alignment heads for the released checkpoints, else every head of the second half (their default).
         self.alignment_heads: tuple[tuple[int, int], ...] = default_alignment_heads(dims)
@@ -162,7 +175,9 @@ class Whisper(nn.Module):
                                   f"({2 * self.dims.max_source_positions}); split the audio")
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
-        x = x + self.enc_pos[:t].to(x.dtype)
+        # pos first: the sum takes the first operand's (contiguous) layout; `x + pos` kept the transposed
+        # one, and every layer after it paid strided residual adds and a copy before each layer norm
+        x = self.enc_pos[:t].to(x.dtype) + x
         for layer in self.enc_layers:
             x = layer(x)
         return self.enc_ln(x)
@@ -175,22 +190,27 @@ class Whisper(nn.Module):
         device = device if device is not None else self.tok.device
         dtype = dtype or self.tok.dtype
         shp = (dims.decoder_layers, 2, batch, dims.heads, max_len, dims.head_dim)
-        xshp = (dims.decoder_layers, batch, dims.heads, enc_len, dims.head_dim)
+        per = (dims.decoder_layers, 2, dims.heads, dims.head_dim)
         z = torch.zeros
         ar = torch.arange(max_len, device=device)
         mask = torch.zeros(max_len, max_len, device=device, dtype=dtype)
         mask.masked_fill_(ar[None, :] > ar[:, None], float("-inf"))
-        return DecoderCache(z(shp, device=device, dtype=dtype), z(xshp, device=device, dtype=dtype),
-                            z(xshp, device=device, dtype=dtype), mask, torch.arange(batch, device=device)[:, None, None],
+        xflat = z(batch * enc_len * math.prod(per), device=device, dtype=dtype)
+        return DecoderCache(z(shp, device=device, dtype=dtype), xflat.view(batch, enc_len, *per), xflat, mask,
+                            torch.arange(batch, device=device)[:, None, None],
                             torch.arange(dims.heads, device=device)[None, :, None])
 
     def fill_cross(self, enc: torch.Tensor, cache: DecoderCache) -> None:
-        """Write the cross-attention K/V of `enc` into `cache` (first `enc.shape[0]` rows)."""
-        b, t = enc.shape[:2]
-        for i, layer in enumerate(self.dec_layers):
-            k, v = layer.cross_kv(enc)  # type: ignore[operator]
-            cache.xk[i, :b, :, :t].copy_(k)
-            cache.xv[i, :b, :, :t].copy_(v)
+        """Write the cross-attention K/V of `enc` `[B, T, D]` into `cache` (its first B rows and T positions).
+
+        When the cache view is exactly `[B, T, ...]` (the runner's buckets, `new_cache(B, T, ...)`) the
+        fused projection's GEMM writes into it directly."""
+        b, t, d = enc.shape
+        dst = cache.xkv
+        if tuple(dst.shape[:2]) == (b, t) and dst.is_contiguous():
+            torch.addmm(self.xkv.bias, enc.reshape(b * t, d), self.xkv.weight.T, out=dst.view(b * t, -1))
+        else:
+            dst[:b, :t].copy_(self.xkv(enc).view(b, t, *dst.shape[2:]))
 
     def _embed(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache
                ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
@@ -212,7 +232,7 @@ class Whisper(nn.Module):
         """
         x, kv_index, mask = self._embed(tokens, pos, cache)
         for i, layer in enumerate(self.dec_layers):
-            x = layer(x, cache.kv[i], kv_index, cache.xk[i], cache.xv[i], mask)
+            x = layer(x, cache.kv[i], kv_index, *cache.cross(i), mask)
         x = self.dec_ln(x[:, logits_from:])
         w = self.tok if vocab_limit is None else self.tok[:vocab_limit]
         return x @ w.T
@@ -229,16 +249,17 @@ class Whisper(nn.Module):
             layer = self.dec_layers[i]
             x = layer.self_attend(x, cache.kv[i], kv_index, mask)  # type: ignore[operator]
             q = layer.cross_query(x)  # type: ignore[operator]
+            xk, xv = cache.cross(i)
             heads = [h for li, h in self.alignment_heads if li == i]
             if heads:
                 lo, hi = min(heads), max(heads) + 1
-                qh, kh = q[:, lo:hi], cache.xk[i][:, lo:hi]  # a contiguous run of heads: views, no gather
+                qh, kh = q[:, lo:hi], xk[:, lo:hi]  # a contiguous run of heads: views, no gather
                 if hi - lo != len(heads):
                     sel = self._head_index(i, heads, x.device)
-                    qh, kh = q.index_select(1, sel), cache.xk[i].index_select(1, sel)
+                    qh, kh = q.index_select(1, sel), xk.index_select(1, sel)
                 out.append((qh @ kh.transpose(-1, -2)) * (hd**-0.5))
             if i < last:
-                a = F.scaled_dot_product_attention(q, cache.xk[i], cache.xv[i])
+                a = F.scaled_dot_product_attention(q, xk, xv)
                 x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))  # type: ignore[operator]
                 x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))  # type: ignore[operator]
         return torch.cat(out, dim=1)
@@ -278,6 +299,8 @@ def load_whisper(dims: WhisperDims, state: dict[str, torch.Tensor]) -> Whisper:
         raise WhisperWeightsError("no encoder.conv1.weight: not a Whisper checkpoint")
     e, dcd = pfx + "encoder.", pfx + "decoder."
     sd: dict[str, torch.Tensor] = {}
+    xkv_w: list[torch.Tensor] = []  # cross K|V of every decoder layer, fused (Whisper.xkv)
+    xkv_b: list[torch.Tensor] = []
     try:
         for n in ("conv1", "conv2"):
             sd[f"{n}.weight"], sd[f"{n}.bias"] = state[f"{e}{n}.weight"], state[f"{e}{n}.bias"]
@@ -310,10 +333,10 @@ def load_whisper(dims: WhisperDims, state: dict[str, torch.Tensor]) -> Whisper:
             lin(o + "fc1", s + "fc1")
             lin(o + "fc2", s + "fc2")
             sd[o + "qkv.weight"], sd[o + "qkv.bias"] = _fused_qkv(state, s + "self_attn.")
-            xk, xv = state[s + "encoder_attn.k_proj.weight"], state[s + "encoder_attn.v_proj.weight"]
-            sd[o + "xkv.weight"] = torch.cat([xk, xv])
+            xkv_w += [state[s + "encoder_attn.k_proj.weight"], state[s + "encoder_attn.v_proj.weight"]]
             bv = state[s + "encoder_attn.v_proj.bias"]
-            sd[o + "xkv.bias"] = torch.cat([torch.zeros_like(bv), bv])
+            xkv_b += [torch.zeros_like(bv), bv]
+        sd["xkv.weight"], sd["xkv.bias"] = torch.cat(xkv_w), torch.cat(xkv_b)
     except KeyError as err:
         raise WhisperWeightsError(f"Whisper checkpoint lacks {err.args[0]!r}") from None
     model = Whisper(dims)
