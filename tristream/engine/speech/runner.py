@@ -4,9 +4,9 @@ One pass takes the audio buffers of many streams, pads them into one `(batch buc
 bucket)` shape, computes log-mel, runs the encoder, fills the static cross-attention K/V,
 prefills the task prompt plus each stream's draft (its previous hypothesis) in parallel, keeps
 the agreeing draft prefix, then greedy-decodes the rest with a static self-attention KV, every
-sequence at its own position. Three graphs per bucket: "encode" (encoder + cross K/V + prefill +
-draft acceptance + first token), "steps" (`chunk` decoder steps unrolled, argmax on the device)
-and "align" (teacher-forced alignment-heads pass → word-timing matrix). All buckets share one
+sequence at its own position. Three kinds of graph per bucket: "encode" (log-mel + encoder + cross
+K/V + prefill + draft acceptance + first token), "steps{n}" (n = 1 … `chunk` decoder steps unrolled,
+argmax on the device; the host reads a done flag and the steps left once per chunk) and "align" (teacher-forced alignment-heads pass → word-timing matrix). All buckets share one
 memory pool and one set of static buffers (sliced per bucket), captured largest first. Tokens
 and the timing matrix leave the GPU once per pass; DTW on the host turns it into token times.
 """
@@ -147,7 +147,8 @@ class WhisperRunner:
         self.out_tok = torch.full((bmax, self.k + 1), tokens.eot, dtype=torch.long, device=dev)  # last col: overflow
         self.cols = torch.arange(self.k, device=dev)
         self.frame_db = torch.zeros(bmax, tmax_enc, device=dev)
-        self.done = torch.zeros((), dtype=torch.bool, device=dev)
+        # [all rows done, most serial steps any unfinished row can still use]: read once per chunk
+        self.status = torch.zeros(2, dtype=torch.long, device=dev)
         self.align = torch.zeros(bmax, self.k + 1, tmax_enc, device=dev, dtype=torch.float32)
         self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
         self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
@@ -174,7 +175,7 @@ class WhisperRunner:
         n = int(round(ab * SAMPLE_RATE))
         return self.audio[:bb, :n], self.cache.rows(bb, n // SAMPLES_PER_POSITION)
 
-    # ---- the three captured regions ----------------------------------------------------------
+    # ---- the captured regions --------------------------------------------------------------
     def _encode(self, bb: int, ab: float) -> None:
         """Log-mel, encoder, cross K/V, parallel prefill of prompt + draft, draft acceptance, first new token."""
         audio, cache = self._views(bb, ab)
@@ -207,14 +208,15 @@ class WhisperRunner:
         row_done = (written >= self.k - 1) | (self.real[:bb] == 0)
         if self.early_stop:
             row_done |= ((self.out_tok[:bb, : self.k] == self.tokens.eot) & (self.cols[None, :] <= written[:, None])).any(1)
-        self.done.copy_(row_done.all())
+        self.status[0] = row_done.all()
+        self.status[1] = torch.where(row_done, 0, self.k - 1 - written).amax()
 
-    def _steps(self, bb: int, ab: float) -> None:
-        """`chunk` greedy steps, each sequence at its own position (clamped at the buffer's end)."""
+    def _steps(self, bb: int, ab: float, n: int) -> None:
+        """`n` greedy steps, each sequence at its own position (clamped at the buffer's end)."""
         _, cache = self._views(bb, ab)
         m = self.model
         n_prompt = len(self.prompt)
-        for _ in range(self.chunk):
+        for _ in range(n):
             pos = self.pos[:bb]
             logits = m.decode(self.tok[:bb, None], pos[:, None], cache, vocab_limit=self.tokens.sot)
             nxt = logits[:, 0].argmax(-1)
@@ -238,10 +240,16 @@ class WhisperRunner:
         self.align[:bb, :, : mat.shape[-1]].copy_(mat[:, n_prompt - 1 :])
 
     def _fn(self, kind: str) -> Callable[[int, float], None]:
-        return {"encode": self._encode, "steps": self._steps, "align": self._align}[kind]
+        if kind.startswith("steps"):
+            n = int(kind[5:])
+            return lambda bb, ab: self._steps(bb, ab, n)
+        return {"encode": self._encode, "align": self._align}[kind]
 
     def _kinds(self) -> tuple[str, ...]:
-        return ("encode", "steps", "align") if self.word_times else ("encode", "steps")
+        """Graph kinds per bucket: encode, `steps1` … `steps{chunk}` (a pass never runs a step that no
+        row can use: the last chunk is cut to the steps left), align (with word times)."""
+        steps = tuple(f"steps{n}" for n in range(1, self.chunk + 1))
+        return ("encode", *steps, "align") if self.word_times else ("encode", *steps)
 
     @torch.inference_mode()
     def _run(self, kind: str, bb: int, ab: float) -> None:
@@ -379,12 +387,16 @@ class WhisperRunner:
             self._set_inputs(lengths, bb, drafts)
         self._run("encode", bb, ab)
         steps = 0
-        # one sync per chunk: the graphs leave `done` set once every real stream has written
-        # end-of-text (early_stop) or filled its K columns; read after the prefill too, since a
-        # fully accepted draft may already end in end-of-text
-        while steps < self.k and not bool(self.done):
-            self._run("steps", bb, ab)
-            steps += self.chunk
+        # one sync per chunk: the graphs leave `status` = (every real stream has written end-of-text
+        # (early_stop) or filled its K columns, most steps a row can still use); read after the
+        # prefill too, since a fully accepted draft may already end in end-of-text
+        while steps < self.k:
+            done, left = self.status.tolist()
+            if done or left <= 0:
+                break
+            n_steps = min(self.chunk, left)
+            self._run(f"steps{n_steps}", bb, ab)
+            steps += n_steps
         if timed:
             self._run("align", bb, ab)
         packed = torch.cat([self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]], dim=1).cpu().numpy()
