@@ -178,16 +178,23 @@ def _kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
 TAILS = (16, 8, 4)  # tokens left to decode after the accepted draft (steady streaming: the last ~0.5 s)
 
 
-def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, capacity: int) -> dict[str, Any]:
+def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, capacity: int,
+                  models: tuple[str, ...] = ("tiny", "small"), streams: tuple[int, ...] = (1, 16, 64),
+                  quick: bool = False) -> dict[str, Any]:
+    """Streaming Whisper per-update latency per model size and stream count (see the module doc).
+
+    `quick`: only the 10 s buffer, no draft and a 4-token tail, no eager/HF peers, the realistic
+    loop with both align policies at one trim; for a re-measure within about a minute."""
     dt = torch.float16 if dev.type == "cuda" else torch.float32
-    sizes = ("tiny", "small") if not smoke else ("smoke",)
-    streams = (1, 16, 64) if not smoke else (1, 4)
+    sizes = models if not smoke else ("smoke",)
+    streams = streams if not smoke else (1, 4)
     update_s = 0.5
-    out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s}
+    out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s,
+                           "quick": quick}
     for size in sizes:
         dims = preset(size) if size != "smoke" else WhisperDims(64, 2, 2, 4, 128)
         try:
-            out[size] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity)
+            out[size] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity, quick)
         except Exception as e:  # keep what the other size measured; the error is recorded, not dropped
             import traceback
 
@@ -199,10 +206,12 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
 
 
 def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, streams: tuple[int, ...], iters: int,
-                        new_tokens: int, update_s: float, capacity: int) -> dict[str, Any]:
+                        new_tokens: int, update_s: float, capacity: int, quick: bool = False) -> dict[str, Any]:
     import transformers
 
     rng = np.random.default_rng(0)
+    buffers = (10.0,) if quick else (5.0, 10.0)
+    tails = (4,) if quick else TAILS
     if True:
         with torch.device(dev):
             hf = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**dims.to_hf())).eval()
@@ -217,8 +226,9 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             enc = ours.encode(mel)
             res["rel_err_vs_hf"] = {"encoder": rel(enc, r.encoder_last_hidden_state),
                                     "logits": rel(ours.decode_full(ids, enc), r.logits)}
-            res["encoder_30s_batch1"] = {"hf_eager": time_ms(lambda: hf.model.encoder(mel), dev, iters),
-                                         "ours_eager": time_ms(lambda: ours.encode(mel), dev, iters)}
+            if not quick:
+                res["encoder_30s_batch1"] = {"hf_eager": time_ms(lambda: hf.model.encoder(mel), dev, iters),
+                                             "ours_eager": time_ms(lambda: ours.encode(mel), dev, iters)}
         cap = capacity
         runner = WhisperRunner(ours, toks, batch_buckets=streams, audio_buckets_s=(5.0, 10.0),
                                max_new_tokens=cap, chunk=4, early_stop=False, max_draft=cap - 1, word_times=True)
@@ -234,7 +244,7 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             row: dict[str, Any] = {}
             store = AudioStore(n, 10 * 16000, dev)
             slots = [store.acquire() for _ in range(n)]
-            for buf_s in (5.0, 10.0):
+            for buf_s in buffers:
                 for sl in slots:
                     store.trim(sl, 10 * 16000)
                     store.append(sl, (0.1 * rng.standard_normal(int(buf_s * 16000) - 1600)).astype(np.float32))
@@ -242,7 +252,7 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                 own, own_frames = first.tokens, first.frames
                 row[f"ours_graph_{int(buf_s)}s_no_draft_{cap}tok"] = time_ms(
                     lambda st=store, sl=slots: runner.run_store(st, sl), dev, iters)  # type: ignore[misc]
-                for tail in TAILS:
+                for tail in tails:
                     drafts = [r[: cap - tail].tolist() for r in own]
                     dfr = [f[: cap - tail + 1].tolist() for f in own_frames]
                     got = runner.run_store(store, slots, drafts, dfr)
@@ -255,10 +265,14 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             bb = runner.batch_bucket(n)
             drafts = [r[: cap - 4].tolist() for r in own]
             dfr = [f[: cap - 3].tolist() for f in own_frames]
-            runner._set_inputs([10 * 16000 - 1600] * n, bb, drafts)
+            last = runner.run_store(store, slots, drafts, dfr)  # leaves its inputs and tokens in the buffers
             enc_ms = time_ms(lambda b=bb: runner._run("encode", b, 10.0), dev, iters)["median_ms"]
-            step_ms = time_ms(lambda b=bb: runner._run("steps", b, 10.0), dev, iters)["median_ms"]
+            step_ms = time_ms(lambda b=bb: runner._run(f"steps{runner.chunk}", b, 10.0), dev, iters)["median_ms"]
+            step1_ms = time_ms(lambda b=bb: runner._run("steps1", b, 10.0), dev, iters)["median_ms"]
             align_ms = time_ms(lambda b=bb: runner._run("align", b, 10.0), dev, iters)["median_ms"]
+            lengths = [int(store.lengths[sl]) for sl in slots]
+            host_times = time_ms(lambda r=last, ln=lengths, f=dfr: runner._token_times(r.tokens, r.accepted, ln, f),
+                                 torch.device("cpu"), iters)
             mat = runner.align[:n, : cap + 1, :500].cpu().numpy()
             dtw = time_ms(lambda m=mat, k=n: dtw_token_starts(m, np.full(k, cap + 1), np.full(k, 500)),
                           torch.device("cpu"), iters)
@@ -270,9 +284,20 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                     lambda st=store, sl=slots, d=drafts, f=dfr: runner.run_store(st, sl, d, f))
             row["breakdown_10s"] = {"encode_prefill_accept_graph_ms": enc_ms,
                                     "decode_ms_per_token": round(step_ms / runner.chunk, 4),
+                                    "decode_ms_one_step_graph": step1_ms,
+                                    "serial_steps_tail4": last.steps,
                                     "align_graph_ms": align_ms, "host_dtw_ms_all_rows": dtw["median_ms"],
-                                    "host_dtw_ms_anchored_9rows_250frames": dtw_tail["median_ms"]}
+                                    "host_dtw_ms_anchored_9rows_250frames": dtw_tail["median_ms"],
+                                    "host_token_times_ms_as_used_tail4": host_times["median_ms"]}
             audio = [store.host_copy(sl) for sl in slots]
+            ours_ms = row["ours_graph_10s_tail4"]["median_ms"]
+            row["amortised_ms_per_stream_update_10s_tail4"] = round(ours_ms / n, 4)
+            row["gpu_busy_fraction_at_update_period"] = round(ours_ms / 1e3 / update_s, 4)
+            if quick:
+                res["per_update"][str(n)] = row
+                print(dims.d_model, n, {k: v["median_ms"] if isinstance(v, dict) and "median_ms" in v else v
+                                        for k, v in row.items()}, flush=True)
+                continue
             row["ours_graph_10s_tail4_host_upload"] = time_ms(
                 lambda a=audio, d=drafts, f=dfr: runner.run(a, d, f), dev, iters)  # type: ignore[misc]
             eager = WhisperRunner(ours, toks, batch_buckets=(n,), audio_buckets_s=(10.0,), max_new_tokens=cap, chunk=4,
@@ -285,17 +310,14 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                 mel30 = mel_fn(pad).to(dt)
                 row["hf_eager_30s_window"] = time_ms(
                     lambda m=mel30: _hf_whisper_update(hf, m, prompt, new_tokens, toks.sot), dev, max(3, iters // 4))
-            ours_ms = row["ours_graph_10s_tail4"]["median_ms"]
-            row["amortised_ms_per_stream_update_10s_tail4"] = round(ours_ms / n, 4)
             row["speedup_tail4_vs_hf"] = round(row["hf_eager_30s_window"]["median_ms"] / ours_ms, 2)
-            row["gpu_busy_fraction_at_update_period"] = round(ours_ms / 1e3 / update_s, 4)
             res["per_update"][str(n)] = row
             print(dims.d_model, n, {k: v["median_ms"] if isinstance(v, dict) and "median_ms" in v else v
                             for k, v in row.items()}, flush=True)
         # real streaming loop: 0.5 s chunks for 10 s per stream, buffers growing 0.5 → 10 s, drafts on
         res["streaming_10s"] = {}
-        for n, align, trim in ((n, a, t) for n in streams for a, t in (("commit", 9.5), ("every", 9.5),
-                                                                        ("commit", 4.5))):
+        loops = (("commit", 9.5), ("every", 9.5)) if quick else (("commit", 9.5), ("every", 9.5), ("commit", 4.5))
+        for n, align, trim in ((n, a, t) for n in streams for a, t in loops):
             asr = StreamingWhisper(runner, lambda t: f" w{t % 97}", min_update_s=update_s, trim_after_s=trim,
                                    align=align)
             for i in range(n):
@@ -568,6 +590,10 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=16, help="HF peer: greedy tokens per update")
     ap.add_argument("--capacity", type=int, default=32, help="ours: tokens per hypothesis (draft + tail)")
     ap.add_argument("--only", default="siglip,whisper,pruning,realspeech")
+    ap.add_argument("--whisper-models", default="tiny,small", help="whisper: comma-separated preset sizes")
+    ap.add_argument("--whisper-streams", default="1,16,64", help="whisper: comma-separated concurrent stream counts")
+    ap.add_argument("--whisper-quick", action="store_true",
+                    help="whisper: 10 s buffer, no-draft and tail-4 passes only, no eager/HF peers (about a minute)")
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     ap.add_argument("--profile", action="store_true", help="kernel table of one 16-stream Whisper update (GPU)")
@@ -614,7 +640,9 @@ def main() -> None:
         print("SigLIP", json.dumps(results["siglip"]["batches"], indent=None)[:2000], flush=True)
         save()
     if "whisper" in parts:
-        results["whisper"] = bench_whisper(dev, args.smoke, max(5, iters // 2), args.new_tokens, args.capacity)
+        results["whisper"] = bench_whisper(dev, args.smoke, max(5, iters // 2), args.new_tokens, args.capacity,
+                                           tuple(args.whisper_models.split(",")),
+                                           tuple(int(x) for x in args.whisper_streams.split(",")), args.whisper_quick)
         save()
     if "pruning" in parts:
         results["pruning"] = bench_pruning(dev, args.smoke, max(5, iters // 2))
@@ -645,20 +673,25 @@ def print_table(r: dict[str, Any]) -> None:
             print(f"\nWhisper-{size}: per update ({w['new_tokens_per_update']} new tokens), median ms; "
                   f"rel err vs HF {res['rel_err_vs_hf']}")
             print(f"{'streams':>7} {'no draft':>9} {'tail16':>7} {'tail8':>7} {'tail4':>7} {'5s tail4':>9} "
-                  f"{'enc ms':>7} {'ms/tok':>7} {'align':>6} {'DTW host':>9} {'eager t4':>9} {'HF 30s':>8} "
-                  f"{'speedup':>8} {'RTF/stream':>11}")
+                  f"{'enc ms':>7} {'ms/tok':>7} {'1 step':>7} {'align':>6} {'times host':>10} {'eager t4':>9} "
+                  f"{'HF 30s':>8} {'loop commit':>12} {'loop every':>11}")
             cap = res["runner"]["capacity_tokens"]
+
+            def ms(row: dict[str, Any], key: str) -> str:
+                v = row.get(key)
+                return f"{v['median_ms']:.2f}" if isinstance(v, dict) and "median_ms" in v else "-"
+
             for n, row in res["per_update"].items():
-                st = res["streaming_10s"][n]
+                loop = res.get("streaming_10s", {})
                 bd = row["breakdown_10s"]
-                print(f"{n:>7} {row[f'ours_graph_10s_no_draft_{cap}tok']['median_ms']:>9.2f} "
-                      f"{row['ours_graph_10s_tail16']['median_ms']:>7.2f} {row['ours_graph_10s_tail8']['median_ms']:>7.2f} "
-                      f"{row['ours_graph_10s_tail4']['median_ms']:>7.2f} {row['ours_graph_5s_tail4']['median_ms']:>9.2f} "
-                      f"{bd['encode_prefill_accept_graph_ms']:>7.3f} {bd['decode_ms_per_token']:>7.3f} "
-                      f"{bd['align_graph_ms']:>6.3f} {bd['host_dtw_ms_all_rows']:>9.3f} "
-                      f"{row['ours_eager_10s_tail4']['median_ms']:>9.2f} "
-                      f"{row['hf_eager_30s_window']['median_ms']:>8.2f} {row['speedup_tail4_vs_hf']:>7.1f}x "
-                      f"{st['rtf_per_stream']:>11.5f}")
+                lc = loop.get(n, {}).get("median_update_ms", "-")
+                le = loop.get(f"{n}_align_every", {}).get("median_update_ms", "-")
+                print(f"{n:>7} {ms(row, f'ours_graph_10s_no_draft_{cap}tok'):>9} {ms(row, 'ours_graph_10s_tail16'):>7} "
+                      f"{ms(row, 'ours_graph_10s_tail8'):>7} {ms(row, 'ours_graph_10s_tail4'):>7} "
+                      f"{ms(row, 'ours_graph_5s_tail4'):>9} {bd['encode_prefill_accept_graph_ms']:>7.3f} "
+                      f"{bd['decode_ms_per_token']:>7.3f} {bd.get('decode_ms_one_step_graph', 0):>7.3f} "
+                      f"{bd['align_graph_ms']:>6.3f} {bd.get('host_token_times_ms_as_used_tail4', 0):>10.3f} "
+                      f"{ms(row, 'ours_eager_10s_tail4'):>9} {ms(row, 'hf_eager_30s_window'):>8} {lc:>12} {le:>11}")
     if "pruning" in r:
         p = r["pruning"]
         print(f"\nPruning ({p['vlm']}), {p['frames_per_prompt']} frames per prompt, {p['prompts']} prompts")

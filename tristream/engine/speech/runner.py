@@ -373,9 +373,10 @@ class WhisperRunner:
             self._in_copied.record()
 
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
-                     draft_frames: Sequence[Sequence[int]] | None) -> np.ndarray:
+                     draft_frames: Sequence[Sequence[int]] | None, align: torch.Tensor | None = None) -> np.ndarray:
         valid = np.array([max(1, -(-x // SAMPLES_PER_POSITION)) for x in lengths])
-        return anchored_token_starts(self.align, toks, self.tokens.eot, valid, accepted, draft_frames, self.retime)
+        return anchored_token_starts(self.align if align is None else align, toks, self.tokens.eot, valid, accepted,
+                                     draft_frames, self.retime)
 
     def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None,
               draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None,
@@ -438,7 +439,10 @@ class WhisperRunner:
         m = len(rows)
         bb = self.batch_bucket(m)
         idx = torch.tensor(rows, device=self.device)
-        if rows != list(range(m)):
+        # rows spread over the pass's own bucket: align that bucket in place (moving them costs a
+        # gather of the alignment layers' cross K|V and buys no smaller graph)
+        in_place = rows != list(range(m)) and bb == self.batch_bucket(len(lengths))
+        if rows != list(range(m)) and not in_place:
             last = max(layer for layer, _ in self.model.alignment_heads) + 1
             self.out_tok[:m].copy_(self.out_tok.index_select(0, idx))
             self.valid_frames[:m].copy_(self.valid_frames.index_select(0, idx))
@@ -450,7 +454,8 @@ class WhisperRunner:
         self._run("align", bb, ab)
         sel = np.asarray(rows)
         sub = [lengths[r] for r in rows]
-        frames = self._token_times(toks[sel], accepted[sel], sub, draft_frames)
+        frames = self._token_times(toks[sel], accepted[sel], sub, draft_frames,
+                                   self.align.index_select(0, idx) if in_place else None)
         t = int(round(ab * SAMPLE_RATE)) // SAMPLES_PER_POSITION
         db = self.frame_db.index_select(0, idx)[:, :t].cpu().numpy()
         self.stats.align_passes += 1
