@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tristream.engine.speech import dtw_device
 from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
@@ -27,7 +28,7 @@ from tristream.engine.speech.timing import alignment_matrix, anchored_token_star
 from tristream.engine.speech.whisper import DecoderCache, Whisper
 
 SAMPLES_PER_POSITION = 2 * HOP
-_COLS = 4  # leading columns of WhisperRunner.inputs before the draft tokens
+_COLS = 5  # leading columns of WhisperRunner.inputs before the draft tokens and their frames
 
 
 @dataclass(slots=True)
@@ -91,6 +92,7 @@ class WhisperRunner:
         word_times: bool = True,
         retime: int = 4,
         silence_db: float = 35.0,
+        device_times: bool | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokens = tokens
@@ -132,14 +134,16 @@ class WhisperRunner:
         # per-row pass inputs, one int64 table filled by one host→device copy per pass from a pinned
         # host twin; the graphs read its columns in place: valid frames, draft length, real row,
         # audio-store slot, draft tokens
-        self.inputs = torch.zeros(bmax, _COLS + max_draft, dtype=torch.long, device=dev)
-        self._host_in = torch.zeros(bmax, _COLS + max_draft, dtype=torch.long,
-                                    pin_memory=dev.type == "cuda")
+        width = _COLS + 2 * max_draft + 1
+        self.inputs = torch.zeros(bmax, width, dtype=torch.long, device=dev)
+        self._host_in = torch.zeros(bmax, width, dtype=torch.long, pin_memory=dev.type == "cuda")
         self.valid_frames = self.inputs[:, 0]
         self.draft_len = self.inputs[:, 1]
         self.real = self.inputs[:, 2]  # 1: row holds a stream (not bucket padding)
         self.slots = self.inputs[:, 3]
-        self.draft = self.inputs[:, _COLS:]
+        self.n_draft_frames = self.inputs[:, 4]
+        self.draft = self.inputs[:, _COLS : _COLS + max_draft]
+        self.draft_frames = self.inputs[:, _COLS + max_draft :]  # previous frames of the draft (+ its end row)
         self._in_copied: torch.cuda.Event | None = None
         self.pos = torch.zeros(bmax, dtype=torch.long, device=dev)  # next input position, per sequence
         self.tok = torch.zeros(bmax, dtype=torch.long, device=dev)
@@ -150,6 +154,13 @@ class WhisperRunner:
         # [all rows done, most serial steps any unfinished row can still use]: read once per chunk
         self.status = torch.zeros(2, dtype=torch.long, device=dev)
         self.align = torch.zeros(bmax, self.k + 1, tmax_enc, device=dev, dtype=torch.float32)
+        # token start frames by DTW in the align graph (dtw_device), read with the tokens; else on the host
+        self.device_times = (dev.type == "cuda" and dtw_device.available()) if device_times is None else device_times
+        if self.device_times and not dtw_device.available():
+            raise AudioInputError("device_times=True needs Triton; install it or pass device_times=False")
+        self.frames = torch.zeros(bmax, self.k + 1, dtype=torch.long, device=dev)
+        self._dtw_ws = ((torch.zeros_like(self.align), torch.zeros_like(self.align)) if self.device_times
+                        else (self.align[:0], self.align[:0]))
         self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
         self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
         self._pool: object | None = None
@@ -238,6 +249,11 @@ class WhisperRunner:
         rows = torch.arange(n_prompt + self.k, device=self.device)[None, :] <= (n_text + n_prompt)[:, None]
         mat = alignment_matrix(logits, self.valid_frames[:bb], rows)
         self.align[:bb, :, : mat.shape[-1]].copy_(mat[:, n_prompt - 1 :])
+        if self.device_times:
+            dtw_device.device_token_starts(
+                self.align[:bb, :, : mat.shape[-1]], out, self.tokens.eot, self.valid_frames[:bb], self.accepted[:bb],
+                self.draft_frames[:bb], self.n_draft_frames[:bb], self.retime, self.frames[:bb],
+                (self._dtw_ws[0][:bb], self._dtw_ws[1][:bb]))
 
     def _fn(self, kind: str) -> Callable[[int, float], None]:
         if kind.startswith("steps"):
@@ -333,13 +349,13 @@ class WhisperRunner:
         lengths = [int(store.lengths[s]) for s in slots]
         ab = self.audio_bucket(max(lengths))
         n = int(round(ab * SAMPLE_RATE))
-        self._set_inputs(lengths, bb, drafts, slots)
+        self._set_inputs(lengths, bb, drafts, slots, draft_frames)
         self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, self.slots[: len(slots)]))
         return self._pass(lengths, bb, ab, drafts, draft_frames, word_times, inputs_set=True)
 
     @torch.inference_mode()
     def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None,
-                    slots: Sequence[int] | None = None) -> None:
+                    slots: Sequence[int] | None = None, draft_frames: Sequence[Sequence[int]] | None = None) -> None:
         """One small host→device copy: valid frames, draft lengths, real rows, store slots and draft
         tokens of every row, from the pinned host twin of `self.inputs`.
 
@@ -367,10 +383,22 @@ class WhisperRunner:
                 host[i, 1] = len(dr)
                 host[i, _COLS : _COLS + len(dr)] = dr
                 self.stats.draft_tokens += len(dr)
+        if draft_frames is not None and self.device_times:
+            self._put_draft_frames(host, range(m), draft_frames)
         self.inputs[:bb].copy_(self._host_in[:bb], non_blocking=True)
         if self.device.type == "cuda":
             self._in_copied = torch.cuda.Event()
             self._in_copied.record()
+
+    def _put_draft_frames(self, host: np.ndarray, rows: Sequence[int], draft_frames: Sequence[Sequence[int]]) -> None:
+        """Write each row's previous draft frames (at most `max_draft + 1`) into its input-table row."""
+        if len(draft_frames) != len(rows):
+            raise AudioInputError(f"{len(draft_frames)} draft frame lists for {len(rows)} streams; pass one per stream")
+        lo, cap = _COLS + self.max_draft, self.max_draft + 1
+        for r, fr in zip(rows, draft_frames, strict=True):
+            f = list(fr)[:cap]
+            host[r, 4] = len(f)
+            host[r, lo : lo + len(f)] = f
 
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
                      draft_frames: Sequence[Sequence[int]] | None, align: torch.Tensor | None = None) -> np.ndarray:
@@ -385,7 +413,7 @@ class WhisperRunner:
         n_real = len(lengths)
         n = int(round(ab * SAMPLE_RATE))
         if not inputs_set:
-            self._set_inputs(lengths, bb, drafts)
+            self._set_inputs(lengths, bb, drafts, None, draft_frames)
         self._run("encode", bb, ab)
         steps = 0
         # one sync per chunk: the graphs leave `status` = (every real stream has written end-of-text
@@ -400,13 +428,15 @@ class WhisperRunner:
             steps += n_steps
         if timed:
             self._run("align", bb, ab)
-        packed = torch.cat([self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]], dim=1).cpu().numpy()
+        on_device = timed and self.device_times
+        parts = [self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]]
+        packed = torch.cat([*parts, self.frames[:n_real]] if on_device else parts, dim=1).cpu().numpy()
         toks, accepted = packed[:, : self.k], packed[:, self.k]
         frames = np.zeros((n_real, self.k + 1), np.int64)
         voiced: np.ndarray | None = None
         self._last = (lengths, ab, toks, accepted)
         if timed:
-            frames = self._token_times(toks, accepted, lengths, draft_frames)
+            frames = packed[:, self.k + 1 :] if on_device else self._token_times(toks, accepted, lengths, draft_frames)
             db = self.frame_db[:n_real, : n // SAMPLES_PER_POSITION].cpu().numpy()
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
             self.stats.align_passes += 1
@@ -446,16 +476,28 @@ class WhisperRunner:
             last = max(layer for layer, _ in self.model.alignment_heads) + 1
             self.out_tok[:m].copy_(self.out_tok.index_select(0, idx))
             self.valid_frames[:m].copy_(self.valid_frames.index_select(0, idx))
+            self.accepted[:m].copy_(self.accepted.index_select(0, idx))
             # for one audio bucket, stream row r of the cross K|V sits at the same place in every
             # batch bucket's view (DecoderCache.rows): gather the rows (into a temporary), write them first
             t = int(round(ab * SAMPLE_RATE)) // SAMPLES_PER_POSITION
             x = self.cache.rows(len(lengths), t).xkv
             x[:m, :, :last].copy_(x[:, :, :last].index_select(0, idx))
+        at = idx if in_place else torch.arange(m, device=self.device)  # where the rows sit now
+        if self.device_times:
+            tab = np.zeros((m, _COLS + 2 * self.max_draft + 1), np.int64)
+            if draft_frames is not None:
+                self._put_draft_frames(tab, range(m), draft_frames)
+            dev_tab = torch.as_tensor(tab, device=self.device)
+            self.n_draft_frames.index_copy_(0, at, dev_tab[:, 4])
+            self.draft_frames.index_copy_(0, at, dev_tab[:, _COLS + self.max_draft :])
         self._run("align", bb, ab)
         sel = np.asarray(rows)
         sub = [lengths[r] for r in rows]
-        frames = self._token_times(toks[sel], accepted[sel], sub, draft_frames,
-                                   self.align.index_select(0, idx) if in_place else None)
+        if self.device_times:
+            frames = self.frames.index_select(0, at).cpu().numpy()
+        else:
+            frames = self._token_times(toks[sel], accepted[sel], sub, draft_frames,
+                                       self.align.index_select(0, idx) if in_place else None)
         t = int(round(ab * SAMPLE_RATE)) // SAMPLES_PER_POSITION
         db = self.frame_db.index_select(0, idx)[:, :t].cpu().numpy()
         self.stats.align_passes += 1
