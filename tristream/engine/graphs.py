@@ -64,7 +64,7 @@ B1_VARIANTS = tuple(f"{t}{p}" for t in TILES for p in ("", "_pdl"))
 VARIANTS = ("cublas", "fused", *B1_VARIANTS)
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
-(b1, b1w, b1m), each with or without PDL (`_pdl`)."""
+(b1, b8, b1m), each with or without PDL (`_pdl`)."""
 
 
 def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention) -> torch.Tensor:
@@ -146,7 +146,8 @@ class DecodeGraphs:
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
         if v in B1_VARIANTS and b == 1:
-            return decode_logits_b1(m, h, attn, pdl=v.endswith("_pdl"), tile=TILES[v.removesuffix("_pdl")])
+            tile, warps = TILES[v.removesuffix("_pdl")]
+            return decode_logits_b1(m, h, attn, pdl=v.endswith("_pdl"), tile=tile, num_warps=warps)
         if v != "cublas":
             return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))

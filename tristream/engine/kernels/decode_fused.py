@@ -114,7 +114,7 @@ def pair_rows(half: int, k: int, rows: int | None = None) -> int:
 def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
                     eps: float, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, nh: int, nkv: int, hd: int,
-                    pdl: bool = False, tile: tuple[int, int] | None = None) -> torch.Tensor:
+                    pdl: bool = False, tile: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
     """Batch-1 QKV projection of `x` [1, K] (optionally RMS-normalised first) with RoPE at
     `positions[0]`; k and v go to the flat caches at `slots[0]` (-1: skipped). Returns q [1, nh, hd]."""
     if x.shape[0] != 1:
@@ -131,7 +131,7 @@ def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         x, w, bias if bias is not None else dummy, norm_weight if norm_weight is not None else dummy,
         positions, cos_sin, slots, q, k_cache, v_cache, k, eps,
         NH=nh, NKV=nkv, HD=hd, HALF=half, PAIR=pair, NORM=norm_weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_K=block_k, USE_PDL=pdl, num_warps=4, **_pdl_launch(pdl),
+        BLOCK_K=block_k, USE_PDL=pdl, num_warps=num_warps, **_pdl_launch(pdl),
     )
     return q
 
@@ -140,21 +140,24 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
     return {"launch_pdl": True} if pdl else {}
 
 
-TILES: dict[str, tuple[int, int] | None] = {"b1": None, "b1w": (64, 128), "b1m": (32, 256)}
-"""Batch-1 GEMV tiles (rows, K columns) per variant name: the default per shape (8-16 rows x
-up to 1024 columns), wide-and-short, and between. Which is fastest depends on the GPU and the
-model; the decode graphs time them at capture."""
+TILES: dict[str, tuple[tuple[int, int] | None, int]] = {"b1": (None, 4), "b8": (None, 8), "b1m": ((32, 256), 4)}
+"""Batch-1 GEMV tile (rows, K columns; None: the default per shape, 8-16 rows x up to 1024
+columns) and warps per program, per variant name. Which is fastest depends on the GPU and the
+model; the decode graphs time them at capture. On the H200 (bench/results/decode_profile.json)
+the default tile was fastest for SmolLM2-135M and Llama-3.2-1B, 32 x 256 1.4-1.7x slower and
+64 x 128 2-2.5x slower (dropped); 8 warps won for the 1B's square GEMVs in bench/gemv.py."""
 
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
-                     tile: tuple[int, int] | None = None) -> torch.Tensor:
+                     tile: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
 
     `attention` carries the step's device inputs (`positions`, `slots`, `block_tables`,
     `ctx_lens`, `cache`, `splits`, `scale`, optional `counters`), as `graphs.TritonDecodeAttention` does.
-    `tile`: the GEMV tile (rows, K columns) of every projection; None: the default per shape.
+    `tile`: the GEMV tile (rows, K columns) of every projection; None: the default per shape;
+    `num_warps`: warps per program of the QKV and GEMV kernels.
     """
     bn, bk = tile if tile is not None else (None, None)
     cfg = model.cfg
@@ -164,12 +167,14 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
         kc, vc = attention.cache.flat(i)
         q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attention.positions,
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                            pdl=pdl, tile=tile)
+                            pdl=pdl, tile=tile, num_warps=num_warps)
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
                                    counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
-        r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk)
-        gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn, block_k=bk)
-        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=bn, block_k=bk)
+        r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk, num_warps=num_warps)
+        gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn,
+                        block_k=bk, num_warps=num_warps)
+        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=bn, block_k=bk,
+                       num_warps=num_warps)
     return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
-                      block_k=bk).float()
+                      block_k=bk, num_warps=num_warps).float()
