@@ -426,6 +426,8 @@ class WhisperRunner:
             n_steps = min(self.chunk, left)
             self._run(f"steps{n_steps}", bb, ab)
             steps += n_steps
+            if n_steps == left:  # every row has now filled its K columns: no need to ask the device
+                break
         if timed:
             self._run("align", bb, ab)
         on_device = timed and self.device_times
