@@ -124,3 +124,19 @@ def test_runner_device_times_equal_host_times(make_whisper) -> None:  # type: ig
         fb, vb = host_r.align_rows(rows, [dfr[i] for i in rows])  # type: ignore[attr-defined]
         _agree(fa, fb)
         np.testing.assert_array_equal(va, vb)
+
+
+def test_median7_kernel_equals_the_network() -> None:
+    """The one-kernel median filter selects exactly what `timing.median7` (and torch.median) does,
+    ties included, over a width that is not a multiple of the block."""
+    import torch.nn.functional as F
+
+    from tristream.engine.speech import median_device
+    from tristream.engine.speech.timing import median7
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-3, 4, (6, 5, 300), generator=g).float() + torch.randn(6, 5, 300, generator=g).round(decimals=1)
+    xp = F.pad(x, (3, 3), mode="reflect").to(DEV)
+    got = median_device.median7_padded(xp)
+    assert torch.equal(got.cpu(), median7([xp[..., i : i + 300] for i in range(7)]).cpu())
+    assert torch.equal(got.cpu(), xp.cpu().unfold(-1, 7, 1).median(-1).values)
