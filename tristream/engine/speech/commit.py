@@ -9,10 +9,17 @@ n-gram of the hypothesis head that repeats the committed tail is dropped.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 
 _NORM = re.compile(r"[^\w']+")
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _key(text: str) -> str:
+    """Comparison form of a word (a few hundred words per update, from a small vocabulary: cached)."""
+    return _NORM.sub("", text.lower())
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +33,7 @@ class Word:
     """Comparison form: case and punctuation folded (computed once: every update compares it)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "key", _NORM.sub("", self.text.lower()))
+        object.__setattr__(self, "key", _key(self.text))
 
 
 @dataclass(slots=True)
