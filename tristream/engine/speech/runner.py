@@ -343,7 +343,7 @@ class WhisperRunner:
         then times just the rows that need it, afterwards."""
         if not slots:
             raise AudioInputError("run_store() needs at least one slot")
-        if store.device != self.device:
+        if store.device.type != self.device.type:
             raise AudioInputError(f"audio store on {store.device}, runner on {self.device}; build them on one device")
         bb = self.batch_bucket(len(slots))
         lengths = [int(store.lengths[s]) for s in slots]
