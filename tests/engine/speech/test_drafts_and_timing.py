@@ -126,3 +126,15 @@ def test_alignment_matrix_finds_a_planted_diagonal() -> None:
     mat = alignment_matrix(logits, torch.tensor([t]), torch.ones(b, s, dtype=torch.bool))
     starts = dtw_token_starts(mat.numpy(), np.array([s]), np.array([t]))
     assert np.abs(starts[0] - np.array(edges[:-1])).max() <= 2
+
+
+def test_serial_steps_stop_at_the_last_usable_column(tiny_whisper: Whisper) -> None:
+    """The last chunk is cut to the steps a row can still use, run as graphs of sizes summing to it."""
+    r = _runner(tiny_whisper, chunk=6)
+    assert r._step_sizes() == (6, 4, 2, 1)
+    audio = [_audio(1.5, 0), _audio(1.1, 1)]
+    plain = r.run(audio)
+    assert plain.steps == 11  # 12 columns: 1 from the prefill, then 6 + 5
+    res = r.run(audio, [row[:8].tolist() for row in plain.tokens])
+    np.testing.assert_array_equal(res.tokens, plain.tokens)
+    assert res.accepted.tolist() == [8, 8] and res.steps == 3  # columns 9..11

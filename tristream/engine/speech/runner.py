@@ -261,10 +261,19 @@ class WhisperRunner:
             return lambda bb, ab: self._steps(bb, ab, n)
         return {"encode": self._encode, "align": self._align}[kind]
 
+    def _step_sizes(self) -> tuple[int, ...]:
+        """Step-graph sizes: powers of two below `chunk`, and `chunk` (any count up to it is a sum of them)."""
+        sizes = {self.chunk}
+        n = 1
+        while n < self.chunk:
+            sizes.add(n)
+            n *= 2
+        return tuple(sorted(sizes, reverse=True))
+
     def _kinds(self) -> tuple[str, ...]:
-        """Graph kinds per bucket: encode, `steps1` … `steps{chunk}` (a pass never runs a step that no
-        row can use: the last chunk is cut to the steps left), align (with word times)."""
-        steps = tuple(f"steps{n}" for n in range(1, self.chunk + 1))
+        """Graph kinds per bucket: encode, `steps{n}` for each step size (a pass never runs a step that
+        no row can use: the last chunk is cut to the steps left), align (with word times)."""
+        steps = tuple(f"steps{n}" for n in self._step_sizes())
         return ("encode", *steps, "align") if self.word_times else ("encode", *steps)
 
     @torch.inference_mode()
@@ -424,7 +433,11 @@ class WhisperRunner:
             if done or left <= 0:
                 break
             n_steps = min(self.chunk, left)
-            self._run(f"steps{n_steps}", bb, ab)
+            todo = n_steps
+            for size in self._step_sizes():  # e.g. 3 = 2 + 1, replayed back to back without a read
+                while size <= todo:
+                    self._run(f"steps{size}", bb, ab)
+                    todo -= size
             steps += n_steps
             if n_steps == left:  # every row has now filled its K columns: no need to ask the device
                 break
