@@ -235,7 +235,9 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
         t = time.perf_counter()
         runner.capture()
         res["capture_s"] = round(time.perf_counter() - t, 2)
-        res["runner"] = {"capacity_tokens": cap, "chunk": runner.chunk, "max_draft": cap - 1, "word_times": "DTW",
+        res["runner"] = {"capacity_tokens": cap, "chunk": runner.chunk, "max_draft": cap - 1,
+                         "word_times": "DTW on the device (align graph)" if runner.device_times else "DTW on the host",
+                         "step_graph_sizes": list(runner._step_sizes()),
                          "audio_buckets_s": list(runner.audio_buckets), "batch_buckets": list(runner.batch_buckets)}
         mel_fn = LogMel(dims.n_mels).to(dev)
         prompt = torch.tensor([toks.prompt()], device=dev)
