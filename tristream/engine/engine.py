@@ -50,6 +50,7 @@ from tristream.engine.engine_types import (
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.kv_retention import KVRetention
 from tristream.engine.models.llama import LlamaModel
+from tristream.engine.overlap import OverlapDecode
 from tristream.engine.runner import ModelRunner, PrefillChunk
 from tristream.engine.sampler import SamplingBatch, sample
 from tristream.engine.sequence import (
@@ -60,6 +61,15 @@ from tristream.engine.sequence import (
     embedding_keys,
 )
 from tristream.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+
+Command = tuple[Callable[[], None], int | None]
+"""A queued mutation and, for a cancel, the sequence id it ends (`overlap.py` applies cancels of
+sequences in flight before the others)."""
+
+
+def all_greedy(seqs: list[Sequence]) -> bool:
+    """Whether every sequence samples greedily with no penalty (tokens = argmax of the logits)."""
+    return all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in seqs)
 
 
 class LLMEngine:
@@ -87,7 +97,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self.retention = KVRetention(model, self.cache, self.blocks, cfg.retention, cfg.kv_budget_tokens,
                                      self.stats.retention)
-        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self._arrivals = 0
         self._rng = random.Random()
         self._cancel_outputs: list[StepOutput] = []
@@ -98,6 +108,7 @@ class LLMEngine:
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
         self.eos_ids = eos
+        self.overlap: OverlapDecode | None = OverlapDecode(self) if cfg.overlap else None
 
     @classmethod
     def from_path(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -144,7 +155,7 @@ class LLMEngine:
             raise ValueError("a generating request needs a non-empty prompt")
         seq = Sequence(keys=keys, params=params or SamplingParams(), priority=priority, deadline=deadline,
                        generating=generate, kv_budget_tokens=kv_budget_tokens)
-        self._commands.put(lambda: self._insert(seq))
+        self._commands.put((lambda: self._insert(seq), None))
         return seq.seq_id
 
     def append(self, seq_id: int, token_ids: list[int] | None = None, text: str | None = None,
@@ -158,15 +169,15 @@ class LLMEngine:
                 f"embeddings have width {embeddings.shape[-1]}; the model's hidden size is "
                 f"{self.model.cfg.hidden_size}"
             )
-        self._commands.put(lambda: self._append(seq_id, keys, embeddings, cache_key))
+        self._commands.put((lambda: self._append(seq_id, keys, embeddings, cache_key), None))
 
     def start_generation(self, seq_id: int, params: SamplingParams | None = None) -> None:
         """End of the user's turn: start decoding from the sequence's current context."""
-        self._commands.put(lambda: self._start(seq_id, params))
+        self._commands.put((lambda: self._start(seq_id, params), None))
 
     def cancel(self, seq_id: int) -> None:
         """Stop a sequence and free its KV blocks at the next step (barge-in)."""
-        self._commands.put(lambda: self._cancel(seq_id))
+        self._commands.put((lambda: self._cancel(seq_id), seq_id))
 
     def close(self, seq_id: int) -> None:
         """Forget an open (non-generating) context and free its blocks."""
@@ -251,12 +262,17 @@ class LLMEngine:
             self.stats.finished += 1
 
     def _drain(self) -> None:
+        for cmd, _ in self._take_commands():
+            cmd()
+
+    def _take_commands(self) -> list[Command]:
+        """Every queued command, in order (not yet applied)."""
+        out: list[Command] = []
         while True:
             try:
-                cmd = self._commands.get_nowait()
+                out.append(self._commands.get_nowait())
             except queue.Empty:
-                return
-            cmd()
+                return out
 
     # ---- block bookkeeping ----
 
@@ -319,18 +335,36 @@ class LLMEngine:
     # ---- the step ----
 
     def has_work(self) -> bool:
-        return any(s.num_pending > 0 for s in self.seqs.values()) or not self._commands.empty()
+        """Whether a `step()` call would do anything (pending positions, commands, a step in flight)."""
+        return (any(s.num_pending > 0 for s in self.seqs.values()) or not self._commands.empty()
+                or (self.overlap is not None and self.overlap.in_flight))
 
     def step(self, allow: set[int] | None = None, max_batch: int | None = None,
              max_prefill_tokens: int | None = None) -> list[StepOutput]:
         """Run one engine step: apply commands, one decode batch, prefill chunks, sample.
 
         An external scheduler may restrict the step to the sequence ids in `allow` and override
-        the decode batch size and the prefill token budget for this step only.
+        the decode batch size and the prefill token budget for this step only. With
+        `EngineConfig.overlap`, steady greedy decode runs one step ahead (`overlap.py`): each call
+        still returns one step's outputs, with the same tokens.
         """
+        if self.overlap is not None:
+            return self.overlap.step(allow, max_batch, max_prefill_tokens)
+        outputs = self._apply_commands()
+        decode, chunks = self._schedule(allow, max_batch, max_prefill_tokens)
+        if decode or chunks:
+            outputs += self._run(decode, chunks)
+        return outputs
+
+    def _apply_commands(self) -> list[StepOutput]:
+        """Drain the command queue; the outputs of sequences it ended (cancel, context full)."""
         self._cancel_outputs = []
         self._drain()
-        outputs: list[StepOutput] = list(self._cancel_outputs)
+        return list(self._cancel_outputs)
+
+    def _schedule(self, allow: set[int] | None, max_batch: int | None, max_prefill_tokens: int | None
+                  ) -> tuple[list[Sequence], list[PrefillChunk]]:
+        """This step's decode batch and prefill chunks (blocks allocated, preempting if needed)."""
         cfg = self.config
         batch_cap = cfg.max_batch if max_batch is None else max_batch
         order = sorted((s for s in self.seqs.values() if allow is None or s.seq_id in allow), key=Sequence.sort_key)
@@ -363,8 +397,10 @@ class LLMEngine:
             budget -= n
         decode = [s for s in decode if s.status is SeqStatus.RUNNING]
         chunks = [c for c in chunks if c.seq.status is SeqStatus.RUNNING]
-        if not decode and not chunks:
-            return outputs
+        return decode, chunks
+
+    def _run(self, decode: list[Sequence], chunks: list[PrefillChunk]) -> list[StepOutput]:
+        """Compute a scheduled step, sample, and account for it (synchronous)."""
         self.stats.steps += 1
         tm = self.timer
         sampled_seqs: list[Sequence] = []
@@ -386,12 +422,17 @@ class LLMEngine:
         token_list: list[int] = []
         if sampled_seqs:
             logits = logit_parts[0] if len(logit_parts) == 1 else torch.cat(logit_parts)
-            if all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in sampled_seqs):
+            if all_greedy(sampled_seqs):
                 token_list = to_host(logits.argmax(dim=-1))  # greedy fast path: no parameter tensors
             else:
                 token_list = self._sample(logits, sampled_seqs)
         if tm is not None:
             tm.mark("post")
+        return self._account(decode, chunks, sampled_seqs, token_list)
+
+    def _account(self, decode: list[Sequence], chunks: list[PrefillChunk], sampled_seqs: list[Sequence],
+                 token_list: list[int]) -> list[StepOutput]:
+        """Advance computed positions, publish full blocks, accept sampled tokens."""
         for s in decode:
             s.num_computed += 1
             self.stats.decode_tokens += 1
@@ -402,9 +443,7 @@ class LLMEngine:
             self._publish(s)
         for c in chunks:
             self._publish(c.seq)
-        for s, tok in zip(sampled_seqs, token_list, strict=True):
-            outputs.append(self._accept(s, int(tok)))
-        return outputs
+        return [self._accept(s, int(tok)) for s, tok in zip(sampled_seqs, token_list, strict=True)]
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
         batch = SamplingBatch.build(

@@ -1,0 +1,138 @@
+"""Decode steps fed on the device: a step's input token ids are the previous step's sampled ids.
+
+`overlap.py` launches decode step i+1 before the host has read step i's tokens. The token ids
+of step i never leave the device on the way in: they are copied straight into the decode
+graph's input-id slots (`DecodeGraphs.ids`), while the host writes the rest of the step's
+inputs (positions, cache slots, context lengths, block tables) from its own pinned buffer.
+Two pinned buffers alternate: the host writes step i+2's inputs after waiting for step i only,
+while the copy of step i+1's inputs (queued behind step i) may not have run yet.
+
+`TokenReadback` copies a step's token ids into pinned host memory without waiting, and waits
+later (two slots, one per step in flight).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from tristream.engine.runner import ModelRunner
+from tristream.engine.sequence import Sequence
+
+
+@dataclasses.dataclass(slots=True)
+class Readback:
+    """A device→host copy of one step's token ids that may still be running."""
+
+    tokens: torch.Tensor  # the device tensor (kept alive until the copy is done)
+    slot: int  # pinned slot index (CUDA), -1 on CPU
+    n: int
+
+
+class TokenReadback:
+    """Asynchronous device→host copies of token ids into two reused pinned slots."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.bufs: list[torch.Tensor | None] = [None, None]
+        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.next = 0
+
+    def start(self, tokens: torch.Tensor) -> Readback:
+        """Queue the copy of `tokens` ([n] int64) to the host; returns the handle to `wait` on.
+        At most two copies may be outstanding (a slot is reused two `start`s later)."""
+        n = int(tokens.shape[0])
+        if not self.cuda:
+            return Readback(tokens, -1, n)
+        slot = self.next
+        self.next ^= 1
+        buf = self.bufs[slot]
+        if buf is None or buf.numel() < n or buf.dtype != tokens.dtype:
+            buf = self.bufs[slot] = torch.empty(max(n, 128), dtype=tokens.dtype, pin_memory=True)
+        ev = self.events[slot]
+        if ev is None:
+            ev = self.events[slot] = torch.cuda.Event()
+        buf[:n].copy_(tokens, non_blocking=True)
+        ev.record()
+        return Readback(tokens, slot, n)
+
+    def wait(self, rb: Readback) -> list[int]:
+        """Block (releasing the GIL on CUDA) until the copy is done; the token ids."""
+        if rb.slot < 0:
+            return rb.tokens.tolist()
+        ev, buf = self.events[rb.slot], self.bufs[rb.slot]
+        assert ev is not None and buf is not None
+        ev.synchronize()
+        return buf[:rb.n].tolist()
+
+
+class ChainedDecode:
+    """Launches a decode step of `seqs` whose input ids are a device tensor of the last step's tokens.
+
+    Each sequence's next position is `len(seq.keys)` (its last sampled token is not in `keys`
+    yet); the caller has allocated the block that holds it.
+    """
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        dec = runner.decoder
+        self.host: list[torch.Tensor] = []
+        self.host_np: list[np.ndarray] = []
+        if dec is not None:
+            pin = dec.dev_buf.device.type == "cuda"
+            for _ in range(2):
+                t = torch.zeros_like(dec.host_buf, device="cpu").pin_memory() if pin else dec.host_buf.clone()
+                self.host.append(t)
+                self.host_np.append(t.numpy())
+        self.flip = 0
+
+    def supports(self, n: int) -> bool:
+        """Whether a batch of n rows can be launched (at most the largest graph bucket)."""
+        dec = self.runner.decoder
+        return dec is None or n <= dec.max_bs
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], prev_tokens: torch.Tensor) -> torch.Tensor:
+        """Queue the step; float32 logits [len(seqs), vocab] (on CUDA: not yet computed)."""
+        dec = self.runner.decoder
+        if dec is None:
+            return self._eager(seqs, prev_tokens)
+        n = len(seqs)
+        b = dec.bucket_for(n)
+        assert b is not None, "ChainedDecode.supports() was not checked"
+        nm, mb, bs = dec.max_bs, dec.max_blocks, self.runner.block_size
+        h = self.host_np[self.flip]
+        src = self.host[self.flip]
+        self.flip ^= 1
+        for i, s in enumerate(seqs):
+            pos = len(s.keys)  # the position of the token being fed (logical, RoPE)
+            ci = pos - s.cache_offset  # its cache index
+            bt = s.block_table
+            h[nm + i] = pos
+            h[2 * nm + i] = bt[ci // bs] * bs + ci % bs
+            h[3 * nm + i] = ci + 1
+            h[4 * nm + i * mb:4 * nm + i * mb + len(bt)] = bt
+        h[nm + n:nm + b] = 0  # padded rows: position 0, no cache write, empty context
+        h[2 * nm + n:2 * nm + b] = -1
+        h[3 * nm + n:3 * nm + b] = 0
+        used = 4 * nm + b * mb
+        dec.dev_buf[nm:used].copy_(src[nm:used], non_blocking=True)  # everything but the ids
+        dec.ids[:n].copy_(prev_tokens)  # the ids: the previous step's tokens, device to device
+        if b in dec.graphs:
+            dec.graphs[b].replay()
+            return dec.outputs[b][:n]
+        return dec.forward(b)[:n]
+
+    def _eager(self, seqs: list[Sequence], prev_tokens: torch.Tensor) -> torch.Tensor:
+        """CPU / no decode graphs: the runner's eager decode, with each token put in its
+        sequence's keys for the duration of the call (computing is synchronous there)."""
+        toks = prev_tokens.tolist()
+        for s, t in zip(seqs, toks, strict=True):
+            s.keys.append(int(t))
+        try:
+            return self.runner.decode(seqs)
+        finally:
+            for s in seqs:
+                s.keys.pop()
