@@ -399,6 +399,16 @@ class WhisperRunner:
             self._in_copied = torch.cuda.Event()
             self._in_copied.record()
 
+    def _read(self, *xs: torch.Tensor) -> list[np.ndarray]:
+        """Device tensors → host arrays with one wait (asynchronous copies into pinned memory)."""
+        if self.device.type != "cuda":
+            return [x.cpu().numpy() for x in xs]
+        host = [torch.empty(x.shape, dtype=x.dtype, pin_memory=True) for x in xs]
+        for h, x in zip(host, xs, strict=True):
+            h.copy_(x, non_blocking=True)
+        torch.cuda.current_stream(self.device).synchronize()
+        return [h.numpy() for h in host]
+
     def _put_draft_frames(self, host: np.ndarray, rows: Sequence[int], draft_frames: Sequence[Sequence[int]]) -> None:
         """Write each row's previous draft frames (at most `max_draft + 1`) into its input-table row."""
         if len(draft_frames) != len(rows):
@@ -445,14 +455,20 @@ class WhisperRunner:
             self._run("align", bb, ab)
         on_device = timed and self.device_times
         parts = [self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]]
-        packed = torch.cat([*parts, self.frames[:n_real]] if on_device else parts, dim=1).cpu().numpy()
+        db: np.ndarray | None = None
+        if on_device:  # tokens, frames and loudness in one wait
+            packed, db = self._read(torch.cat([*parts, self.frames[:n_real]], dim=1),
+                                    self.frame_db[:n_real, : n // SAMPLES_PER_POSITION])
+        else:
+            packed = torch.cat(parts, dim=1).cpu().numpy()
         toks, accepted = packed[:, : self.k], packed[:, self.k]
         frames = np.zeros((n_real, self.k + 1), np.int64)
         voiced: np.ndarray | None = None
         self._last = (lengths, ab, toks, accepted)
         if timed:
             frames = packed[:, self.k + 1 :] if on_device else self._token_times(toks, accepted, lengths, draft_frames)
-            db = self.frame_db[:n_real, : n // SAMPLES_PER_POSITION].cpu().numpy()
+            if db is None:
+                db = self.frame_db[:n_real, : n // SAMPLES_PER_POSITION].cpu().numpy()
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
             self.stats.align_passes += 1
             self.stats.aligned_rows += n_real
