@@ -193,3 +193,14 @@ def test_has_work_while_a_step_is_in_flight(model: LlamaModel) -> None:
         seen += [o.token_id for o in eng.step() if o.seq_id == sid and o.token_id is not None]
     assert len(seen) == 4 and eng.overlap is not None and not eng.overlap.in_flight
     assert seen == engine(model, False).generate([PROMPTS[1]], greedy(4))[0]
+
+
+def test_kv_budget_evictions_between_overlapped_steps(model: LlamaModel) -> None:
+    from tristream.engine.kv_retention import RetentionConfig
+
+    script = [Trigger(None, 0, add("a", list(range(3, 23)), greedy(30))),
+              Trigger(None, 0, add("b", PROMPTS[1], greedy(30)))]
+    outs, eng = both(model, script, kv_budget_tokens=24,
+                     retention=RetentionConfig(sink_tokens=4, text_window_tokens=8))
+    assert eng.stats.retention.evictions > 0 and eng.stats.overlap_steps > 0
+    assert len(outs["a"]) == len(outs["b"]) == 30
