@@ -334,6 +334,13 @@ class LLMEngine:
 
     # ---- the step ----
 
+    def set_overlap(self, on: bool) -> None:
+        """Turn overlapped decode (`EngineConfig.overlap`) on or off between steps."""
+        if self.overlap is not None and self.overlap.in_flight:
+            raise RuntimeError("a decode step is in flight: call step() until has_work() is False, then switch")
+        self.config.overlap = on
+        self.overlap = OverlapDecode(self) if on else None
+
     def has_work(self) -> bool:
         """Whether a `step()` call would do anything (pending positions, commands, a step in flight)."""
         return (any(s.num_pending > 0 for s in self.seqs.values()) or not self._commands.empty()
