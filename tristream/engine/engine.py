@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import queue
 import random
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,10 +40,12 @@ import torch
 
 from tristream.engine.block_manager import BlockManager, OutOfBlocks
 from tristream.engine.engine_types import (
+    Command,
     ContextTooLong,
     EngineConfig,
     EngineStats,
     StepOutput,
+    all_greedy,
     to_host,
 )
 from tristream.engine.kv_cache import KVCache
@@ -61,15 +62,6 @@ from tristream.engine.sequence import (
     embedding_keys,
 )
 from tristream.engine.tokenizer import IncrementalDetokenizer, Tokenizer
-
-Command = tuple[Callable[[], None], int | None]
-"""A queued mutation and, for a cancel, the sequence id it ends (`overlap.py` applies cancels of
-sequences in flight before the others)."""
-
-
-def all_greedy(seqs: list[Sequence]) -> bool:
-    """Whether every sequence samples greedily with no penalty (tokens = argmax of the logits)."""
-    return all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in seqs)
 
 
 class LLMEngine:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from collections.abc import Callable
 
 import torch
 
 from tristream.engine.kv_retention import RetentionConfig, RetentionStats
-from tristream.engine.sequence import FinishReason
+from tristream.engine.sequence import FinishReason, Sequence
 
 
 class UnknownSequence(KeyError):
@@ -41,6 +42,16 @@ class EngineConfig:
     overlap: bool = False
     """Overlapped greedy decode (`overlap.py`): in steady decode, launch step i+1 (its token ids
     fed on the device) before waiting for step i's tokens, hiding the host side of a step."""
+
+
+Command = tuple[Callable[[], None], int | None]
+"""A queued engine mutation and, for a cancel, the sequence id it ends (`overlap.py` applies
+cancels of sequences in flight before the other commands)."""
+
+
+def all_greedy(seqs: list[Sequence]) -> bool:
+    """Whether every sequence samples greedily with no penalty (tokens = argmax of the logits)."""
+    return all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in seqs)
 
 
 class _Readback(threading.local):

@@ -38,11 +38,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from tristream.engine.decode_chain import ChainedDecode, Readback, TokenReadback
-from tristream.engine.engine_types import StepOutput
+from tristream.engine.engine_types import Command, StepOutput
 from tristream.engine.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
-    from tristream.engine.engine import Command, LLMEngine
+    from tristream.engine.engine import LLMEngine
 
 
 @dataclasses.dataclass(slots=True)
