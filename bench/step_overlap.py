@@ -37,7 +37,10 @@ def _engine(model: Any, kernels: str, buckets: tuple[int, ...]) -> Any:
     eng = LLMEngine(model, None, EngineConfig(block_size=16, kv_cache_bytes=4 << 30, max_model_len=4096,
                                               max_prefill_tokens=2048, enable_prefix_cache=False,
                                               decode_kernels=kernels, graph_buckets=buckets))
-    eng.runner.capture()
+    if eng.runner.decoder is not None:  # decode graphs only: prefill is not measured (its kernels compile on use)
+        eng.runner.decoder.capture()
+    else:
+        eng.runner.capture()
     torch.cuda.synchronize()
     return eng
 
@@ -146,7 +149,6 @@ def main() -> None:
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/step_overlap.py needs a CUDA GPU")
-    os.environ.setdefault("TRISTREAM_PREFILL_GRAPHS", "0")  # prefill is not measured: skip its capture
     batches = [int(x) for x in args.batches.split(",")]
     res: dict[str, Any] = {"steps": args.steps, "models": {}}
     for name in args.models.split(","):
