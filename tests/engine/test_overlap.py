@@ -95,12 +95,28 @@ def greedy(n: int, **kw: object) -> SamplingParams:
 
 def test_steady_decode_overlaps_and_matches(model: LlamaModel) -> None:
     script = [Trigger(None, 0, add(f"s{i}", p, greedy(10 + 3 * i))) for i, p in enumerate(PROMPTS)]
-    outs, eng = both(model, script)
+    ref = drive(engine(model, False), script)
+    eng = engine(model, True)
+    assert eng.overlap is not None
+    chain = eng.overlap.chain
+    launch = chain.launch
+    gathered: list[list[int]] = []
+
+    def spy(seqs: list, prev: object, rows: list[int] | None = None) -> object:
+        if rows is not None:
+            gathered.append(rows)
+        return launch(seqs, prev, rows)  # type: ignore[arg-type]
+
+    chain.launch = spy  # type: ignore[method-assign,assignment]
+    outs = drive(eng, script)
+    assert outs == ref
+    assert gathered == [[1, 2, 3], [1, 2], [1]]  # each time the first row reached its max_tokens
     assert [len(outs[f"s{i}"]) for i in range(4)] == [10, 13, 16, 19]
     assert all(o[2] is FinishReason.LENGTH for o in (v[-1] for v in outs.values()))
-    # most decode steps ran one ahead; every finish (by max_tokens) but the last dropped a token
-    assert eng.stats.overlap_steps >= 12
-    assert eng.stats.overlap_discarded == 3
+    # most decode steps ran one ahead; a sequence at its max_tokens left the batch run ahead
+    # (known before its last token), so no token was computed in vain
+    assert eng.stats.overlap_steps >= 15
+    assert eng.stats.overlap_discarded == 0
     assert eng.overlap is not None and not eng.overlap.in_flight
 
 

@@ -86,6 +86,8 @@ class ChainedDecode:
                 t = torch.zeros_like(dec.host_buf, device="cpu").pin_memory() if pin else dec.host_buf.clone()
                 self.host.append(t)
                 self.host_np.append(t.numpy())
+        self.rows_dev = torch.zeros(dec.max_bs if dec is not None else 1, dtype=torch.int32,
+                                    device=dec.dev_buf.device if dec is not None else "cpu")
         self.flip = 0
 
     def supports(self, n: int) -> bool:
@@ -94,11 +96,15 @@ class ChainedDecode:
         return dec is None or n <= dec.max_bs
 
     @torch.inference_mode()
-    def launch(self, seqs: list[Sequence], prev_tokens: torch.Tensor) -> torch.Tensor:
-        """Queue the step; float32 logits [len(seqs), vocab] (on CUDA: not yet computed)."""
+    def launch(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None = None
+               ) -> torch.Tensor:
+        """Queue the step; float32 logits [len(seqs), vocab] (on CUDA: not yet computed).
+
+        prev_tokens: the last step's token ids on the device, one per row of that step; `rows`:
+        which of them feed `seqs` (None: all, in order)."""
         dec = self.runner.decoder
         if dec is None:
-            return self._eager(seqs, prev_tokens)
+            return self._eager(seqs, prev_tokens, rows)
         n = len(seqs)
         b = dec.bucket_for(n)
         assert b is not None, "ChainedDecode.supports() was not checked"
@@ -119,16 +125,23 @@ class ChainedDecode:
         h[3 * nm + n:3 * nm + b] = 0
         used = 4 * nm + b * mb
         dec.dev_buf[nm:used].copy_(src[nm:used], non_blocking=True)  # everything but the ids
-        dec.ids[:n].copy_(prev_tokens)  # the ids: the previous step's tokens, device to device
+        if rows is None:  # the ids: the previous step's tokens, device to device
+            dec.ids[:n].copy_(prev_tokens)
+        else:  # some rows left (finished by length): gather the others' tokens
+            h[:n] = rows  # the ids slots of this host buffer are free: they carry the row indexes
+            self.rows_dev[:n].copy_(src[:n], non_blocking=True)
+            dec.ids[:n].copy_(prev_tokens.index_select(0, self.rows_dev[:n]))
         if b in dec.graphs:
             dec.graphs[b].replay()
             return dec.outputs[b][:n]
         return dec.forward(b)[:n]
 
-    def _eager(self, seqs: list[Sequence], prev_tokens: torch.Tensor) -> torch.Tensor:
+    def _eager(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None) -> torch.Tensor:
         """CPU / no decode graphs: the runner's eager decode, with each token put in its
         sequence's keys for the duration of the call (computing is synchronous there)."""
         toks = prev_tokens.tolist()
+        if rows is not None:
+            toks = [toks[r] for r in rows]
         for s, t in zip(seqs, toks, strict=True):
             s.keys.append(int(t))
         try:

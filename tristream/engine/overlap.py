@@ -81,13 +81,14 @@ class OverlapDecode:
             decode, chunks = eng._schedule(allow, max_batch, max_prefill_tokens)
             if not decode and not chunks:
                 return outputs
-            if chunks or not self._ready(decode, allow, max_batch):
+            if chunks or self._next_batch(decode, allow, max_batch) is None:
                 return outputs + eng._run(decode, chunks)
             cur = self._launch_first(decode)
         else:
             outputs, deferred, commands = self._early_cancels(cur)
-        if not commands and self._ready(cur.seqs, allow, max_batch) and self._reserve(cur.seqs):
-            self.flight = self._launch_next(cur)
+        nxt = None if commands else self._next_batch(cur.seqs, allow, max_batch)
+        if nxt is not None and self._reserve(nxt):
+            self.flight = self._launch_next(cur, nxt)
         tm = eng.timer
         if tm is not None:
             tm.mark("sample")
@@ -112,45 +113,51 @@ class OverlapDecode:
         tokens = eng.runner.decode(decode).argmax(dim=-1)
         return InFlight(decode, tokens, self.readback.start(tokens))
 
-    def _launch_next(self, cur: InFlight) -> InFlight:
+    def _launch_next(self, cur: InFlight, nxt: list[Sequence]) -> InFlight:
         eng = self.eng
         eng.stats.steps += 1
         eng.stats.overlap_steps += 1
         if eng.timer is not None:
             eng.timer.mark("decode")
-        tokens = self.chain.launch(cur.seqs, cur.tokens).argmax(dim=-1)
-        return InFlight(cur.seqs, tokens, self.readback.start(tokens))
+        keep = {id(s) for s in nxt}
+        rows = None if len(nxt) == len(cur.seqs) else [i for i, s in enumerate(cur.seqs) if id(s) in keep]
+        tokens = self.chain.launch(nxt, cur.tokens, rows).argmax(dim=-1)
+        return InFlight(nxt, tokens, self.readback.start(tokens))
 
     # ---- conditions ----
 
-    def _ready(self, seqs: list[Sequence], allow: set[int] | None, max_batch: int | None) -> bool:
-        """Whether the step after the one computing `seqs` is the same greedy decode batch.
+    def _next_batch(self, seqs: list[Sequence], allow: set[int] | None, max_batch: int | None
+                    ) -> list[Sequence] | None:
+        """The batch of the step after the one computing `seqs`, if it can run ahead: `seqs`
+        without those that finish with this step by length (known before their token is), as
+        the synchronous engine would schedule it unless a token ends a sequence; else None.
 
         Called while that step is launched but not accepted: each sequence of the batch has one
         pending position (the token it is feeding) and its next token is not in `keys`."""
         eng = self.eng
         cap = eng.config.max_batch if max_batch is None else max_batch
         if len(seqs) > cap or not self.chain.supports(len(seqs)):
-            return False
+            return None
         bs = eng.blocks.block_size
-        busy = 0
-        done = 0
+        nxt: list[Sequence] = []
         for s in seqs:
             p = s.params
             if (s.status is not SeqStatus.RUNNING or p.temperature != 0 or p.repetition_penalty != 1.0
                     or (allow is not None and s.seq_id not in allow)):
-                return False
+                return None
+            if len(s.output_ids) + 1 >= p.max_tokens or len(s.keys) + 1 >= eng.config.max_model_len:
+                continue  # finishes with this step whatever its token
             budget = eng.retention.budget_blocks(s)
             if budget is not None and -(-(len(s.keys) + 1 - s.cache_offset) // bs) > budget:
-                return False  # the next step would evict: the synchronous path does that
-            if len(s.output_ids) + 1 >= p.max_tokens or len(s.keys) + 1 >= eng.config.max_model_len:
-                done += 1  # finishes with this step for sure (before its token is even known)
-        if done == len(seqs):
-            return False
+                return None  # the next step would evict: the synchronous path does that
+            nxt.append(s)
+        if not nxt:
+            return None
+        busy = 0
         for s in eng.seqs.values():
             if s.num_pending > 0:
                 busy += 1
-        return busy == len(seqs)  # nobody else has prefill or decode work
+        return nxt if busy == len(seqs) else None  # nobody else has prefill or decode work
 
     def _reserve(self, seqs: list[Sequence]) -> bool:
         """Allocate the block of each sequence's next position; False (nothing taken) when
