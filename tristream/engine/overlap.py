@@ -4,17 +4,20 @@ A synchronous step leaves the GPU idle while the host schedules, writes the inpu
 the graph, reads the tokens back and accepts them (0.12-0.16 ms per step on an H200, issue #3).
 In steady decode (`EngineConfig.overlap`), each `step()` call instead:
 
-1. launches step i+1 for the same sequences as step i: the token ids of step i go from the
-   device straight into the decode graph's input ids (`decode_chain.ChainedDecode`), the host
-   writes positions, slots, context lengths and block tables (the block of the next position
-   is allocated first);
+1. launches step i+1 for the sequences of step i, less those that finish with step i by
+   max_tokens or context length (known before their token is): the token ids of step i go
+   from the device straight into the decode graph's input ids (`decode_chain.ChainedDecode`),
+   the host writes positions, slots, context lengths and block tables (the block of the next
+   position is allocated first);
 2. waits for step i's tokens (`TokenReadback`) and accepts them (EOS, stop, max_tokens);
 3. returns step i's outputs: one step per call, the same tokens as the synchronous engine.
 
-A sequence that finished at step i has its step-i+1 token discarded (counted in
-`EngineStats.overlap_discarded`, nothing of it published); that step's K/V write went to the
-sequence's own last block (never a published one), which is freed with the others, and any
-later use of the block is ordered after it on the stream.
+A sequence that a token ended at step i (EOS, stop; or cancelled meanwhile) has its step-i+1
+token discarded (counted in `EngineStats.overlap_discarded`, nothing of it published); that
+step's K/V write went to the sequence's own last block (never a published one), which is freed
+with the others, and any later use of the block is ordered after it on the stream. On a GPU,
+step i+1 then ran in the bucket of the larger batch (the synchronous engine would have used
+the smaller one for it), which can change the other rows' logits in the last bits.
 
 Step i+1 is launched only when nothing else could change it: no command arrived, every
 sequence samples greedily, no other sequence has work (prefill, a decode not in the batch),
