@@ -38,7 +38,8 @@ def _run(model: LlamaModel, overlap: bool, prompts: list[list[int]], params: lis
                                   triton_decode=True, decode_kernels="cublas", overlap=overlap)
     cfg.update(kw)
     eng = LLMEngine(model, None, EngineConfig(**cfg))  # type: ignore[arg-type]
-    eng.runner.capture()  # graphs on CUDA; nothing on CPU
+    assert eng.runner.decoder is not None
+    eng.runner.decoder.capture()  # decode graphs on CUDA; nothing on CPU (buckets run eagerly)
     ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
     out: dict[int, list[tuple[int | None, FinishReason | None]]] = {i: [] for i in ids}
     for _ in range(300):
