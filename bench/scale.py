@@ -322,6 +322,8 @@ def main() -> None:
                     help="frames between ingress and replica: a framed socket, or batched Ray actor calls")
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32, 48, 64])
     ap.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--sessions-multi", type=int, nargs="+", default=None,
+                    help="the ladder for more than one replica (default: --sessions)")
     ap.add_argument("--duration", type=float, default=8.0, help="measured seconds per level (after the ramp)")
     ap.add_argument("--ramp", type=float, default=2.0,
                     help="seconds of each level before the measured window: sessions connect and take their first "
@@ -397,7 +399,7 @@ def main() -> None:
                              args.ingress_replicas, args.relay)
                 load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
                 rows = []
-                for n in args.sessions:
+                for n in (args.sessions_multi or args.sessions) if nrep > 1 else args.sessions:
                     row = load(url, n, args.duration, args.think, args.client_procs, args.ramp, sample=True)
                     rows.append(row)
                     out.setdefault("partial_rows", {})[str(nrep)] = rows

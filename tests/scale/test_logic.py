@@ -29,10 +29,16 @@ def test_least_loaded_uses_pressure_then_sessions_then_name() -> None:
     reps = [rep("a", sessions=1), rep("b", sessions=0), rep("c", sessions=0, accepting=False)]
     assert least_loaded(reps).replica == "b"  # type: ignore[union-attr]
     assert least_loaded(reps, sessions={"a": 1, "b": 2}).replica == "a"  # type: ignore[union-attr]
-    # Inside the headroom (P99 well under target) sessions decide; above it, pressure does.
+    # Inside the target (latency pressure < 1) sessions decide; above it, pressure does.
     assert least_loaded([rep("a", sessions=3, p99=10.0), rep("b", sessions=1, p99=20.0)]).replica == "b"  # type: ignore[union-attr]
-    assert least_loaded([rep("a", sessions=3, p99=10.0), rep("b", sessions=1, p99=40.0)]).replica == "a"  # type: ignore[union-attr]
+    assert least_loaded([rep("a", sessions=3, p99=10.0), rep("b", sessions=1, p99=45.0)]).replica == "b"  # type: ignore[union-attr]
+    assert least_loaded([rep("a", sessions=3, p99=10.0), rep("b", sessions=1, p99=60.0)]).replica == "a"  # type: ignore[union-attr]
+    assert least_loaded([rep("a", sessions=3, p99=60.0), rep("b", sessions=1, p99=80.0)]).replica == "a"  # type: ignore[union-attr]
     assert least_loaded([rep("a", sessions=3, p99=1.0), rep("b", sessions=1, p99=2.0)]).replica == "b"  # type: ignore[union-attr]
+    # Answers in flight (the queue) follow the sessions held: they do not outvote the counts.
+    assert least_loaded([rep("a", sessions=100, queue=40), rep("b", sessions=10, queue=12)]).replica == "b"  # type: ignore[union-attr]
+    # Equal sessions: the shorter queue.
+    assert least_loaded([rep("a", sessions=5, queue=4), rep("b", sessions=5, queue=1)]).replica == "b"  # type: ignore[union-attr]
     # Fewer sessions but a missed P99 loses to more sessions on target.
     assert least_loaded([rep("a", sessions=9), rep("b", sessions=1, p99=80.0)]).replica == "a"  # type: ignore[union-attr]
     assert least_loaded([rep("x", accepting=False)]) is None
@@ -141,3 +147,21 @@ def test_serve_config_file_builds_the_app() -> None:
     assert (proxy.ingress, proxy.n_ingress(), proxy.relay) == ("proxy", 3, "ray")
     with pytest.raises(ValueError, match="ingress must be"):
         scale_app.build_app(scale_app.config_from_args({"ingress": "carrier-pigeon", "token": "t"}))
+
+
+def test_a_burst_of_opens_on_one_round_of_reports_is_spread_evenly() -> None:
+    """The router places a burst with cached reports and its own counts (opens in flight
+    included): equal replicas inside target alternate, whatever their reported queues."""
+    reports = [rep("a", sessions=0, queue=30, p99=40.0), rep("b", sessions=0, queue=2, p99=20.0)]
+    counts = {"a": 0, "b": 0}
+    for _ in range(384):
+        choice = least_loaded(reports, counts)
+        assert choice is not None
+        counts[choice.replica] += 1
+    assert counts == {"a": 192, "b": 192}
+    # ... while a replica over target gets none of it
+    reports[0] = rep("a", sessions=0, p99=75.0)
+    counts = {"a": 0, "b": 0}
+    for _ in range(100):
+        counts[least_loaded(reports, counts).replica] += 1  # type: ignore[union-attr]
+    assert counts == {"a": 0, "b": 100}

@@ -45,6 +45,18 @@ class LoadReport:
             parts.append(self.sched_pressure)
         return max(parts)
 
+    @property
+    def latency_pressure(self) -> float:
+        """max(P99 / target, scheduler pressure): how far the replica is from its latency target,
+        without the queue term (answers in flight grow with the sessions a replica holds, so
+        placing by them herds a burst of new sessions onto whichever replica reported fewer)."""
+        parts = [0.0]
+        if self.p99_ms is not None and self.target_p99_ms > 0:
+            parts.append(self.p99_ms / self.target_p99_ms)
+        if self.sched_pressure is not None:
+            parts.append(self.sched_pressure)
+        return max(parts)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form (pressure included)."""
         d = asdict(self)
@@ -54,14 +66,21 @@ class LoadReport:
 
 
 def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None = None,
-                 headroom: float = 0.5) -> LoadReport | None:
+                 headroom: float = 1.0) -> LoadReport | None:
     """The accepting replica that is least loaded by the scheduler's signal.
 
-    Replicas with pressure under ``headroom`` (comfortably inside target) count as equally
-    loaded, so an old P99 sample on an idle replica does not decide; above it, the lowest
-    pressure (in steps of 0.1) wins. Ties go to the fewest sessions — ``sessions`` overrides
-    the reports' counts with the router's own, which include opens still in flight — then
-    to the name, so the choice is deterministic.
+    Replicas whose latency pressure (`LoadReport.latency_pressure`: windowed P99 and scheduler
+    pressure against target) is under ``headroom`` — meeting their target — count as equally
+    loaded and the fewest sessions wins: ``sessions`` overrides the reports' counts with the
+    router's own, which include opens still in flight, so a burst of opens alternates between
+    equal replicas even on one cached round of reports. Above it, the lowest pressure (in
+    steps of 0.1) wins, so a replica that misses its target gets new sessions only when every
+    replica does. Then queue depth, then the name, so the choice is deterministic.
+
+    (The first version banded by `LoadReport.pressure`, queue included, from 0.5: on two H200s
+    that sent 279 of 384 sessions to one replica, since answers in flight — the queue — follow
+    the sessions held and the P99 window still held the previous load:
+    ``bench/results/scale_gpu_x2.json``.)
     """
     counts = sessions or {}
     cands = [r for r in reports if r.accepting]
@@ -69,10 +88,10 @@ def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None 
         return None
 
     def band(r: LoadReport) -> float:
-        p = r.pressure
+        p = r.latency_pressure
         return 0.0 if p < headroom else round(p, 1)
 
-    return min(cands, key=lambda r: (band(r), counts.get(r.replica, r.sessions), r.replica))
+    return min(cands, key=lambda r: (band(r), counts.get(r.replica, r.sessions), r.queue_depth, r.replica))
 
 
 class LoadTracker:
