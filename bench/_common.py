@@ -21,7 +21,11 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def git_commit() -> str:
-    """The current commit (with `-dirty` when the tree has uncommitted changes), or 'unknown'."""
+    """The commit the run is made from: ``TRISTREAM_GIT_COMMIT`` when set (the device copy of the
+    tree carries a stale .git of its own), else the current commit (with `-dirty` when tracked
+    files have uncommitted changes), or 'unknown'."""
+    if os.environ.get("TRISTREAM_GIT_COMMIT"):
+        return os.environ["TRISTREAM_GIT_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         sha = subprocess.run(
