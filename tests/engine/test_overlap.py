@@ -220,3 +220,28 @@ def test_kv_budget_evictions_between_overlapped_steps(model: LlamaModel) -> None
                      retention=RetentionConfig(sink_tokens=4, text_window_tokens=8))
     assert eng.stats.retention.evictions > 0 and eng.stats.overlap_steps > 0
     assert len(outs["a"]) == len(outs["b"]) == 30
+
+
+def test_an_external_scheduler_is_never_run_ahead_of(model: LlamaModel) -> None:
+    """With `allow` (a scheduler planning each step) the engine never launches a step ahead, so an
+    empty plan (`step(allow=set())`, which the scheduled server discards) loses no tokens."""
+    eng = engine(model, overlap=True)
+    sid = eng.add_request(PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True))
+    got: list[int | None] = []
+    for _ in range(40):
+        got += [o.token_id for o in eng.step(allow={sid})]
+        assert not eng.step(allow=set())  # nothing in flight to hand over
+        if not eng.has_work():
+            break
+    assert eng.stats.overlap_steps == 0
+    ref = engine(model, overlap=False)
+    rid = ref.add_request(PROMPTS[0], SamplingParams(max_tokens=12, ignore_eos=True))
+    want: list[int | None] = []
+    while ref.has_work():
+        want += [o.token_id for o in ref.step(allow={rid})]
+    assert got == want and len([t for t in got if t is not None]) == 12
+
+
+def test_overlap_none_means_cuda_only(model: LlamaModel) -> None:
+    eng = LLMEngine(model, None, EngineConfig(block_size=4, num_blocks=32, overlap=None))
+    assert eng.config.overlap is False and eng.overlap is None  # CPU model

@@ -101,6 +101,8 @@ class LLMEngine(BlockBookkeeping):
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))
         self.eos_ids = eos
+        if cfg.overlap is None:
+            cfg.overlap = self.model.device.type == "cuda"
         self.overlap: OverlapDecode | None = OverlapDecode(self) if cfg.overlap else None
 
     @classmethod

@@ -84,12 +84,14 @@ class OverlapDecode:
             decode, chunks = eng._schedule(allow, max_batch, max_prefill_tokens)
             if not decode and not chunks:
                 return outputs
-            if chunks or self._next_batch(decode, allow, max_batch) is None:
+            if chunks or allow is not None or self._next_batch(decode, allow, max_batch) is None:
                 return outputs + eng._run(decode, chunks)
             cur = self._launch_first(decode)
         else:
             outputs, deferred, commands = self._early_cancels(cur)
-        nxt = None if commands else self._next_batch(cur.seqs, allow, max_batch)
+        # an external scheduler (allow given) plans every step itself: never run ahead of it, or
+        # a later step(allow=set()) would hand it tokens of a step it did not plan
+        nxt = None if commands or allow is not None else self._next_batch(cur.seqs, allow, max_batch)
         if nxt is not None and self._reserve(nxt):
             self.flight = self._launch_next(cur, nxt)
         tm = eng.timer
