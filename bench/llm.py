@@ -86,10 +86,14 @@ def random_model(name: str):
     return m
 
 
-def ours_decode(model, prompt_len: int = 128, steps: int = 64, batch: int = 1) -> dict[str, float]:
+def ours_decode(model, prompt_len: int = 128, steps: int = 64, batch: int = 1, overlap: bool = False
+                ) -> dict[str, float]:
     from tristream.engine.sequence import SamplingParams
 
     eng = bench_engine(model)
+    while eng.has_work():  # a step still in flight from an overlapped run
+        eng.step()
+    eng.set_overlap(overlap)  # EngineConfig.overlap: the next step launched before this one's tokens are read
     gen = torch.Generator().manual_seed(batch)
     vocab = model.cfg.vocab_size
     params = SamplingParams(max_tokens=steps + 16, ignore_eos=True)
@@ -252,6 +256,8 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
         d = ours_decode(model)
         r["ours_ms_per_token"] = d["ms_per_step"]
         r["ours_graph_replay_ms"] = d.get("graph_replay_ms")
+        r["ours_ms_per_token_overlap"] = ours_decode(model, overlap=True)["ms_per_step"]
+        log(f"ours bs1 with overlapped steps {r['ours_ms_per_token_overlap']:.3f} ms/token")
         eng0 = _ENGINES[id(model)]
         r["graph_capture_s"] = eng0.capture_s
         r["small_bucket_kernels_ms"] = eng0.runner.decoder.choice_ms
