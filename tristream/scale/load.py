@@ -69,29 +69,31 @@ def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None 
                  headroom: float = 1.0) -> LoadReport | None:
     """The accepting replica that is least loaded by the scheduler's signal.
 
-    Replicas whose latency pressure (`LoadReport.latency_pressure`: windowed P99 and scheduler
-    pressure against target) is under ``headroom`` — meeting their target — count as equally
-    loaded and the fewest sessions wins: ``sessions`` overrides the reports' counts with the
-    router's own, which include opens still in flight, so a burst of opens alternates between
-    equal replicas even on one cached round of reports. Above it, the lowest pressure (in
-    steps of 0.1) wins, so a replica that misses its target gets new sessions only when every
-    replica does. Then queue depth, then the name, so the choice is deterministic.
+    Each replica's load is its sessions (``sessions``: the router's own counts, opens still in
+    flight included, override the reports' counts) plus one, weighted by the square of its
+    latency pressure (`LoadReport.latency_pressure`: windowed P99 and scheduler pressure against
+    target) where that is over ``headroom``: replicas meeting their target are balanced by
+    sessions, a burst of opens alternates between them even on one cached round of reports, and
+    a replica at 1.5x its target draws new sessions at 1 / 2.25 of the rate of one on target.
+    Ties: the shorter queue, then the name, so the choice is deterministic.
 
-    (The first version banded by `LoadReport.pressure`, queue included, from 0.5: on two H200s
-    that sent 279 of 384 sessions to one replica, since answers in flight — the queue — follow
-    the sessions held and the P99 window still held the previous load:
-    ``bench/results/scale_gpu_x2.json``.)
+    Why weighted and not banded: the first version banded by the full pressure (queue included)
+    from 0.5, and on two H200s sent 279 of 384 sessions to one replica (answers in flight — the
+    queue — follow the sessions held); the second banded by latency pressure from 1.0, and a P99
+    window still holding the last minute's load sent a whole burst of 384, then of 416, to one
+    replica (``bench/results/scale_gpu_x2_rerun.json``): a hard threshold on a lagging signal herds.
     """
     counts = sessions or {}
     cands = [r for r in reports if r.accepting]
     if not cands:
         return None
 
-    def band(r: LoadReport) -> float:
+    def load(r: LoadReport) -> float:
         p = r.latency_pressure
-        return 0.0 if p < headroom else round(p, 1)
+        weight = p * p if p >= headroom else 1.0
+        return round((counts.get(r.replica, r.sessions) + 1) * weight, 6)
 
-    return min(cands, key=lambda r: (band(r), counts.get(r.replica, r.sessions), r.queue_depth, r.replica))
+    return min(cands, key=lambda r: (load(r), r.queue_depth, r.replica))
 
 
 class LoadTracker:
