@@ -397,9 +397,14 @@ def main() -> None:
             for nrep in args.replicas:
                 url = deploy(http_port, nrep, args.backend, backend_kw, gpus, cpus, args.target_ms, kind,
                              args.ingress_replicas, args.relay)
-                load(url, 4, 3.0, 0.1)  # warm the fresh replicas (first calls, imports); discarded
+                ladder = (args.sessions_multi or args.sessions) if nrep > 1 else args.sessions
+                # warm the fresh replicas at the first level's load (first calls, imports, kernels
+                # compiled for new prefill shapes: on two H200s the first level measured after a
+                # 4-session warm-up had P99 114 ms where the same level later in a ladder had 48);
+                # discarded
+                load(url, ladder[0], 4.0, args.think, args.client_procs)
                 rows = []
-                for n in (args.sessions_multi or args.sessions) if nrep > 1 else args.sessions:
+                for n in ladder:
                     row = load(url, n, args.duration, args.think, args.client_procs, args.ramp, sample=True)
                     rows.append(row)
                     out.setdefault("partial_rows", {})[str(nrep)] = rows
