@@ -2,7 +2,8 @@
 # One device call that checks and measures everything GPU-side that is waiting for a GPU:
 # every `gpu` test, then the benchmarks of the open engine issues. Each part has its own time
 # limit (a hung part cannot eat the whole call) and its own log; results JSON and logs land in
-# $OUT (the device tool brings that folder back). Parts: gemv tests llm encoders prefill sched.
+# $OUT (the device tool brings that folder back). Parts: gemv tests llm encoders prefill sched
+# decode overlap whisper. At most 8 files come back: pick few parts per call.
 #
 #   run: bash bench/gpu_round.sh                 # all parts: their limits add up to 40 min, over one
 #                                                # call's 28; split them over two calls
@@ -46,8 +47,13 @@ for part in "${parts[@]}"; do
     prefill) step prefill_mix 240 $PY bench/prefill_mix.py --name prefill_mix_round ;;
     sched) step sched_real 420 $PY bench/sched.py --real --sessions 64 --duration 16 --warmup 3 \
              --real-schedulers ours,fifo ;;
-    *) echo "unknown part $part (gemv tests llm encoders prefill sched)" | tee -a "$OUT/summary.txt" ;;
+    decode) step decode_profile 240 $PY bench/decode_profile.py --models smollm2-135m,llama-3.2-1b ;;
+    overlap) step step_overlap 120 $PY bench/step_overlap.py --kernels b1_pdl --batches 1 --steps 200 \
+               --name step_overlap_round ;;
+    whisper) for m in tiny small; do step whisper_$m 60 $PY bench/encoders.py --only whisper --whisper-quick \
+               --whisper-models $m --iters 16 --profile --name encoders_whisper_round_$m; done ;;
+    *) echo "unknown part $part (gemv tests llm encoders prefill sched decode overlap whisper)" | tee -a "$OUT/summary.txt" ;;
   esac
-  cp bench/results/*round*.json bench/results/sched_real.json "$OUT/" 2>/dev/null
+  cp bench/results/*round*.json bench/results/sched_real.json bench/results/decode_profile.json "$OUT/" 2>/dev/null
 done
 cat "$OUT/summary.txt"
