@@ -98,3 +98,18 @@ def nearest_rank_pct(xs: list[float], p: float) -> float:
     """The p-th percentile of xs by nearest rank (an observed value, no interpolation)."""
     s = sorted(xs)
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
+
+
+def cuda_graph_ms(graph: Any, warm: int = 5, reps: int = 50) -> float:
+    """Milliseconds per replay of a captured `torch.cuda.CUDAGraph` (CUDA events, after `warm` replays)."""
+    import torch
+
+    for _ in range(warm):
+        graph.replay()
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    for _ in range(reps):
+        graph.replay()
+    e.record()
+    e.synchronize()
+    return float(s.elapsed_time(e)) / reps

