@@ -42,7 +42,7 @@ for part in "${parts[@]}"; do
     gemv) step gemv 240 $PY bench/gemv.py --name gemv_round ;;
     tests) step gpu_tests 480 $PY -m pytest -q -m gpu tests -p no:cacheprovider ;;
     llm) step llm 600 $PY bench/llm.py --models smollm2-135m,llama-3.2-1b,llama-3-8b --name llm_gpu_round ;;
-    encoders) step encoders 420 $PY bench/encoders.py --only siglip,whisper,realspeech,realstreams --profile \
+    encoders) step encoders 420 $PY bench/encoders.py --only siglip,whisper,pruning --profile \
                 --name encoders_round ;;
     prefill) step prefill_mix 240 $PY bench/prefill_mix.py --name prefill_mix_round ;;
     sched) step sched_real 420 $PY bench/sched.py --real --sessions 64 --duration 16 --warmup 3 \
