@@ -101,7 +101,7 @@ def _pre_rows(pid, w, N, K, BN: tl.constexpr, BK: tl.constexpr):
     return first_tile(w, pid * BN + tl.arange(0, BN), N, K, BK)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "V", "phase_layer", "phase_kind"])  # one compile for every phase
 def _mega_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr, cs_ptr, fnorm, head_w,
                  rbuf, qbuf, abuf, act, logits, cnt, eps, scale, V, phase_layer, phase_kind,
                  H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, INTER: tl.constexpr,
