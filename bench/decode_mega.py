@@ -109,7 +109,7 @@ def child(name: str, spins: list[str]) -> None:
             again = mega.logits.clone()
             emit("RESULT", {"variant": f"mega_{spin}", "ms": round(ms, 4), "rel_err_vs_cublas": _rel(got, ref),
                             "greedy_same": int(got.argmax()) == int(ref.argmax()),
-                            "equal_to_phases": bool(torch.equal(got, ph)), "replays_equal": bool(torch.equal(again, got)),
+                            "equal_to_phases": bool(torch.equal(got, ph)), "rel_err_vs_phases": _rel(got, ph), "replays_equal": bool(torch.equal(again, got)),
                             "counters_after": mega.counters.tolist(), "first_call_s_incl_compile": round(first_s, 2),
                             "kernel": mega.kernel_info})
     emit("STAGE", f"{name} done")
