@@ -127,6 +127,25 @@ def test_phase_by_phase_equals_decode_logits_b1_and_torch(bias: bool) -> None:
     assert torch.allclose(cache_mega.v, cache_ref.v, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_persistent_path_with_one_program_equals_phases(bias: bool) -> None:
+    """The single-launch code path (layer loop, barriers, next-layer preloads, counter reset) with a
+    grid of one program, whose barriers open at its own arrival: runs in the interpreter too."""
+    from tristream.engine.kernels.decode_mega import MegaDecoder
+
+    m = tiny_model(bias, seed=2)
+    c_one, c_ref = filled_cache(m), filled_cache(m)
+    one = MegaDecoder(m, c_one, num_programs=1, tile_elems=256, max_block_k=16, attn_block=8)
+    for step, pos in enumerate((14, 15)):
+        inp = step_inputs(pos, token=100 + step, dev=m.device)
+        want = ref_b1(m, c_ref, inp)
+        got = one(**inp, persistent=True).clone()
+        assert rel(got, want) < 1e-4, step
+        assert int(one.counters.abs().sum()) == 0  # reset by the last program out
+    assert torch.allclose(c_one.k, c_ref.k, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(c_one.v, c_ref.v, rtol=1e-5, atol=1e-5)
+
+
 def test_slot_minus_one_writes_nothing() -> None:
     from tristream.engine.kernels.decode_mega import MegaDecoder
 

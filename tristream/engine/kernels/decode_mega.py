@@ -326,11 +326,15 @@ class MegaDecoder:
         bt = self._check_batch1(ids, positions, slots, block_tables, ctx_lens)
         grid = (self.num_programs,)
         if persistent:
-            if _interpreting() or self.model.device.type != "cuda":
-                raise RuntimeError("the persistent megakernel needs a GPU: the Triton interpreter runs programs "
-                                   "one after another, so its grid barrier would never open; use persistent=False")
             args = self._args(ids, positions, slots, bt, ctx_lens, 0, 0)
-            self.check_coresident(args)
+            if _interpreting() or self.model.device.type != "cuda":
+                # the interpreter runs programs one after another: a barrier opens only for a single program
+                if self.num_programs != 1 or self.spin != SPIN_MODES["atomic"]:
+                    raise RuntimeError("the persistent megakernel needs a GPU for more than one program: the Triton "
+                                       "interpreter runs programs one after another, so its grid barrier would "
+                                       "never open; use persistent=False (or num_programs=1, spin='atomic')")
+            else:
+                self.check_coresident(args)
             _mega_kernel[grid](*args, **self.consts, ONE_PHASE=False, SPIN=self.spin, num_warps=self.num_warps,
                                num_stages=1)
             return self.logits
