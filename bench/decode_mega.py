@@ -14,7 +14,8 @@ persistent kernel's registers / spills / programs. Every model runs in a child p
 timeout: a wrong grid barrier hangs the GPU kernel, and that must show up as "hang at <stage>",
 not as a stuck device. Writes bench/results/decode_mega.json (and a copy to $OUT when set).
 
-    python bench/decode_mega.py [--models smollm2-135m,llama-3.2-1b] [--spins atomic,volatile] [--timeout 150]
+    python bench/decode_mega.py [--models smollm2-135m,llama-3.2-1b] [--spins atomic,volatile]
+                                [--timeout 150] [--stage-timeout 40]
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -115,34 +118,59 @@ def child(name: str, spins: list[str]) -> None:
     emit("STAGE", f"{name} done")
 
 
-def run_child(name: str, spins: list[str], timeout: float) -> dict[str, Any]:
-    """One model in a subprocess; a timeout is reported as a hang at the last stage it announced."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spins", ",".join(spins)]
+def run_child(name: str, spins: list[str], timeout: float, stage_timeout: float,
+              cmd: list[str] | None = None) -> dict[str, Any]:
+    """One model in a subprocess, its STAGE/RESULT lines read as they come. The child is killed when
+    the whole run passes `timeout` or a persistent-kernel stage passes `stage_timeout` (a barrier that
+    never opens), and that is reported as a hang at the last stage it announced."""
+    cmd = cmd or [sys.executable, str(Path(__file__).resolve()), "--child", name, "--spins", ",".join(spins)]
     t0 = time.perf_counter()
-    hang = None
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        out, err, rc = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:  # run() killed the child; what it printed is kept
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        err = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        rc = None
-        hang = f"timed out after {timeout:.0f} s"
-    res: dict[str, Any] = {"variants": {}, "wall_s": round(time.perf_counter() - t0, 1), "returncode": rc}
-    stage = None
-    for line in out.splitlines():
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    err: list[str] = []
+
+    def pump_out() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.put(line.rstrip("\n"))
+        lines.put(None)
+
+    def pump_err() -> None:
+        assert proc.stderr is not None
+        err.extend(proc.stderr)
+
+    threading.Thread(target=pump_out, daemon=True).start()
+    threading.Thread(target=pump_err, daemon=True).start()
+    res: dict[str, Any] = {"variants": {}}
+    stage, stage_end, hang = None, float("inf"), None
+    while True:
+        now = time.perf_counter()
+        left = min(t0 + timeout, stage_end) - now
+        if left <= 0:
+            hang = f"killed after {now - t0:.0f} s in stage {stage!r} (no progress: a grid barrier that never opened?)"
+            proc.kill()
+            break
+        try:
+            line = lines.get(timeout=min(left, 1.0))
+        except queue.Empty:
+            continue
+        if line is None:
+            break
         if line.startswith("STAGE "):
             stage = line[6:]
+            stage_end = now + stage_timeout if "mega_" in stage and "phases" not in stage else float("inf")
         elif line.startswith("RESULT "):
             r = json.loads(line[7:])
             if "variant" in r:
                 res["variants"][r.pop("variant")] = r
             else:
                 res.update(r)
+    rc = proc.wait()
+    res.update(wall_s=round(time.perf_counter() - t0, 1), returncode=rc)
     if hang is not None:
-        res["hang"] = f"{hang} in stage {stage!r}"
+        res["hang"] = hang
     elif rc != 0:
-        res["error"] = f"exit {rc} in stage {stage!r}: {err.strip()[-1500:]}"
+        res["error"] = f"exit {rc} in stage {stage!r}: {''.join(err).strip()[-1500:]}"
     return res
 
 
@@ -151,6 +179,8 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--spins", default="atomic,volatile")
     ap.add_argument("--timeout", type=float, default=150.0, help="seconds per model (child process)")
+    ap.add_argument("--stage-timeout", type=float, default=40.0,
+                    help="seconds for one persistent-kernel stage (compile included) before it counts as a hang")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     spins = [s for s in args.spins.split(",") if s]
@@ -161,7 +191,7 @@ def main() -> None:
         raise SystemExit("decode_mega.py needs a CUDA GPU (the persistent kernel's grid barrier)")
     results: dict[str, Any] = {"context_tokens": CTX, "block_size": BLOCK, "models": {}}
     for name in [m for m in args.models.split(",") if m]:
-        r = run_child(name, spins, args.timeout)
+        r = run_child(name, spins, args.timeout, args.stage_timeout)
         results["models"][name] = r
         for v, x in r["variants"].items():
             print(f"{name:14s} {v:16s} {x.get('ms', float('nan')):8.4f} ms  err {x.get('rel_err_vs_cublas', 0):.2e}"
