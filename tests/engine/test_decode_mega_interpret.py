@@ -97,8 +97,8 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).norm() / b.float().norm())
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_phase_by_phase_equals_decode_logits_b1_and_torch(bias: bool) -> None:
+@pytest.mark.parametrize(("bias", "splits"), [(False, 1), (True, 1), (False, 4)])
+def test_phase_by_phase_equals_decode_logits_b1_and_torch(bias: bool, splits: int) -> None:
     from tristream.engine.kernels.decode_mega import MegaDecoder
 
     m = tiny_model(bias)
@@ -106,7 +106,9 @@ def test_phase_by_phase_equals_decode_logits_b1_and_torch(bias: bool) -> None:
     cache_torch = clone_cache(m, cache_ref)
     cache_mega = clone_cache(m, cache_ref)
     # small tiles: several units per program, several K tiles per row, several attention blocks
-    mega = MegaDecoder(m, cache_mega, num_programs=3, tile_elems=256, max_block_k=16, attn_block=8)
+    # splits=4: 8-token splits of an 18-20-token context, the last one empty
+    mega = MegaDecoder(m, cache_mega, num_programs=3, tile_elems=256, max_block_k=16, attn_block=8,
+                       attn_splits=splits)
     assert mega.consts["BK_QKV"] < m.cfg.hidden_size and mega.consts["BK_D"] < m.cfg.intermediate_size
     for step, pos in enumerate((17, 18, 19)):  # contexts of 18-20 tokens over 5 blocks
         inp = step_inputs(pos, token=31 + 7 * step, dev=m.device)
@@ -122,20 +124,21 @@ def test_phase_by_phase_equals_decode_logits_b1_and_torch(bias: bool) -> None:
             (kr, vr), (kg, vg) = cache_ref.flat(layer), cache_mega.flat(layer)
             assert rel(kg[slot], kr[slot]) < 1e-5 and rel(vg[slot], vr[slot]) < 1e-5
             assert kg[slot].abs().sum() > 0
+    assert int(mega.counters.abs().sum()) == 0  # every head's split count was reset by its merge
     # nothing but the three written slots changed
     assert torch.allclose(cache_mega.k, cache_ref.k, rtol=1e-5, atol=1e-5)
     assert torch.allclose(cache_mega.v, cache_ref.v, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("bias", [False, True])
-def test_persistent_path_with_one_program_equals_phases(bias: bool) -> None:
+@pytest.mark.parametrize(("bias", "splits"), [(False, 1), (True, 2)])
+def test_persistent_path_with_one_program_equals_phases(bias: bool, splits: int) -> None:
     """The single-launch code path (layer loop, barriers, next-layer preloads, counter reset) with a
     grid of one program, whose barriers open at its own arrival: runs in the interpreter too."""
     from tristream.engine.kernels.decode_mega import MegaDecoder
 
     m = tiny_model(bias, seed=2)
     c_one, c_ref = filled_cache(m), filled_cache(m)
-    one = MegaDecoder(m, c_one, num_programs=1, tile_elems=256, max_block_k=16, attn_block=8)
+    one = MegaDecoder(m, c_one, num_programs=1, tile_elems=256, max_block_k=16, attn_block=8, attn_splits=splits)
     for step, pos in enumerate((14, 15)):
         inp = step_inputs(pos, token=100 + step, dev=m.device)
         want = ref_b1(m, c_ref, inp)
@@ -175,6 +178,8 @@ def test_refuses_unsupported_shapes_and_modes() -> None:
         MegaDecoder(odd, filled_cache(odd))
     with pytest.raises(UnsupportedMegaShape, match="KV cache"):
         MegaDecoder(m, KVCache(m.cfg, 4, BLOCK, torch.float16, device=m.device))
+    with pytest.raises(UnsupportedMegaShape, match="attn_splits"):
+        MegaDecoder(m, cache, attn_splits=3)
     with pytest.raises(ValueError, match="spin"):
         MegaDecoder(m, cache, spin="sleepy")
     if not torch.cuda.is_available():
@@ -188,9 +193,9 @@ gpu_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="the grid ba
 
 
 @gpu_only
-@pytest.mark.parametrize("spin", ["atomic", "volatile"])
-@pytest.mark.parametrize("bias", [False, True])
-def test_persistent_equals_phases_and_b1_in_bf16(spin: str, bias: bool) -> None:
+@pytest.mark.parametrize(("spin", "bias", "splits"),
+                         [("atomic", False, 1), ("atomic", True, 1), ("volatile", False, 1), ("atomic", False, 8)])
+def test_persistent_equals_phases_and_b1_in_bf16(spin: str, bias: bool, splits: int) -> None:
     from tests.engine._tiny import random_llama_cuda
     from tristream.engine.kernels.decode_mega import MegaDecoder
 
@@ -199,8 +204,8 @@ def test_persistent_equals_phases_and_b1_in_bf16(spin: str, bias: bool) -> None:
     base.k.normal_(0, 1)
     base.v.normal_(0, 1)
     caches = [clone_cache(m, base) for _ in range(3)]
-    persistent = MegaDecoder(m, caches[0], spin=spin)
-    phased = MegaDecoder(m, caches[1], num_programs=persistent.num_programs, spin=spin)
+    persistent = MegaDecoder(m, caches[0], spin=spin, attn_splits=splits)
+    phased = MegaDecoder(m, caches[1], num_programs=persistent.num_programs, spin=spin, attn_splits=splits)
     inp = step_inputs(22, token=1234, dev="cuda")
     got = persistent(**inp).clone()
     torch.cuda.synchronize()

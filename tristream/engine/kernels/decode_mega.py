@@ -18,8 +18,9 @@ and serves as a multi-launch fallback. Rounding follows `decode_fused.decode_log
 
 Limits (refused with `UnsupportedMegaShape`): batch 1 only; power-of-two head_dim; one KV-cache
 dtype equal to the weights'; a grid no larger than what can be co-resident (checked against the
-compiled kernel's registers and shared memory on CUDA). Attention does not split long contexts:
-one program per q head walks the whole context.
+compiled kernel's registers and shared memory on CUDA). Attention splits the context over
+`attn_splits` programs per q head (1 by default: one program walks it all); the last split of a
+head to finish merges the partials, inside the same phase.
 """
 
 from __future__ import annotations
@@ -103,12 +104,12 @@ def _pre_rows(pid, w, N, K, BN: tl.constexpr, BK: tl.constexpr):
 
 @triton.jit(do_not_specialize=["L", "V", "phase_layer", "phase_kind"])  # one compile for every phase
 def _mega_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr, cs_ptr, fnorm, head_w,
-                 rbuf, qbuf, abuf, act, logits, cnt, eps, scale, V, phase_layer, phase_kind,
+                 rbuf, qbuf, abuf, act, logits, po, pm, pl, cnt, eps, scale, V, phase_layer, phase_kind,
                  H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, INTER: tl.constexpr,
                  PAGE: tl.constexpr, HAS_BIAS: tl.constexpr, PAIR: tl.constexpr, BK_QKV: tl.constexpr,
                  BN_O: tl.constexpr, BK_O: tl.constexpr, BN_GU: tl.constexpr, BK_GU: tl.constexpr,
                  BN_D: tl.constexpr, BK_D: tl.constexpr, BN_H: tl.constexpr, BK_H: tl.constexpr,
-                 ATT_BLOCK: tl.constexpr, ONE_PHASE: tl.constexpr, SPIN: tl.constexpr):
+                 ATT_BLOCK: tl.constexpr, ATT_SPLITS: tl.constexpr, ONE_PHASE: tl.constexpr, SPIN: tl.constexpr):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     Q: tl.constexpr = NH * HD
@@ -120,8 +121,8 @@ def _mega_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr, cs_pt
             _run_qkv(pid, nprog, tab, L, layer, emb_row, rbuf, qbuf, pos_ptr, cs_ptr, slot_ptr, eps, w1, w2,
                      H, NH, NKV, HD, PAIR, BK_QKV, HAS_BIAS)
         elif phase_kind == 1:
-            phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale,
-                            NH, NKV, HD, PAGE, ATT_BLOCK)
+            phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale, po, pm, pl,
+                            cnt + 2, NH, NKV, HD, PAGE, ATT_BLOCK, ATT_SPLITS)
         elif phase_kind == 2:
             wo = layer_ptr(tab, 2, layer, L, rbuf)
             w0 = _pre_rows(pid, wo, H, Q, BN_O, BK_O)
@@ -145,8 +146,8 @@ def _mega_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr, cs_pt
             _run_qkv(pid, nprog, tab, L, layer, emb_row, rbuf, qbuf, pos_ptr, cs_ptr, slot_ptr, eps, w1, w2,
                      H, NH, NKV, HD, PAIR, BK_QKV, HAS_BIAS)
             _grid_barrier(cnt, (b0 + 1) * nprog, SPIN)
-            phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale,
-                            NH, NKV, HD, PAGE, ATT_BLOCK)
+            phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale, po, pm, pl,
+                            cnt + 2, NH, NKV, HD, PAGE, ATT_BLOCK, ATT_SPLITS)
             wo = layer_ptr(tab, 2, layer, L, rbuf)
             w0 = _pre_rows(pid, wo, H, Q, BN_O, BK_O)
             _grid_barrier(cnt, (b0 + 2) * nprog, SPIN)
@@ -218,9 +219,11 @@ class MegaDecoder:
     pointer tables built here: keep the model's parameters and the cache alive and in place."""
 
     def __init__(self, model: Any, cache: Any, num_programs: int | None = None, num_warps: int = 8,
-                 tile_elems: int = 8192, spin: str = "atomic", attn_block: int = 64, max_block_k: int = 1024) -> None:
+                 tile_elems: int = 8192, spin: str = "atomic", attn_block: int = 64, max_block_k: int = 1024,
+                 attn_splits: int = 1) -> None:
         """num_programs: the grid (default: one program per SM; 4 on CPU for the interpreter);
-        tile_elems / max_block_k / attn_block: tile sizes (`plan_tiles`); spin: `SPIN_MODES`."""
+        tile_elems / max_block_k / attn_block: tile sizes (`plan_tiles`); spin: `SPIN_MODES`;
+        attn_splits: programs per q head in attention (power of 2; the last split of a head merges)."""
         cfg = model.cfg
         hd = cfg.head_dim
         if hd < 2 or hd & (hd - 1):
@@ -264,18 +267,27 @@ class MegaDecoder:
         self.abuf = torch.zeros(q, dtype=dt, device=dev)
         self.act = torch.zeros(cfg.intermediate_size, dtype=dt, device=dev)
         self.logits = torch.zeros(1, cfg.vocab_size, dtype=torch.float32, device=dev)
-        self.counters = torch.zeros(2, dtype=torch.int32, device=dev)  # barrier arrivals, finished programs
+        splits = attn_splits
+        if splits < 1 or splits & (splits - 1) or splits > 64:
+            raise UnsupportedMegaShape(f"attn_splits must be a power of two in 1..64, got {splits}")
+        nh = cfg.num_heads
+        self.po = torch.zeros(nh * splits, hd, dtype=torch.float32, device=dev)  # split partials
+        self.pm = torch.zeros(nh * splits, dtype=torch.float32, device=dev)
+        self.pl = torch.zeros(nh * splits, dtype=torch.float32, device=dev)
+        # barrier arrivals, finished programs, then one finished-split count per q head
+        self.counters = torch.zeros(2 + nh, dtype=torch.int32, device=dev)
         self.consts: dict[str, Any] = dict(
             H=h, NH=cfg.num_heads, NKV=cfg.num_kv_heads, HD=hd, INTER=cfg.intermediate_size,
             PAGE=cache.block_size, HAS_BIAS=layers[0].qkv.bias is not None,
-            **plan_tiles(cfg, self.num_programs, tile_elems, attn_block, max_block_k))
+            ATT_SPLITS=splits, **plan_tiles(cfg, self.num_programs, tile_elems, attn_block, max_block_k))
         self.kernel_info: dict[str, Any] | None = None
 
     def _args(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, bt: torch.Tensor,
               ctx_lens: torch.Tensor, layer: int, kind: int) -> tuple[Any, ...]:
         m, cfg = self.model, self.cfg
         return (self.table, cfg.num_layers, m.embed_tokens, ids, positions, slots, bt, ctx_lens, m.cos_sin, m.norm,
-                self.head_w, self.rbuf, self.qbuf, self.abuf, self.act, self.logits, self.counters,
+                self.head_w, self.rbuf, self.qbuf, self.abuf, self.act, self.logits, self.po, self.pm, self.pl,
+                self.counters,
                 cfg.rms_norm_eps, cfg.head_dim ** -0.5, cfg.vocab_size, layer, kind)
 
     def _check_batch1(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,

@@ -169,23 +169,30 @@ def phase_qkv(pid, nprog, tab, L, layer, x, nw, rbuf, emb_row, qbuf, pos_ptr, cs
 # ------------------------------------------------------------------ phase 2: paged attention
 
 @triton.jit
-def phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale,
+def phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale, po, pm, pl, hcnt,
                     NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, PAGE: tl.constexpr,
-                    BLOCK_N: tl.constexpr):
-    """One q head per program: online softmax over the paged context (as `_paged_decode_kernel`)."""
+                    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr):
+    """Units (q head, context split): online softmax over the split's part of the paged context (as
+    `_paged_decode_kernel`). With SPLITS > 1 the partials go to po/pm/pl and the last split of a
+    head to finish (a release/acquire count in `hcnt`) merges them into abuf and resets its count."""
     kc = layer_ptr(tab, 7, layer, L, rbuf)
     vc = layer_ptr(tab, 8, layer, L, rbuf)
     ctx = tl.load(ctx_ptr)
     d = tl.arange(0, HD)
-    for h in range(pid, NH, nprog):
+    per_split = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
+    for unit in range(pid, NH * SPLITS, nprog):
+        h = unit // SPLITS
+        sp = unit % SPLITS
+        start = sp * per_split
+        end = tl.minimum(start + per_split, ctx)
         kvh = h // (NH // NKV)
         q = tl.load(qbuf + h * HD + d, cache_modifier=".cg").to(tl.float32) * scale
         m_i = -float("inf")
         l_i = 0.0
         acc = tl.zeros([HD], dtype=tl.float32)
-        for n0 in range(0, ctx, BLOCK_N):
+        for n0 in range(start, end, BLOCK_N):
             n = n0 + tl.arange(0, BLOCK_N)
-            mask = n < ctx
+            mask = n < end
             page = tl.load(bt_ptr + n // PAGE, mask=mask, other=0).to(tl.int64)
             off = ((page * PAGE + n % PAGE)[:, None] * NKV + kvh) * HD + d[None, :]
             k = tl.load(kc + off, mask=mask[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -197,7 +204,34 @@ def phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr
             acc = acc * alpha + tl.sum(p[:, None] * v, 0)
             l_i = l_i * alpha + tl.sum(p, 0)
             m_i = m_new
-        tl.store(abuf + h * HD + d, (acc / tl.maximum(l_i, 1e-30)).to(abuf.dtype.element_ty))
+        if SPLITS == 1:
+            tl.store(abuf + h * HD + d, (acc / tl.maximum(l_i, 1e-30)).to(abuf.dtype.element_ty))
+        else:
+            tl.store(po + unit * HD + d, acc)
+            tl.store(pm + unit, m_i)
+            tl.store(pl + unit, l_i)
+            tl.debug_barrier()
+            done = tl.atomic_add(hcnt + h, 1, sem="acq_rel", scope="gpu")
+            if done == SPLITS - 1:
+                tl.debug_barrier()
+                merge_splits(po, pm, pl, abuf, h, HD, SPLITS)
+                tl.atomic_xchg(hcnt + h, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def merge_splits(po, pm, pl, abuf, h, HD: tl.constexpr, SPLITS: tl.constexpr):
+    """Merge the SPLITS partial softmaxes of head h into abuf (``.cg`` loads: other SMs wrote them)."""
+    sp = tl.arange(0, SPLITS)
+    d = tl.arange(0, HD)
+    m = tl.load(pm + h * SPLITS + sp, cache_modifier=".cg")
+    lsum = tl.load(pl + h * SPLITS + sp, cache_modifier=".cg")
+    mmax = tl.max(m, 0)
+    mmax = tl.where(mmax == -float("inf"), 0.0, mmax)
+    w = tl.exp(m - mmax)
+    total = tl.sum(w * lsum, 0)
+    part = tl.load(po + (h * SPLITS + sp[:, None]) * HD + d[None, :], cache_modifier=".cg")
+    o = tl.sum(part * w[:, None], 0) / tl.maximum(total, 1e-30)
+    tl.store(abuf + h * HD + d, o.to(abuf.dtype.element_ty))
 
 
 # ------------------------------------------------------------------ GEMV phases
