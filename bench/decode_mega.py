@@ -7,7 +7,8 @@ K/V in a paged cache, a shuffled block table), ms per step of a CUDA graph repla
 * `cublas`  — `DecodeGraphs` cuBLAS path (cuBLAS GEMMs + fused norms, Triton attention);
 * `b1_pdl`  — `DecodeGraphs`' batch-1 fused variant with Programmatic Dependent Launch (`b1` below sm90);
 * `mega_phases` — the megakernel's phases, one launch each (5 per layer + 1: the fallback);
-* `mega_<spin>` — the persistent single launch, per grid-barrier spin mode (`SPIN_MODES`),
+* `mega_<spin>` — the persistent single launch, per grid-barrier spin mode (`SPIN_MODES`), and
+  `mega_<first spin>_split<S>` with attention split over S programs per q head,
 
 with each one's logits relative error against `cublas` and whether the greedy token agrees, plus the
 persistent kernel's registers / spills / programs. Every model runs in a child process with a
@@ -100,17 +101,22 @@ def child(name: str, spins: list[str]) -> None:
         ms = cuda_graph_ms(_graph(lambda: phased(**inp, persistent=False)))
         emit("RESULT", {"variant": "mega_phases", "ms": round(ms, 4), "rel_err_vs_cublas": _rel(ph, ref),
                         "greedy_same": int(ph.argmax()) == int(ref.argmax()), "tiles": phased.consts})
-        for spin in spins:
-            emit("STAGE", f"{name} mega_{spin} first launch")
-            mega = MegaDecoder(model, cache, spin=spin)
+        # attention split: about one program per (q head, split) over the SMs
+        auto_splits = max(1, min(16, 1 << max(0, (dec.num_sms // cfg.num_heads).bit_length() - 1)))
+        runs = [(f"mega_{spin}", spin, 1) for spin in spins]
+        if spins and auto_splits > 1:
+            runs.append((f"mega_{spins[0]}_split{auto_splits}", spins[0], auto_splits))
+        for label, spin, splits in runs:
+            emit("STAGE", f"{name} {label} first launch")
+            mega = MegaDecoder(model, cache, spin=spin, attn_splits=splits)
             t0 = time.perf_counter()
             got = mega(**inp).clone()
             torch.cuda.synchronize()
             first_s = time.perf_counter() - t0
-            emit("STAGE", f"{name} mega_{spin} graph replays")
+            emit("STAGE", f"{name} {label} graph replays")
             ms = cuda_graph_ms(_graph(lambda mega=mega: mega(**inp)))
             again = mega.logits.clone()
-            emit("RESULT", {"variant": f"mega_{spin}", "ms": round(ms, 4), "rel_err_vs_cublas": _rel(got, ref),
+            emit("RESULT", {"variant": label, "ms": round(ms, 4), "rel_err_vs_cublas": _rel(got, ref),
                             "greedy_same": int(got.argmax()) == int(ref.argmax()),
                             "equal_to_phases": bool(torch.equal(got, ph)), "rel_err_vs_phases": _rel(got, ph), "replays_equal": bool(torch.equal(again, got)),
                             "counters_after": mega.counters.tolist(), "first_call_s_incl_compile": round(first_s, 2),
