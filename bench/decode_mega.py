@@ -81,7 +81,7 @@ def child(name: str, spins: list[str]) -> None:
     dec.positions[0] = CTX
     dec.slots[0] = int(table[CTX // BLOCK]) * BLOCK + CTX % BLOCK
     dec.ctx_lens[0] = CTX + 1
-    dec.block_tables[0, : table.numel()] = table.cuda()
+    dec.block_tables[0, : table.numel()] = table.to(dec.block_tables.device)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     emit("RESULT", {"model": name, "weight_bytes": weight_bytes, "num_sms": dec.num_sms})
     inp = {"ids": dec.ids[:1], "positions": dec.positions[:1], "slots": dec.slots[:1],

@@ -311,18 +311,21 @@ class MegaDecoder:
         if self.kernel_info is not None:
             return self.kernel_info
         kw = dict(self.consts, ONE_PHASE=False, SPIN=self.spin, num_warps=self.num_warps, num_stages=1)
-        k = _mega_kernel.warmup(*args, grid=(self.num_programs,), **kw)
-        k._init_handles()
         props = torch.cuda.get_device_properties(self.model.device)
         threads = 32 * self.num_warps
-        regs = int(k.n_regs)
+        try:
+            k = _mega_kernel.warmup(*args, grid=(self.num_programs,), **kw)
+            k._init_handles()
+            regs, spills = int(k.n_regs), int(k.n_spills)
+            smem = int(getattr(k.metadata, "shared", 0))
+        except AttributeError:  # a Triton without these internals: assume the worst (255 registers)
+            regs, spills, smem = 255, -1, 0
         warp_regs = -(-regs * 32 // 256) * 256  # allocated per warp in units of 256
-        smem = int(getattr(k.metadata, "shared", 0))
         per_sm = min(int(getattr(props, "regs_per_multiprocessor", 65536)) // max(1, warp_regs * self.num_warps),
                      int(getattr(props, "max_threads_per_multi_processor", 2048)) // threads,
                      int(getattr(props, "shared_memory_per_multiprocessor", 232448)) // smem if smem else 1 << 30)
         limit = per_sm * self.num_sms
-        self.kernel_info = {"n_regs": regs, "n_spills": int(k.n_spills), "shared_bytes": smem,
+        self.kernel_info = {"n_regs": regs, "n_spills": spills, "shared_bytes": smem,
                             "programs_per_sm": per_sm, "max_programs": limit, "num_programs": self.num_programs}
         if self.num_programs > limit:
             raise UnsupportedMegaShape(
