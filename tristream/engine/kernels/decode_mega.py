@@ -4,7 +4,7 @@ A batch-1 decode step of SmolLM2-135M as a CUDA graph of 153 small kernels takes
 H200, ~3.1 µs per kernel: bound by launches and first round trips, not by its 0.064 ms of HBM
 bytes. Here the whole step is ONE launch of `num_programs` = SM-count programs (all resident at
 once). Each layer runs five phases — (1) RMSNorm + QKV GEMV + RoPE + K/V store + q to scratch,
-(2) paged attention (one q head per program, online softmax), (3) o-proj + residual, (4) RMSNorm
+(2) paged attention (a q head, or a split of it, per program; online softmax), (3) o-proj + residual, (4) RMSNorm
 + gate|up + SiLU·up, (5) down + residual — then the final norm + lm_head. Phases are separated
 by grid-wide barriers on an int32 counter in global memory (arrive with a release/acquire atomic
 add, spin until it reaches `(barrier + 1) · num_programs`); before waiting, each program loads
@@ -14,7 +14,12 @@ resets the counters, so the launch can be replayed from a CUDA graph.
 
 `ONE_PHASE=True` runs one phase per launch and no barrier: the same code runs in the Triton
 interpreter (which executes programs one after another — a grid barrier would deadlock there)
-and serves as a multi-launch fallback. Rounding follows `decode_fused.decode_logits_b1`.
+and serves as a multi-launch fallback. The persistent path itself also runs in the interpreter
+with a grid of one program (each barrier opens at that program's own arrival). Rounding follows
+`decode_fused.decode_logits_b1`.
+
+Status: measured nowhere yet (written without a GPU; compiled ahead of time for sm90: ~254
+registers at 8 warps, no spills, one program per SM). `bench/decode_mega.py` measures it.
 
 Limits (refused with `UnsupportedMegaShape`): batch 1 only; power-of-two head_dim; one KV-cache
 dtype equal to the weights'; a grid no larger than what can be co-resident (checked against the
