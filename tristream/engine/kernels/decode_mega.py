@@ -35,151 +35,12 @@ from typing import Any
 
 import torch
 import triton
-import triton.language as tl
 
-from tristream.engine.kernels.decode_mega_phases import (
-    first_tile,
-    layer_ptr,
-    phase_attention,
-    phase_gate_up,
-    phase_qkv,
-    phase_rows,
-    qkv_rows,
-)
-
-SPIN_MODES = {"atomic": 0, "volatile": 1}
-"""How a program waits at a grid barrier: 'atomic' polls with acquire atomics (formally ordered);
-'volatile' polls with volatile loads, then one `fence.acq_rel.gpu` (as cooperative groups'
-grid.sync does), cheaper polls at L2."""
+from tristream.engine.kernels.decode_mega_kernel import PHASES_PER_LAYER, SPIN_MODES, mega_decode_kernel
 
 
 class UnsupportedMegaShape(ValueError):
     """The megakernel does not handle this model, input or grid; use `decode_logits_b1` instead."""
-
-
-@triton.jit
-def _grid_barrier(cnt, target, SPIN: tl.constexpr):
-    """Wait until `target` arrivals (all programs, this barrier included) were counted."""
-    tl.debug_barrier()  # every thread's stores of this phase precede the release below
-    c = tl.atomic_add(cnt, 1, sem="acq_rel", scope="gpu") + 1
-    if SPIN == 0:
-        while c < target:
-            c = tl.atomic_add(cnt, 0, sem="acquire", scope="gpu")
-    else:
-        while c < target:
-            c = tl.load(cnt, volatile=True)
-        tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, 0;", "=r", [], dtype=tl.int32, is_pure=False,
-                                  pack=1)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _pre_qkv(pid, tab, L, layer, like, H, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr,
-             PAIR: tl.constexpr, BK: tl.constexpr):
-    w = layer_ptr(tab, 0, layer, L, like)
-    r1, r2 = qkv_rows(pid, HD, HD // 2, PAIR)
-    n = (NH + 2 * NKV) * HD
-    return first_tile(w, r1, n, H, BK), first_tile(w, r2, n, H, BK)
-
-
-@triton.jit
-def _run_qkv(pid, nprog, tab, L, layer, emb_row, rbuf, qbuf, pos_ptr, cs_ptr, slot_ptr, eps, w1, w2,
-             H, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, PAIR: tl.constexpr, BK: tl.constexpr,
-             HAS_BIAS: tl.constexpr):
-    nw = layer_ptr(tab, 5, layer, L, rbuf)
-    if layer == 0:
-        x = emb_row
-    else:
-        x = rbuf
-    phase_qkv(pid, nprog, tab, L, layer, x, nw, rbuf, emb_row, qbuf, pos_ptr, cs_ptr, slot_ptr, eps, w1, w2,
-              H, NH, NKV, HD, PAIR, BK, HAS_BIAS)
-
-
-@triton.jit
-def _pre_gu(pid, w, INTER, K, BN: tl.constexpr, BK: tl.constexpr):
-    rows = pid * BN + tl.arange(0, BN)
-    rows_u = tl.where(rows < INTER, rows + INTER, 2 * INTER)
-    return first_tile(w, rows, INTER, K, BK), first_tile(w, rows_u, 2 * INTER, K, BK)
-
-
-@triton.jit
-def _pre_rows(pid, w, N, K, BN: tl.constexpr, BK: tl.constexpr):
-    return first_tile(w, pid * BN + tl.arange(0, BN), N, K, BK)
-
-
-@triton.jit(do_not_specialize=["L", "V", "phase_layer", "phase_kind"])  # one compile for every phase
-def _mega_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr, cs_ptr, fnorm, head_w,
-                 rbuf, qbuf, abuf, act, logits, po, pm, pl, cnt, eps, scale, V, phase_layer, phase_kind,
-                 H: tl.constexpr, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, INTER: tl.constexpr,
-                 PAGE: tl.constexpr, HAS_BIAS: tl.constexpr, PAIR: tl.constexpr, BK_QKV: tl.constexpr,
-                 BN_O: tl.constexpr, BK_O: tl.constexpr, BN_GU: tl.constexpr, BK_GU: tl.constexpr,
-                 BN_D: tl.constexpr, BK_D: tl.constexpr, BN_H: tl.constexpr, BK_H: tl.constexpr,
-                 ATT_BLOCK: tl.constexpr, ATT_SPLITS: tl.constexpr, ONE_PHASE: tl.constexpr, SPIN: tl.constexpr):
-    pid = tl.program_id(0)
-    nprog = tl.num_programs(0)
-    Q: tl.constexpr = NH * HD
-    emb_row = emb + tl.load(ids_ptr).to(tl.int64) * H
-    if ONE_PHASE:
-        layer = phase_layer
-        if phase_kind == 0:
-            w1, w2 = _pre_qkv(pid, tab, L, layer, rbuf, H, NH, NKV, HD, PAIR, BK_QKV)
-            _run_qkv(pid, nprog, tab, L, layer, emb_row, rbuf, qbuf, pos_ptr, cs_ptr, slot_ptr, eps, w1, w2,
-                     H, NH, NKV, HD, PAIR, BK_QKV, HAS_BIAS)
-        elif phase_kind == 1:
-            phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale, po, pm, pl,
-                            cnt + 2, NH, NKV, HD, PAGE, ATT_BLOCK, ATT_SPLITS)
-        elif phase_kind == 2:
-            wo = layer_ptr(tab, 2, layer, L, rbuf)
-            w0 = _pre_rows(pid, wo, H, Q, BN_O, BK_O)
-            phase_rows(pid, nprog, wo, H, abuf, rbuf, Q, eps, w0, rbuf, rbuf, False, True, BN_O, BK_O)
-        elif phase_kind == 3:
-            wgu = layer_ptr(tab, 3, layer, L, rbuf)
-            wg0, wu0 = _pre_gu(pid, wgu, INTER, H, BN_GU, BK_GU)
-            phase_gate_up(pid, nprog, wgu, INTER, rbuf, layer_ptr(tab, 6, layer, L, rbuf), H, eps, wg0, wu0, act,
-                          BN_GU, BK_GU)
-        elif phase_kind == 4:
-            wd = layer_ptr(tab, 4, layer, L, rbuf)
-            w0 = _pre_rows(pid, wd, H, INTER, BN_D, BK_D)
-            phase_rows(pid, nprog, wd, H, act, rbuf, INTER, eps, w0, rbuf, rbuf, False, True, BN_D, BK_D)
-        else:
-            w0 = _pre_rows(pid, head_w, V, H, BN_H, BK_H)
-            phase_rows(pid, nprog, head_w, V, rbuf, fnorm, H, eps, w0, rbuf, logits, True, False, BN_H, BK_H)
-    else:
-        w1, w2 = _pre_qkv(pid, tab, L, 0, rbuf, H, NH, NKV, HD, PAIR, BK_QKV)
-        for layer in range(L):
-            b0 = layer * 5
-            _run_qkv(pid, nprog, tab, L, layer, emb_row, rbuf, qbuf, pos_ptr, cs_ptr, slot_ptr, eps, w1, w2,
-                     H, NH, NKV, HD, PAIR, BK_QKV, HAS_BIAS)
-            _grid_barrier(cnt, (b0 + 1) * nprog, SPIN)
-            phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr, scale, po, pm, pl,
-                            cnt + 2, NH, NKV, HD, PAGE, ATT_BLOCK, ATT_SPLITS)
-            wo = layer_ptr(tab, 2, layer, L, rbuf)
-            w0 = _pre_rows(pid, wo, H, Q, BN_O, BK_O)
-            _grid_barrier(cnt, (b0 + 2) * nprog, SPIN)
-            phase_rows(pid, nprog, wo, H, abuf, rbuf, Q, eps, w0, rbuf, rbuf, False, True, BN_O, BK_O)
-            wgu = layer_ptr(tab, 3, layer, L, rbuf)
-            wg0, wu0 = _pre_gu(pid, wgu, INTER, H, BN_GU, BK_GU)
-            _grid_barrier(cnt, (b0 + 3) * nprog, SPIN)
-            phase_gate_up(pid, nprog, wgu, INTER, rbuf, layer_ptr(tab, 6, layer, L, rbuf), H, eps, wg0, wu0, act,
-                          BN_GU, BK_GU)
-            wd = layer_ptr(tab, 4, layer, L, rbuf)
-            wd0 = _pre_rows(pid, wd, H, INTER, BN_D, BK_D)
-            _grid_barrier(cnt, (b0 + 4) * nprog, SPIN)
-            phase_rows(pid, nprog, wd, H, act, rbuf, INTER, eps, wd0, rbuf, rbuf, False, True, BN_D, BK_D)
-            # the next layer's first QKV tiles (the last layer reloads its own: harmless, never used)
-            w1, w2 = _pre_qkv(pid, tab, L, tl.minimum(layer + 1, L - 1), rbuf, H, NH, NKV, HD, PAIR, BK_QKV)
-            _grid_barrier(cnt, (b0 + 5) * nprog, SPIN)
-        wh0 = _pre_rows(pid, head_w, V, H, BN_H, BK_H)
-        phase_rows(pid, nprog, head_w, V, rbuf, fnorm, H, eps, wh0, rbuf, logits, True, False, BN_H, BK_H)
-        # the last program out resets both counters for the next launch (graph replays)
-        tl.debug_barrier()
-        done = tl.atomic_add(cnt + 1, 1, sem="acq_rel", scope="gpu")
-        if done == nprog - 1:
-            tl.atomic_xchg(cnt, 0, sem="relaxed", scope="gpu")
-            tl.atomic_xchg(cnt + 1, 0, sem="relaxed", scope="gpu")
-
-
-PHASES_PER_LAYER = 5
 
 
 def _np2(x: int) -> int:
@@ -225,10 +86,11 @@ class MegaDecoder:
 
     def __init__(self, model: Any, cache: Any, num_programs: int | None = None, num_warps: int = 8,
                  tile_elems: int = 8192, spin: str = "atomic", attn_block: int = 64, max_block_k: int = 1024,
-                 attn_splits: int = 1) -> None:
+                 attn_splits: int = 1, timestamps: bool = False) -> None:
         """num_programs: the grid (default: one program per SM; 4 on CPU for the interpreter);
         tile_elems / max_block_k / attn_block: tile sizes (`plan_tiles`); spin: `SPIN_MODES`;
-        attn_splits: programs per q head in attention (power of 2; the last split of a head merges)."""
+        attn_splits: programs per q head in attention (power of 2; the last split of a head merges);
+        timestamps: the persistent kernel records when program 0 passes each barrier (`phase_times_us`)."""
         cfg = model.cfg
         hd = cfg.head_dim
         if hd < 2 or hd & (hd - 1):
@@ -281,6 +143,10 @@ class MegaDecoder:
         self.pl = torch.zeros(nh * splits, dtype=torch.float32, device=dev)
         # barrier arrivals, finished programs, then one finished-split count per q head
         self.counters = torch.zeros(2 + nh, dtype=torch.int32, device=dev)
+        if timestamps and dev.type != "cuda":
+            raise UnsupportedMegaShape("timestamps read GPU clocks: CUDA only")
+        self.stamp = timestamps
+        self.times = torch.zeros(2 * (PHASES_PER_LAYER * cfg.num_layers + 2), dtype=torch.int64, device=dev)
         self.consts: dict[str, Any] = dict(
             H=h, NH=cfg.num_heads, NKV=cfg.num_kv_heads, HD=hd, INTER=cfg.intermediate_size,
             PAGE=cache.block_size, HAS_BIAS=layers[0].qkv.bias is not None,
@@ -292,7 +158,7 @@ class MegaDecoder:
         m, cfg = self.model, self.cfg
         return (self.table, cfg.num_layers, m.embed_tokens, ids, positions, slots, bt, ctx_lens, m.cos_sin, m.norm,
                 self.head_w, self.rbuf, self.qbuf, self.abuf, self.act, self.logits, self.po, self.pm, self.pl,
-                self.counters,
+                self.counters, self.times,
                 cfg.rms_norm_eps, cfg.head_dim ** -0.5, cfg.vocab_size, layer, kind)
 
     def _check_batch1(self, ids: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -315,11 +181,12 @@ class MegaDecoder:
         barrier would then wait forever). Returns registers, spills, shared memory and the limit."""
         if self.kernel_info is not None:
             return self.kernel_info
-        kw = dict(self.consts, ONE_PHASE=False, SPIN=self.spin, num_warps=self.num_warps, num_stages=1)
+        kw = dict(self.consts, ONE_PHASE=False, SPIN=self.spin, STAMP=self.stamp, num_warps=self.num_warps,
+                  num_stages=1)
         props = torch.cuda.get_device_properties(self.model.device)
         threads = 32 * self.num_warps
         try:
-            k = _mega_kernel.warmup(*args, grid=(self.num_programs,), **kw)
+            k = mega_decode_kernel.warmup(*args, grid=(self.num_programs,), **kw)
             k._init_handles()
             regs, spills = int(k.n_regs), int(k.n_spills)
             smem = int(getattr(k.metadata, "shared", 0))
@@ -355,16 +222,35 @@ class MegaDecoder:
                                        "never open; use persistent=False (or num_programs=1, spin='atomic')")
             else:
                 self.check_coresident(args)
-            _mega_kernel[grid](*args, **self.consts, ONE_PHASE=False, SPIN=self.spin, num_warps=self.num_warps,
+            mega_decode_kernel[grid](*args, **self.consts, ONE_PHASE=False, SPIN=self.spin, STAMP=self.stamp,
+                               num_warps=self.num_warps,
                                num_stages=1)
             return self.logits
         for layer in range(self.cfg.num_layers):
             for kind in range(PHASES_PER_LAYER):
-                _mega_kernel[grid](*self._args(ids, positions, slots, bt, ctx_lens, layer, kind), **self.consts,
-                                   ONE_PHASE=True, SPIN=self.spin, num_warps=self.num_warps, num_stages=1)
-        _mega_kernel[grid](*self._args(ids, positions, slots, bt, ctx_lens, 0, PHASES_PER_LAYER), **self.consts,
-                           ONE_PHASE=True, SPIN=self.spin, num_warps=self.num_warps, num_stages=1)
+                mega_decode_kernel[grid](*self._args(ids, positions, slots, bt, ctx_lens, layer, kind), **self.consts,
+                                   ONE_PHASE=True, SPIN=self.spin, STAMP=False, num_warps=self.num_warps, num_stages=1)
+        mega_decode_kernel[grid](*self._args(ids, positions, slots, bt, ctx_lens, 0, PHASES_PER_LAYER), **self.consts,
+                           ONE_PHASE=True, SPIN=self.spin, STAMP=False, num_warps=self.num_warps, num_stages=1)
         return self.logits
+
+    def phase_times_us(self) -> dict[str, float]:
+        """Microseconds per phase kind (mean over layers) of the last persistent launch with
+        `timestamps=True`, as program 0 saw them: its work plus the wait for the slowest program and
+        the barrier. Clock cycles converted through the global timer over the whole launch."""
+        if not self.stamp:
+            raise RuntimeError("construct the MegaDecoder with timestamps=True")
+        n = self.times.numel() // 2
+        t = self.times.cpu().to(torch.float64)
+        clk, gt = t[:n], t[n:]
+        ns_per_clk = float(gt[-1] - gt[0]) / max(1.0, float(clk[-1] - clk[0]))
+        d = (clk[1:] - clk[:-1]) * ns_per_clk / 1e3
+        per = d[: n - 2].view(self.cfg.num_layers, PHASES_PER_LAYER).mean(0).tolist()
+        names = ("qkv_rope_store", "attention", "o_proj", "gate_up", "down")
+        out = {k: round(v, 3) for k, v in zip(names, per, strict=True)}
+        out["head"] = round(float(d[n - 2]), 3)
+        out["total"] = round(float(gt[-1] - gt[0]) / 1e3, 3)
+        return out
 
     def reset_counters(self) -> None:
         """Zero the barrier counters (after an aborted launch; a completed launch leaves them zero)."""
