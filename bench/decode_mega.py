@@ -11,7 +11,8 @@ K/V in a paged cache, a shuffled block table), ms per step of a CUDA graph repla
   `mega_<first spin>_split<S>` with attention split over S programs per q head,
 
 with each one's logits relative error against `cublas` and whether the greedy token agrees, plus the
-persistent kernel's registers / spills / programs. Every model runs in a child process with a
+persistent kernel's registers / spills / programs and, from one launch with timestamps, the µs
+per phase kind (mean over layers) as program 0 saw them (work + wait for the slowest + barrier). Every model runs in a child process with a
 timeout: a wrong grid barrier hangs the GPU kernel, and that must show up as "hang at <stage>",
 not as a stuck device. Writes bench/results/decode_mega.json (and a copy to $OUT when set).
 
@@ -121,6 +122,13 @@ def child(name: str, spins: list[str]) -> None:
                             "equal_to_phases": bool(torch.equal(got, ph)), "rel_err_vs_phases": _rel(got, ph), "replays_equal": bool(torch.equal(again, got)),
                             "counters_after": mega.counters.tolist(), "first_call_s_incl_compile": round(first_s, 2),
                             "kernel": mega.kernel_info})
+        if spins:  # where the persistent launch spends its time, as program 0 sees it
+            emit("STAGE", f"{name} mega_{spins[0]} timestamps")
+            stamped = MegaDecoder(model, cache, spin=spins[0], timestamps=True)
+            for _ in range(3):
+                stamped(**inp)
+            torch.cuda.synchronize()
+            emit("RESULT", {"phase_us": stamped.phase_times_us(), "phase_us_spin": spins[0]})
     emit("STAGE", f"{name} done")
 
 
@@ -202,6 +210,8 @@ def main() -> None:
         for v, x in r["variants"].items():
             print(f"{name:14s} {v:16s} {x.get('ms', float('nan')):8.4f} ms  err {x.get('rel_err_vs_cublas', 0):.2e}"
                   f"  greedy_same={x.get('greedy_same')}", flush=True)
+        if "phase_us" in r:
+            print(f"{name:14s} persistent phases (us, program 0): {r['phase_us']}", flush=True)
         for k in ("hang", "error"):
             if k in r:
                 print(f"{name}: {k.upper()}: {r[k]}", flush=True)

@@ -253,6 +253,23 @@ def test_persistent_in_a_cuda_graph_replays() -> None:
 
 
 @gpu_only
+def test_phase_timestamps() -> None:
+    from tests.engine._tiny import random_llama_cuda
+    from tristream.engine.kernels.decode_mega import MegaDecoder
+
+    m = random_llama_cuda(torch.bfloat16, num_layers=3)
+    cache = KVCache(m.cfg, 16, BLOCK, m.dtype, device="cuda")
+    mega = MegaDecoder(m, cache, timestamps=True)
+    inp = step_inputs(6, token=9, dev="cuda")
+    mega(**inp)
+    mega(**inp)
+    t = mega.phase_times_us()
+    assert set(t) == {"qkv_rope_store", "attention", "o_proj", "gate_up", "down", "head", "total"}
+    assert all(v > 0 for v in t.values())
+    assert 0.5 * t["total"] < 3 * sum(t[k] for k in t if k not in ("head", "total")) + t["head"] < 2 * t["total"]
+
+
+@gpu_only
 def test_refuses_a_grid_that_cannot_be_resident() -> None:
     from tests.engine._tiny import random_llama_cuda
     from tristream.engine.kernels.decode_mega import MegaDecoder, UnsupportedMegaShape
