@@ -4,8 +4,8 @@ A batch-1 decode step of SmolLM2-135M as a CUDA graph of 153 small kernels takes
 H200, ~3.1 µs per kernel: bound by launches and first round trips, not by its 0.064 ms of HBM
 bytes. Here the whole step is ONE launch of `num_programs` = SM-count programs (all resident at
 once). Each layer runs five phases — (1) RMSNorm + QKV GEMV + RoPE + K/V store + q to scratch,
-(2) paged attention (a q head, or a split of it, per program; online softmax), (3) o-proj + residual, (4) RMSNorm
-+ gate|up + SiLU·up, (5) down + residual — then the final norm + lm_head. Phases are separated
+(2) paged attention (a q head, or a split of it, per program; online softmax), (3) o-proj +
+residual, (4) RMSNorm + gate|up + SiLU·up, (5) down + residual — then the final norm + lm_head. Phases are separated
 by grid-wide barriers on an int32 counter in global memory (arrive with a release/acquire atomic
 add, spin until it reaches `(barrier + 1) · num_programs`); before waiting, each program loads
 the first weight tile of its work in the next phase (constant weights), which overlaps the
@@ -17,6 +17,9 @@ interpreter (which executes programs one after another — a grid barrier would 
 and serves as a multi-launch fallback. The persistent path itself also runs in the interpreter
 with a grid of one program (each barrier opens at that program's own arrival). Rounding follows
 `decode_fused.decode_logits_b1`.
+
+Files: this one (host wrapper `MegaDecoder`, tile plan), `decode_mega_kernel.py` (the kernel,
+barriers, preloads), `decode_mega_phases.py` (the phases).
 
 Status: measured nowhere yet (written without a GPU; compiled ahead of time for sm90: ~254
 registers at 8 warps, no spills, one program per SM). `bench/decode_mega.py` measures it.
