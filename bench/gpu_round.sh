@@ -10,7 +10,7 @@
 #        bash bench/gpu_round.sh gemv tests llm  # a subset, in this order
 #
 # The GPU machine's own torch/triton/transformers are used; the serving GPU tests also need
-# websockets and soxr wheels and silero_vad.onnx under .cache/gpu-serve (carry it; see
+# websockets, soxr and mcap wheels and silero_vad.onnx under .cache/gpu-serve (carry it; see
 # tests/serve/test_speech_stages_gpu.py). Set TRISTREAM_GIT_COMMIT to the commit you run
 # (the device copy has no .git) so the results JSON records it.
 set -u
