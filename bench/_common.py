@@ -14,6 +14,7 @@ import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,25 @@ def cuda_graph_ms(graph: Any, warm: int = 5, reps: int = 50) -> float:
     e.record()
     e.synchronize()
     return float(s.elapsed_time(e)) / reps
+
+
+def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
+    """GPU kernels of one call of `fn` (graph replays included): count and time, largest first."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    rows = []
+    total_us, kernels = 0.0, 0
+    for ev in prof.key_averages():
+        dev_us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0) or 0.0)
+        if getattr(ev, "device_type", None) is not None and "CUDA" in str(ev.device_type) and dev_us > 0:
+            rows.append({"kernel": ev.key[:120], "count": int(ev.count), "us": round(dev_us, 1)})
+            total_us += dev_us
+            kernels += int(ev.count)
+    rows.sort(key=lambda r: -r["us"])
+    return {"kernels": kernels, "kernel_time_us": round(total_us, 1), "top": rows[:top]}

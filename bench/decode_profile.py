@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import kernel_profile, write_results  # noqa: E402
 
 
 def _engine(model: Any) -> Any:
@@ -60,30 +60,19 @@ def _steady(eng: Any, batch: int, vocab: int) -> None:
 
 
 def _kernel_table(dec: Any, b: int, v: str, reps: int = 10, top: int = 12) -> dict[str, Any]:
-    from torch.profiler import ProfilerActivity, profile
-
+    """Kernels of one replay of bucket b's graph in variant v (profiled over `reps` replays)."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         dec.forward(b, v)
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+
+    def replays() -> None:
         for _ in range(reps):
             g.replay()
-        torch.cuda.synchronize()
-    rows: dict[str, list[float]] = {}
-    for ev in prof.events():
-        if ev.device_type == torch.autograd.DeviceType.CUDA and ev.name and "Memcpy" not in ev.name:
-            rows.setdefault(ev.name, []).append(ev.device_time_total if hasattr(ev, "device_time_total")
-                                                else ev.cuda_time_total)
-    del g
-    total = sum(sum(x) for x in rows.values()) / reps
-    n = sum(len(x) for x in rows.values()) / reps
-    ranked = sorted(rows.items(), key=lambda kv: -sum(kv[1]))[:top]
-    return {"kernels_per_step": n, "kernel_us_per_step": round(total, 1),
-            "top": [{"kernel": k[:110], "per_step": len(x) / reps, "us_per_step": round(sum(x) / reps, 1),
-                     "us_mean": round(sum(x) / len(x), 2)} for k, x in ranked]}
+
+    prof = kernel_profile(replays, top=top)  # the graph is freed when this returns
+    return {"kernels_per_step": prof["kernels"] / reps, "kernel_us_per_step": round(prof["kernel_time_us"] / reps, 1),
+            "top": [{"kernel": r["kernel"][:110], "per_step": r["count"] / reps, "us_per_step": round(r["us"] / reps, 1),
+                     "us_mean": round(r["us"] / r["count"], 2)} for r in prof["top"]]}
 
 
 def profile_model(name: str, buckets: list[int]) -> dict[str, Any]:

@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS_DIR, write_results  # noqa: E402
+from bench._common import RESULTS_DIR, kernel_profile, write_results  # noqa: E402
 from tristream.engine.speech.audio_store import AudioStore  # noqa: E402
 from tristream.engine.speech.config import WhisperDims, WhisperTokens, preset  # noqa: E402
 from tristream.engine.speech.mel import LogMel  # noqa: E402
@@ -154,27 +154,6 @@ def _hf_whisper_update(hf: Any, mel30: torch.Tensor, prompt: torch.Tensor, k: in
 PROFILE = False  # --profile: kernel table of one 16-stream update (tiny and small)
 
 
-def _kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
-    """GPU kernels of one call of `fn` (graph replays included): count and time, largest first."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    rows = []
-    total_us, kernels = 0.0, 0
-    for ev in prof.key_averages():
-        dev_us = float(getattr(ev, "device_time_total", 0.0) or getattr(ev, "cuda_time_total", 0.0) or 0.0)
-        if getattr(ev, "device_type", None) is not None and "CUDA" in str(ev.device_type) and dev_us > 0:
-            rows.append({"kernel": ev.key[:120], "count": int(ev.count), "us": round(dev_us, 1)})
-            total_us += dev_us
-            kernels += int(ev.count)
-    rows.sort(key=lambda r: -r["us"])
-    return {"kernels": kernels, "kernel_time_us": round(total_us, 1), "top": rows[:top]}
-
-
 TAILS = (16, 8, 4)  # tokens left to decode after the accepted draft (steady streaming: the last ~0.5 s)
 
 
@@ -282,7 +261,7 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             dtw_tail = time_ms(lambda m=sub, k=n: dtw_token_starts(m, np.full(k, 9), np.full(k, 250)),
                                torch.device("cpu"), iters)
             if PROFILE and n == 16:
-                res["kernel_profile_16_streams_10s_tail4"] = _kernel_profile(
+                res["kernel_profile_16_streams_10s_tail4"] = kernel_profile(
                     lambda st=store, sl=slots, d=drafts, f=dfr: runner.run_store(st, sl, d, f))
             row["breakdown_10s"] = {"encode_prefill_accept_graph_ms": enc_ms,
                                     "decode_ms_per_token": round(step_ms / runner.chunk, 4),

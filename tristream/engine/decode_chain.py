@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 import torch
 
+from tristream.engine.engine_types import PinnedCopy
 from tristream.engine.runner import ModelRunner
 from tristream.engine.sequence import Sequence
 
@@ -32,12 +33,11 @@ class Readback:
 
 
 class TokenReadback:
-    """Asynchronous device→host copies of token ids into two reused pinned slots."""
+    """Asynchronous device→host copies of token ids into two reused `PinnedCopy` slots."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self.bufs: list[torch.Tensor | None] = [None, None]
-        self.events: list[torch.cuda.Event | None] = [None, None]
+        self.slots = (PinnedCopy(), PinnedCopy())
         self.next = 0
 
     def start(self, tokens: torch.Tensor) -> Readback:
@@ -48,24 +48,14 @@ class TokenReadback:
             return Readback(tokens, -1, n)
         slot = self.next
         self.next ^= 1
-        buf = self.bufs[slot]
-        if buf is None or buf.numel() < n or buf.dtype != tokens.dtype:
-            buf = self.bufs[slot] = torch.empty(max(n, 128), dtype=tokens.dtype, pin_memory=True)
-        ev = self.events[slot]
-        if ev is None:
-            ev = self.events[slot] = torch.cuda.Event()
-        buf[:n].copy_(tokens, non_blocking=True)
-        ev.record()
+        self.slots[slot].start(tokens)
         return Readback(tokens, slot, n)
 
     def wait(self, rb: Readback) -> list[int]:
         """Block (releasing the GIL on CUDA) until the copy is done; the token ids."""
         if rb.slot < 0:
             return rb.tokens.tolist()
-        ev, buf = self.events[rb.slot], self.bufs[rb.slot]
-        assert ev is not None and buf is not None
-        ev.synchronize()
-        return buf[:rb.n].tolist()
+        return self.slots[rb.slot].wait()
 
 
 class ChainedDecode:

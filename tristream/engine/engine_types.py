@@ -57,36 +57,58 @@ def all_greedy(seqs: list[Sequence]) -> bool:
     return all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in seqs)
 
 
-class _Readback(threading.local):
-    """Per-thread pinned host buffer and event for `to_host` (a fresh pinned allocation and
-    event per step cost ~20-40 us of host time on the decode path)."""
+class PinnedCopy:
+    """A reusable pinned host buffer and CUDA event: `start` queues an asynchronous device→host
+    copy, `wait` blocks on the event (releasing the GIL, which `tolist()` on a device tensor
+    does not) and returns the values. A fresh pinned allocation and event per step cost ~20-40 us
+    of host time on the decode path."""
 
-    buf: torch.Tensor | None = None
-    event: torch.cuda.Event | None = None
+    __slots__ = ("buf", "event", "shape")
+
+    def __init__(self) -> None:
+        self.buf: torch.Tensor | None = None
+        self.event: torch.cuda.Event | None = None
+        self.shape: tuple[int, ...] = ()
+
+    def start(self, tokens: torch.Tensor) -> None:
+        """Queue the copy of `tokens` (a CUDA tensor) into the buffer (grown on demand)."""
+        n = tokens.numel()
+        buf = self.buf
+        if buf is None or buf.numel() < n or buf.dtype != tokens.dtype:
+            buf = self.buf = torch.empty(max(n, 256), dtype=tokens.dtype, pin_memory=True)
+        if self.event is None:
+            self.event = torch.cuda.Event()
+        buf[:n].copy_(tokens.reshape(-1), non_blocking=True)
+        self.event.record()
+        self.shape = tuple(tokens.shape)
+
+    def wait(self) -> list[int]:
+        """The values of the last `start`, once its copy is done."""
+        assert self.buf is not None and self.event is not None, "wait() before start()"
+        self.event.synchronize()
+        n = 1
+        for d in self.shape:
+            n *= d
+        return self.buf[:n].view(self.shape).tolist()
 
 
-_READBACK = _Readback()
+class _ThreadCopy(threading.local):
+    copy: PinnedCopy | None = None
+
+
+_READBACK = _ThreadCopy()
 
 
 def to_host(tokens: torch.Tensor) -> list[int]:
-    """Token ids to a host list. On CUDA: an asynchronous copy into a persistent pinned buffer
-    (one per thread, grown on demand) and a wait on a reused event, which releases the GIL
-    (`tolist()` on a device tensor blocks holding it), so the asyncio thread serving sockets
-    runs while the GPU finishes the step."""
+    """Token ids to a host list; on CUDA through this thread's `PinnedCopy`, so the asyncio
+    thread serving sockets runs while the GPU finishes the step."""
     if tokens.device.type != "cuda":
         return tokens.tolist()
-    rb = _READBACK
-    n = tokens.numel()
-    buf = rb.buf
-    if buf is None or buf.numel() < n or buf.dtype != tokens.dtype:
-        buf = rb.buf = torch.empty(max(n, 256), dtype=tokens.dtype, pin_memory=True)
-    if rb.event is None:
-        rb.event = torch.cuda.Event()
-    host = buf[:n]
-    host.copy_(tokens.reshape(-1), non_blocking=True)
-    rb.event.record()
-    rb.event.synchronize()
-    return host.view(tokens.shape).tolist()
+    pc = _READBACK.copy
+    if pc is None:
+        pc = _READBACK.copy = PinnedCopy()
+    pc.start(tokens)
+    return pc.wait()
 
 
 @dataclasses.dataclass(slots=True)

@@ -95,7 +95,6 @@ class DecodeGraphs:
         self.kernels = kernels
         self.fused: dict[int, str] = {}  # bucket -> chosen variant (buckets ≤ FUSED_MAX_ROWS)
         self.choice_ms: dict[int, dict[str, float]] = {}
-        self.fused_error: str | None = None  # the last variant rejected at capture, and why
         self.variant_errors: list[str] = []  # every variant rejected at capture, and why
         self.choice_err: dict[int, dict[str, float]] = {}  # bucket -> variant -> logits rel err vs cuBLAS
         self.model = model
@@ -120,6 +119,11 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool: Any = None
+
+    @property
+    def fused_error(self) -> str | None:
+        """The last variant rejected at capture, and why (None: none was)."""
+        return self.variant_errors[-1] if self.variant_errors else None
 
     def bucket_for(self, n: int) -> int | None:
         for b in self.buckets:
@@ -193,8 +197,7 @@ class DecodeGraphs:
                         raise ValueError(f"{v} logits differ from cuBLAS: rel err {err:.3g}")
                     times[v] = self._time_variant(b, v)
                 except Exception as exc:  # this variant is out for this bucket; say why
-                    self.fused_error = f"bucket {b} {v}: {type(exc).__name__}: {exc}"[:300]
-                    self.variant_errors.append(self.fused_error)
+                    self.variant_errors.append(f"bucket {b} {v}: {type(exc).__name__}: {exc}"[:300])
             self.choice_ms[b] = times
             self.fused[b] = min(times, key=lambda k: times[k])
 

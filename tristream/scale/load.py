@@ -38,12 +38,8 @@ class LoadReport:
     @property
     def pressure(self) -> float:
         """max(queue depth / target, P99 / target, scheduler pressure); > 1 = over target."""
-        parts = [self.queue_depth / self.target_queue_depth if self.target_queue_depth > 0 else 0.0]
-        if self.p99_ms is not None and self.target_p99_ms > 0:
-            parts.append(self.p99_ms / self.target_p99_ms)
-        if self.sched_pressure is not None:
-            parts.append(self.sched_pressure)
-        return max(parts)
+        queue = self.queue_depth / self.target_queue_depth if self.target_queue_depth > 0 else 0.0
+        return max(queue, self.latency_pressure)
 
     @property
     def latency_pressure(self) -> float:

@@ -77,6 +77,16 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
     x1 = acc1.to(dt).to(tl.float32)  # rounded as the unfused GEMV's output would be
     x2 = acc2.to(dt).to(tl.float32)
     d1 = j * PAIR + tl.arange(0, PAIR)  # offsets inside the head
+    rope_store_pair(h, d1, x1, x2, pos_ptr, cs_ptr, slot_ptr, q_out_ptr, kc_ptr, vc_ptr, NH, NKV, HD, HALF)
+
+
+@triton.jit
+def rope_store_pair(h, d1, x1, x2, pos_ptr, cs_ptr, slot_ptr, q_ptr, kc_ptr, vc_ptr, NH: tl.constexpr,
+                    NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr):
+    """Epilogue of a QKV projection slice: rows `d1` of the first half of head `h` (`x1`) and their
+    rotation partners `d1 + HALF` (`x2`), float32. q heads are rotated at `positions[0]` into
+    `q_ptr`, k heads rotated into the K cache, v heads copied into the V cache, at `slots[0]`
+    (-1: nothing written)."""
     if h < NH + NKV:
         pos = tl.load(pos_ptr)
         cos = tl.load(cs_ptr + pos * HD + d1)
@@ -84,9 +94,9 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
         y1 = x1 * cos - x2 * sin
         y2 = x2 * cos + x1 * sin
         if h < NH:
-            dst = q_out_ptr + h * HD
-            tl.store(dst + d1, y1.to(q_out_ptr.dtype.element_ty))
-            tl.store(dst + HALF + d1, y2.to(q_out_ptr.dtype.element_ty))
+            dst = q_ptr + h * HD
+            tl.store(dst + d1, y1.to(q_ptr.dtype.element_ty))
+            tl.store(dst + HALF + d1, y2.to(q_ptr.dtype.element_ty))
         else:
             slot = tl.load(slot_ptr).to(tl.int64)
             if slot >= 0:

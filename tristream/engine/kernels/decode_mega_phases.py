@@ -18,6 +18,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from tristream.engine.kernels.decode_fused import rope_store_pair
+from tristream.engine.kernels.triton_ops import attend_span, merge_one
+
 T_QKV, T_QKV_B, T_O, T_GU, T_DOWN, T_IN_NORM, T_POST_NORM, T_KC, T_VC = range(9)
 TABLE_ROWS = 9
 
@@ -143,27 +146,7 @@ def phase_qkv(pid, nprog, tab, L, layer, x, nw, rbuf, emb_row, qbuf, pos_ptr, cs
         x2 = acc2.to(dt).to(tl.float32)
         h = unit // (HALF // PAIR)
         d1 = (unit % (HALF // PAIR)) * PAIR + tl.arange(0, PAIR)
-        if h < NH + NKV:
-            pos = tl.load(pos_ptr)
-            cos = tl.load(cs_ptr + pos * HD + d1)
-            sin = tl.load(cs_ptr + pos * HD + HALF + d1)
-            y1 = x1 * cos - x2 * sin
-            y2 = x2 * cos + x1 * sin
-            if h < NH:
-                tl.store(qbuf + h * HD + d1, y1.to(dt))
-                tl.store(qbuf + h * HD + HALF + d1, y2.to(dt))
-            else:
-                slot = tl.load(slot_ptr).to(tl.int64)
-                if slot >= 0:
-                    kd = kc + (slot * NKV + (h - NH)) * HD
-                    tl.store(kd + d1, y1.to(dt))
-                    tl.store(kd + HALF + d1, y2.to(dt))
-        else:
-            slot = tl.load(slot_ptr).to(tl.int64)
-            if slot >= 0:
-                vd = vc + (slot * NKV + (h - NH - NKV)) * HD
-                tl.store(vd + d1, x1.to(dt))
-                tl.store(vd + HALF + d1, x2.to(dt))
+        rope_store_pair(h, d1, x1, x2, pos_ptr, cs_ptr, slot_ptr, qbuf, kc, vc, NH, NKV, HD, HALF)
 
 
 # ------------------------------------------------------------------ phase 2: paged attention
@@ -187,23 +170,7 @@ def phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr
         end = tl.minimum(start + per_split, ctx)
         kvh = h // (NH // NKV)
         q = tl.load(qbuf + h * HD + d, cache_modifier=".cg").to(tl.float32) * scale
-        m_i = -float("inf")
-        l_i = 0.0
-        acc = tl.zeros([HD], dtype=tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            n = n0 + tl.arange(0, BLOCK_N)
-            mask = n < end
-            page = tl.load(bt_ptr + n // PAGE, mask=mask, other=0).to(tl.int64)
-            off = ((page * PAGE + n % PAGE)[:, None] * NKV + kvh) * HD + d[None, :]
-            k = tl.load(kc + off, mask=mask[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            sc = tl.where(mask, tl.sum(k * q[None, :], 1), -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 0))
-            p = tl.exp(sc - m_new)
-            alpha = tl.exp(m_i - m_new)
-            v = tl.load(vc + off, mask=mask[:, None], other=0.0, cache_modifier=".cg").to(tl.float32)
-            acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            m_i = m_new
+        m_i, l_i, acc = attend_span(q, kc, vc, bt_ptr, start, end, kvh, NKV, HD, PAGE, BLOCK_N, ".cg")
         if SPLITS == 1:
             tl.store(abuf + h * HD + d, (acc / tl.maximum(l_i, 1e-30)).to(abuf.dtype.element_ty))
         else:
@@ -214,24 +181,8 @@ def phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr
             done = tl.atomic_add(hcnt + h, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
                 tl.debug_barrier()
-                merge_splits(po, pm, pl, abuf, h, HD, SPLITS)
+                merge_one(po, pm, pl, abuf, h, HD, SPLITS, ".cg")  # other SMs wrote them
                 tl.atomic_xchg(hcnt + h, 0, sem="relaxed", scope="gpu")
-
-
-@triton.jit
-def merge_splits(po, pm, pl, abuf, h, HD: tl.constexpr, SPLITS: tl.constexpr):
-    """Merge the SPLITS partial softmaxes of head h into abuf (``.cg`` loads: other SMs wrote them)."""
-    sp = tl.arange(0, SPLITS)
-    d = tl.arange(0, HD)
-    m = tl.load(pm + h * SPLITS + sp, cache_modifier=".cg")
-    lsum = tl.load(pl + h * SPLITS + sp, cache_modifier=".cg")
-    mmax = tl.max(m, 0)
-    mmax = tl.where(mmax == -float("inf"), 0.0, mmax)
-    w = tl.exp(m - mmax)
-    total = tl.sum(w * lsum, 0)
-    part = tl.load(po + (h * SPLITS + sp[:, None]) * HD + d[None, :], cache_modifier=".cg")
-    o = tl.sum(part * w[:, None], 0) / tl.maximum(total, 1e-30)
-    tl.store(abuf + h * HD + d, o.to(abuf.dtype.element_ty))
 
 
 # ------------------------------------------------------------------ GEMV phases

@@ -115,6 +115,36 @@ def rope_store(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor
 
 
 @triton.jit
+def attend_span(q, kc_ptr, vc_ptr, bt_row, start, end, kvh, NKV: tl.constexpr, HD: tl.constexpr,
+                PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CACHE: tl.constexpr):
+    """Online softmax of one query `q` ([HD] float32, already scaled) over the paged context
+    positions [start, end) of kv head `kvh`; `bt_row` points at the sequence's block table.
+    Returns (running max, sum of weights, weighted sum of values [HD]). CACHE: the cache modifier
+    of the K/V loads ("" or ".cg" where another SM may just have written them)."""
+    d = tl.arange(0, HD)
+    m_i = -float("inf")
+    l_i = 0.0
+    acc = tl.zeros([HD], dtype=tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        n = n0 + tl.arange(0, BLOCK_N)
+        mask = n < end
+        page = tl.load(bt_row + n // PAGE, mask=mask, other=0).to(tl.int64)
+        slot = page * PAGE + n % PAGE
+        off = (slot[:, None] * NKV + kvh) * HD + d[None, :]
+        k = tl.load(kc_ptr + off, mask=mask[:, None], other=0.0, cache_modifier=CACHE).to(tl.float32)
+        sc = tl.sum(k * q[None, :], 1)
+        sc = tl.where(mask, sc, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, 0))
+        p = tl.exp(sc - m_new)
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(vc_ptr + off, mask=mask[:, None], other=0.0, cache_modifier=CACHE).to(tl.float32)
+        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+        l_i = l_i * alpha + tl.sum(p, 0)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, bt_stride,
                          scale, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
@@ -132,25 +162,8 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
     end = tl.minimum(start + per_split, ctx)
     d = tl.arange(0, HD)
     q = tl.load(q_ptr + (b * NH + h) * HD + d).to(tl.float32) * scale
-    m_i = -float("inf")
-    l_i = 0.0
-    acc = tl.zeros([HD], dtype=tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        n = n0 + tl.arange(0, BLOCK_N)
-        mask = n < end
-        page = tl.load(bt_ptr + b * bt_stride + n // PAGE, mask=mask, other=0).to(tl.int64)
-        slot = page * PAGE + n % PAGE
-        off = (slot[:, None] * NKV + kvh) * HD + d[None, :]
-        k = tl.load(kc_ptr + off, mask=mask[:, None], other=0.0).to(tl.float32)
-        sc = tl.sum(k * q[None, :], 1)
-        sc = tl.where(mask, sc, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 0))
-        p = tl.exp(sc - m_new)
-        alpha = tl.exp(m_i - m_new)
-        v = tl.load(vc_ptr + off, mask=mask[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+    m_i, l_i, acc = attend_span(q, kc_ptr, vc_ptr, bt_ptr + b * bt_stride, start, end, kvh, NKV, HD, PAGE,
+                                BLOCK_N, "")
     if SPLITS == 1:
         o = acc / tl.maximum(l_i, 1e-30)
         tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
@@ -168,12 +181,12 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
             done = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
                 tl.debug_barrier()
-                _merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, ".cg")
+                merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, ".cg")
                 tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")  # ready for the next step
 
 
 @triton.jit
-def _merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
+def merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
     """Merge the SPLITS partial softmaxes of one (row, head) into its output."""
     sp = tl.arange(0, SPLITS)
     d = tl.arange(0, HD)
@@ -195,7 +208,7 @@ def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLI
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    _merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, "")
+    merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, "")
 
 
 def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
