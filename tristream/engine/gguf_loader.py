@@ -9,9 +9,9 @@ folder through the memory-mapped safetensors path.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,16 +19,9 @@ import numpy as np
 import torch
 
 from tristream.engine.config import ModelConfig, UnsupportedModel
+from tristream.engine.disk_cache import cache_root, content_key, prune, touch
 
-CACHE_ENV = "TRISTREAM_CACHE"
-
-
-def cache_root() -> Path:
-    """$TRISTREAM_CACHE, else $XDG_CACHE_HOME/tristream, else ~/.cache/tristream."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tristream"
+__all__ = ["cache_root", "cached_gguf_folder", "config_from_gguf", "convert_gguf"]
 
 
 def _field(reader: Any, key: str, default: Any = None) -> Any:
@@ -131,9 +124,8 @@ def read_gguf_tensors(reader: Any, cfg: ModelConfig) -> dict[str, torch.Tensor]:
 
 
 def _cache_key(path: Path) -> str:
-    st = path.stat()
-    h = hashlib.sha256(f"{path.name}|{st.st_size}|{st.st_mtime_ns}|v1".encode()).hexdigest()[:16]
-    return f"{path.stem}-{h}"
+    """Keyed by the file's contents: a reinstalled or copied GGUF reuses its entry."""
+    return f"{path.stem}-{content_key([path], 'gguf-v2', length=16)}"
 
 
 def _save_tokenizer(path: Path, reader: Any, folder: Path) -> None:
@@ -154,8 +146,10 @@ def convert_gguf(path: Path, folder: Path) -> None:
     reader = GGUFReader(str(path))
     cfg = config_from_gguf(reader)
     tensors = read_gguf_tensors(reader, cfg)
-    tmp = folder.with_name(folder.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
     (tmp / "config.json").write_text(json.dumps(cfg.to_hf(), indent=2))
     save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": str(path)})
     try:
@@ -164,11 +158,12 @@ def convert_gguf(path: Path, folder: Path) -> None:
         _save_tokenizer(path, reader, tmp)
     except Exception as exc:  # a model without a usable tokenizer still loads for benchmarks
         (tmp / "tokenizer_error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-    if folder.exists():
-        import shutil
-
-        shutil.rmtree(folder)
-    tmp.replace(folder)
+    try:
+        tmp.replace(folder)
+    except OSError:  # another process finished the same conversion first: keep theirs
+        if not (folder / "model.safetensors").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def cached_gguf_folder(path: str | Path, cache_dir: Path | None = None) -> Path:
@@ -179,5 +174,9 @@ def cached_gguf_folder(path: str | Path, cache_dir: Path | None = None) -> Path:
     root = cache_dir or cache_root() / "gguf"
     folder = root / _cache_key(path)
     if not (folder / "model.safetensors").exists():
+        if folder.exists():  # an incomplete entry (killed mid-write): convert again
+            shutil.rmtree(folder)
         convert_gguf(path, folder)
+        prune(root, keep=folder)
+    touch(folder)
     return folder

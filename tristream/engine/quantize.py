@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import os
 from pathlib import Path
 
 import torch
@@ -63,11 +63,10 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     """`quantize_model`, reusing quantised tensors cached for this checkpoint (fast second load)."""
     from safetensors.torch import load_file, save_file
 
-    from tristream.engine.gguf_loader import cache_root
+    from tristream.engine.disk_cache import cache_root, content_key, prune, touch
 
     files = sorted(source.glob("*.safetensors"))
-    stamp = "|".join(f"{f.resolve()}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
-    key = hashlib.sha256(f"{stamp}|{mode}|v1".encode()).hexdigest()[:20]
+    key = content_key(files, mode, "quant-v2")
     path = cache_root() / "quant" / f"{key}.safetensors"
     lins = _linears(model)
     keep_prefill_copies(model)
@@ -83,12 +82,14 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
                     raise KeyError(name)
                 if name != "head" or model.lm_head is not None:
                     lin.weight = torch.nn.Parameter(torch.empty(0, dtype=lin.weight.dtype), requires_grad=False)
+            touch(path)
             return
         except (KeyError, OSError, RuntimeError):
             pass  # stale or partial cache: quantise again below
     quantize_model(model, mode)
     tensors = {f"{name}.{k}": v.contiguous() for name, lin in lins.items() for k, v in _state(lin).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp))
     tmp.replace(path)
+    prune(path.parent, keep=path)
