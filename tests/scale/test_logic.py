@@ -163,3 +163,20 @@ def test_a_burst_of_opens_on_one_round_of_reports_is_spread_evenly() -> None:
     for _ in range(325):
         counts[least_loaded(reports, counts).replica] += 1  # type: ignore[union-attr]
     assert counts["a"] + counts["b"] == 325 and abs(counts["b"] / counts["a"] - 2.25) < 0.05
+
+
+def test_pool_admission_rule_is_applied_once_over_the_replicas_own_flag() -> None:
+    pytest.importorskip("ray")
+    from tristream.scale.pool import ReplicaPool, ReplicaRef, ScaleConfig
+
+    pool = ReplicaPool(ScaleConfig(max_sessions_per_replica=2))
+    pool.replicas = {n: ReplicaRef(n, handle=None) for n in ("a", "b", "c", "d")}
+    pool.replicas["b"].accepting = False  # drained by the pool
+    pool.replicas["c"].sessions = {"s1"}
+    pool.pending["c"] = 1  # one open placed on c is still in flight: c is full
+    pool.replicas["d"].alive = False
+    reports = [rep("a"), rep("b"), rep("c"), rep("d"), rep("e"), rep("a2", accepting=False)]
+    assert [r.replica for r in reports if pool.admits(r)] == ["a"]
+    assert not pool.admits(rep("a", accepting=False))  # the replica's own flag still counts
+    pool.pending["c"] = 0
+    assert pool.admits(rep("c")) and rep("c").accepting  # the report itself is never rewritten

@@ -195,8 +195,18 @@ class ReplicaPool:
         return lost
 
     # ------------------------------------------------------------ routing
+    def admits(self, report: LoadReport) -> bool:
+        """Whether a new session may go to `report`'s replica now: the replica accepts (its own
+        flag), the pool has not drained it, and it is below the per-replica session cap counting
+        the opens placed on it since (the one place this rule lives)."""
+        ref = self.replicas.get(report.replica)
+        if ref is None or not (ref.alive and report.accepting and ref.accepting):
+            return False
+        return len(ref.sessions) + self.pending.get(ref.id, 0) < self.config.max_sessions_per_replica
+
     async def reports(self) -> list[LoadReport]:
-        """Load reports of every live replica (a replica that died is marked dead here)."""
+        """Load reports of every live replica, each with the replica's own `accepting` flag
+        (`admits` adds the pool's rule); a replica that died is marked dead here."""
         live = self.live()
         res = await asyncio.gather(*(asyncio.wait_for(r.handle.load_report.remote(), self.config.report_timeout_s)
                                      for r in live), return_exceptions=True)
@@ -207,8 +217,6 @@ class ReplicaPool:
             elif isinstance(rep, LoadReport):
                 if rep.held is not None:
                     self._prune(r, set(rep.held))
-                rep.accepting = rep.accepting and r.accepting and \
-                    len(r.sessions) < self.config.max_sessions_per_replica
                 out.append(rep)
         self.last_reports = out
         self._reports_at = time.monotonic()
@@ -238,11 +246,9 @@ class ReplicaPool:
         for _ in range(3):
             live = {r.id: r for r in self.live()}
             counts = {rid: len(r.sessions) + self.pending.get(rid, 0) for rid, r in live.items()}
-            cap_each = self.config.max_sessions_per_replica
-            # a cached report may be up to report_max_age_s old: re-check what changed since
-            # (the replica died or was drained, or it filled up with the opens placed since)
-            reports = [replace(rep, accepting=rep.accepting and live[rep.replica].accepting
-                               and counts[rep.replica] < cap_each)
+            # a cached report may be up to report_max_age_s old: `admits` re-checks what changed
+            # since (the replica died or was drained, or it filled up with the opens placed since)
+            reports = [replace(rep, accepting=self.admits(rep))
                        for rep in await self.recent_reports() if rep.replica in live]
             choice = least_loaded(reports, counts)
             if choice is None:

@@ -79,14 +79,15 @@ class PoolRouter:
 
     async def ready(self) -> bool:
         """True when some replica accepts sessions."""
-        return any(r.accepting for r in await self.pool.reports())
+        return any(self.pool.admits(r) for r in await self.pool.reports())
 
     async def placement(self) -> dict[str, Any]:
         """Session → replica, the replicas' load reports and the autoscaler's target."""
         reports = await self.pool.reports()
         return {"placement": self.pool.placement(), "ingress": dict(self.pool.ingress_of),
                 "desired": self.pool.desired, "failures": self.pool.failures, "pins_pruned": self.pool.pruned,
-                "replicas": [{**r.to_dict(), "pressure": min(r.pressure, 1e9)} for r in reports]}
+                "replicas": [{**r.to_dict(), "pressure": min(r.pressure, 1e9), "admits": self.pool.admits(r)}
+                             for r in reports]}
 
     async def metrics_text(self) -> str:
         """Every replica's metrics with a ``replica`` label, plus the pool's and the ingresses' own."""
