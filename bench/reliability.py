@@ -302,58 +302,125 @@ async def _good_turn_latencies(u: str, sessions: int, turns: int) -> list[float]
 def _server_proc(max_sessions: int = 64, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int]:
     from tests.reliability.shutdown import start_server
 
-    return start_server(TOKEN, pace=0.0, max_sessions=max_sessions)
+    return start_server(TOKEN, pace=0.0, max_sessions=max_sessions, extra=extra)
 
 
-def item_malformed() -> dict[str, Any]:
-    """Every malformed case answered with its code; the others' P99 with and without an abuser."""
+ABUSE_RATE = 180.0  # messages/s: just under the server's default per-session limit (200/s)
+
+
+def _benign_cases() -> list[tuple[str, str]]:
+    """The well-behaved twin of the malformed cases: as many messages, as many answered, a ~60 KB one."""
+    import base64
+
+    from tests.reliability.test_malformed_media import CASES
+
+    upd = json.dumps({"type": "session.update", "session": {"instructions": "be brief"}})
+    big = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(44_000)).decode()})
+    small = json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(bytes(320)).decode()})
+    answered = sum(1 for _, want in CASES if want)
+    out = [(upd, "session.updated")] * (answered - 1) + [(big, "")] + [(small, "")] * (len(CASES) - answered)
+    return out + [(json.dumps({"type": "input_audio_buffer.clear"}), "input_audio_buffer.cleared")]
+
+
+def _abuse_proc(u: str, kind: str, rate: float, started: Any, stop: Any, out: Any) -> None:
+    """Child process: a client sending the malformed cases (``kind="malformed"``) or their
+    well-behaved twins (``"benign"``) in a loop, `rate` messages a second, a fresh session per
+    round, until `stop`; puts {"answered": {expected->got: count}, "closes": {code: count}}."""
+    from websockets.exceptions import ConnectionClosed
+
     from tests.reliability.live import connect_auth
     from tests.reliability.test_malformed_media import CASES
-    from tristream.serve.echo import EchoBackend
-    from tristream.serve.limits import ServerLimits
-    from tristream.serve.server import RealtimeServer
+
+    cases = CASES if kind == "malformed" else _benign_cases()
 
     async def go() -> dict[str, Any]:
-        srv = RealtimeServer(lambda: EchoBackend(), port=0, tokens=[TOKEN],
-                             limits=ServerLimits(max_message_bytes=64 * 1024, max_messages_per_s=1e5,
-                                                 burst_messages=1e5))
-        await srv.start()
-        u = f"ws://127.0.0.1:{srv.port}/v1/realtime"
-        try:
-            return await body(u, srv)
-        finally:
-            await srv.stop(grace_s=0.0)
-
-    async def body(u: str, srv: Any) -> dict[str, Any]:
-        base = await _good_turn_latencies(u, 8, 25)
-        stop = asyncio.Event()
         answered: dict[str, int] = {}
-
-        async def abuser() -> None:
+        closes: dict[str, int] = {}
+        gap, nxt = 1.0 / rate, time.perf_counter()
+        while not stop.is_set():
             ws = await connect_auth(u, TOKEN, max_size=None)
-            rounds = 0
-            while not stop.is_set():
-                for raw, want in CASES:
+            started.set()
+            try:
+                for raw, want in cases:
+                    nxt = max(nxt + gap, time.perf_counter() - 1.0)
+                    await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
                     await ws.send(raw)
                     if want:
                         ev = json.loads(await asyncio.wait_for(ws.recv(), 10))
                         key = f"{want}->{ev['error']['code'] if ev['type'] == 'error' else ev['type']}"
                         answered[key] = answered.get(key, 0) + 1
-                rounds += 1
-                # the abuser's session is reset each round so "backwards" timestamps stay comparable
                 await ws.close()
-                ws = await connect_auth(u, TOKEN, max_size=None)
-            await ws.close()
-        task = asyncio.ensure_future(abuser())
-        with_abuse = await _good_turn_latencies(u, 8, 25)
+            except ConnectionClosed as exc:
+                code = str(exc.rcvd.code if exc.rcvd else 1006)
+                closes[code] = closes.get(code, 0) + 1
+        return {"answered": answered, "closes": closes}
+    out.put(asyncio.run(go()))
+
+
+def item_malformed(rounds: int = 9) -> dict[str, Any]:
+    """Every malformed case answered with its code; the others' P99 next to the abuser.
+
+    The server is a `tristream serve` process (echo backend, default rate limits, 64 KiB messages)
+    and the abuser a process of its own, so that neither shares an event loop or the GIL with the
+    well-behaved clients being timed. On this 2-core box any third busy process moves the others'
+    P99 (an in-process abuser measured +49 % in one run and +9 % in another), so the criterion
+    compares the abuser with its well-behaved twin: a client sending as many messages at the same
+    rate, as many of them answered, on as many sessions (item 7 measures the slow reader the same
+    way). Alone, next to the twin and next to the abuser are measured in `rounds` interleaved
+    triples and their medians compared.
+    """
+    import multiprocessing as mp
+    import statistics
+
+    import httpx
+
+    from tests.reliability.test_malformed_media import CASES
+
+    ctx = mp.get_context("spawn")
+    proc, port = _server_proc(extra=("--max-message-bytes", str(64 * 1024)))
+    u = f"ws://127.0.0.1:{port}/v1/realtime"
+    tallies: dict[str, dict[str, dict[str, int]]] = {k: {"answered": {}, "closes": {}} for k in ("malformed", "benign")}
+    p99s: dict[str, list[float]] = {"alone": [], "benign": [], "malformed": []}
+
+    def next_to(kind: str) -> float:
+        started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
+        ab = ctx.Process(target=_abuse_proc, args=(u, kind, ABUSE_RATE, started, stop, out), daemon=True)
+        ab.start()
+        if not started.wait(60):
+            raise RuntimeError(f"the {kind} client process did not connect")
+        p = p99(asyncio.run(_good_turn_latencies(u, 4, 25)))
         stop.set()
-        await task
-        return {"cases": len(CASES), "answers_by_expected_and_got": answered,
-                "all_coded_as_expected": all(k.split("->")[0] == k.split("->")[1] for k in answered),
-                "others_p99_ms_baseline": p99(base), "others_p99_ms_with_abuser": p99(with_abuse),
-                "others_p99_change": p99(with_abuse) / p99(base) - 1.0,
-                "server_error_closes": srv.metrics.count("tristream_sessions_closed_total", reason="server_error")}
-    return asyncio.run(asyncio.wait_for(go(), 240))
+        tally = out.get(timeout=60)
+        ab.join(10)
+        for part in ("answered", "closes"):
+            for k, v in tally[part].items():
+                tallies[kind][part][k] = tallies[kind][part].get(k, 0) + v
+        return p
+
+    try:
+        asyncio.run(_good_turn_latencies(u, 4, 5))  # warm-up
+        for _ in range(rounds):
+            p99s["alone"].append(p99(asyncio.run(_good_turn_latencies(u, 4, 25))))
+            p99s["benign"].append(next_to("benign"))
+            p99s["malformed"].append(next_to("malformed"))
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        server_error_closes = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                                  if line.startswith("tristream_sessions_closed_total") and 'reason="server_error"' in line)
+    finally:
+        alive = proc.poll() is None  # no engine or server death through all of it
+        proc.terminate()
+        proc.wait(30)
+    med = {k: statistics.median(v) for k, v in p99s.items()}
+    answered = tallies["malformed"]["answered"]
+    return {"cases": len(CASES), "answers_by_expected_and_got": answered,
+            "all_coded_as_expected": bool(answered) and all(k.split("->")[0] == k.split("->")[1] for k in answered),
+            "abuser_close_codes": tallies["malformed"]["closes"], "twin": tallies["benign"],
+            "rate_msgs_per_s": ABUSE_RATE, "rounds": rounds, "others_turns_per_measure": 100,
+            "others_p99_ms": p99s, "median_p99_ms": med,
+            "others_p99_change": med["malformed"] / med["benign"] - 1.0,
+            "others_p99_change_vs_alone": med["malformed"] / med["alone"] - 1.0,
+            "twin_p99_change_vs_alone": med["benign"] / med["alone"] - 1.0,
+            "server_error_closes": server_error_closes, "server_alive_throughout": alive}
 
 
 # ---------------------------------------------------------------- 6

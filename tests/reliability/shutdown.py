@@ -41,15 +41,16 @@ def raise_nofile_limit() -> int:
     return int(soft)
 
 
-def start_server(token: str, pace: float = 1.0, max_sessions: int = 64) -> tuple[subprocess.Popen[str], int]:
-    """`tristream serve --backend echo` on a free port; returns the process and its port."""
+def start_server(token: str, pace: float = 1.0, max_sessions: int = 64,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], int]:
+    """`tristream serve --backend echo` on a free port (plus `extra` options); returns the process and its port."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     # The server logs a line per connection at INFO: its stderr goes to a file, never to a pipe
     # nobody reads (a full 64 KiB pipe blocks the server's event loop: that hung the 10,000
     # idle-connection run after ~1,000 connections).
     log = tempfile.NamedTemporaryFile("w+", prefix="tristream-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-c", "from tristream.cli import main; main()", "serve", "--port", "0",
-                             "--token", token, "--pace", str(pace), "--max-sessions", str(max_sessions)],
+                             "--token", token, "--pace", str(pace), "--max-sessions", str(max_sessions), *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                             preexec_fn=raise_nofile_limit)
     log.close()
