@@ -336,6 +336,7 @@ def _abuse_proc(u: str, kind: str, rate: float, started: Any, stop: Any, out: An
     async def go() -> dict[str, Any]:
         answered: dict[str, int] = {}
         closes: dict[str, int] = {}
+        sent = 0
         gap, nxt = 1.0 / rate, time.perf_counter()
         while not stop.is_set():
             ws = await connect_auth(u, TOKEN, max_size=None)
@@ -345,6 +346,7 @@ def _abuse_proc(u: str, kind: str, rate: float, started: Any, stop: Any, out: An
                     nxt = max(nxt + gap, time.perf_counter() - 1.0)
                     await asyncio.sleep(max(0.0, nxt - time.perf_counter()))
                     await ws.send(raw)
+                    sent += 1
                     if want:
                         ev = json.loads(await asyncio.wait_for(ws.recv(), 10))
                         key = f"{want}->{ev['error']['code'] if ev['type'] == 'error' else ev['type']}"
@@ -353,11 +355,11 @@ def _abuse_proc(u: str, kind: str, rate: float, started: Any, stop: Any, out: An
             except ConnectionClosed as exc:
                 code = str(exc.rcvd.code if exc.rcvd else 1006)
                 closes[code] = closes.get(code, 0) + 1
-        return {"answered": answered, "closes": closes}
+        return {"answered": answered, "closes": closes, "sent": sent}
     out.put(asyncio.run(go()))
 
 
-def item_malformed(rounds: int = 9) -> dict[str, Any]:
+def item_malformed(rounds: int = 15) -> dict[str, Any]:
     """Every malformed case answered with its code; the others' P99 next to the abuser.
 
     The server is a `tristream serve` process (echo backend, default rate limits, 64 KiB messages)
@@ -381,6 +383,12 @@ def item_malformed(rounds: int = 9) -> dict[str, Any]:
     u = f"ws://127.0.0.1:{port}/v1/realtime"
     tallies: dict[str, dict[str, dict[str, int]]] = {k: {"answered": {}, "closes": {}} for k in ("malformed", "benign")}
     p99s: dict[str, list[float]] = {"alone": [], "benign": [], "malformed": []}
+    cpu_s: dict[str, float] = {"benign": 0.0, "malformed": 0.0}
+    sent: dict[str, int] = {"benign": 0, "malformed": 0}
+
+    def server_cpu_s() -> float:
+        f = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
 
     def next_to(kind: str) -> float:
         started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
@@ -388,10 +396,13 @@ def item_malformed(rounds: int = 9) -> dict[str, Any]:
         ab.start()
         if not started.wait(60):
             raise RuntimeError(f"the {kind} client process did not connect")
+        c0 = server_cpu_s()
         p = p99(asyncio.run(_good_turn_latencies(u, 4, 25)))
         stop.set()
         tally = out.get(timeout=60)
         ab.join(10)
+        cpu_s[kind] += server_cpu_s() - c0  # the good clients' turns are the same in both
+        sent[kind] += tally["sent"]
         for part in ("answered", "closes"):
             for k, v in tally[part].items():
                 tallies[kind][part][k] = tallies[kind][part].get(k, 0) + v
@@ -420,6 +431,7 @@ def item_malformed(rounds: int = 9) -> dict[str, Any]:
             "others_p99_change": med["malformed"] / med["benign"] - 1.0,
             "others_p99_change_vs_alone": med["malformed"] / med["alone"] - 1.0,
             "twin_p99_change_vs_alone": med["benign"] / med["alone"] - 1.0,
+            "server_cpu_s_during_measures": cpu_s, "messages_sent": sent,
             "server_error_closes": server_error_closes, "server_alive_throughout": alive}
 
 
