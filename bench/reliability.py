@@ -453,10 +453,16 @@ def item_fuzz(sequences: int, atheris_runs: int) -> dict[str, Any]:
         error = None
         try:
             machine.TestCase().runTest()
-        except Exception as exc:  # reported, then the bench fails loudly at the end
-            error = f"{type(exc).__name__}: {str(exc)[:2000]}"
+        except Exception as exc:  # reported with the failing step (a FlakyFailure wraps it)
+            import traceback
+
+            subs = getattr(exc, "exceptions", None) or [exc]
+            error = f"{type(exc).__name__}: {str(exc)[:500]} | " + " | ".join(
+                "".join(traceback.format_exception_only(e)).strip()[:1500] for e in subs)
         out["hypothesis"] = {"sequences": stats.get("sequences", 0), "events": stats.get("events", 0),
                              "invalid_events_answered": stats.get("invalid_answered", 0),
+                             "refused_by_media_order_state": stats.get("state_refusals", 0),
+                             "random_key_was_a_known_field": stats.get("known_field_added", 0),
                              "close_codes": {k: v for k, v in stats.items() if k.startswith("close_")},
                              "server_error_closes": server.count("tristream_sessions_closed_total",
                                                                  reason="server_error"),

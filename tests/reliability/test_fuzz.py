@@ -36,6 +36,29 @@ def test_stateful_sequences_over_a_live_socket() -> None:
     assert set(k for k in stats if k.startswith("close_")) <= {"close_1000"}
 
 
+def test_the_oracle_follows_session_state_and_optional_fields() -> None:
+    """Two sequences the 10,000-sequence run found, where the harness (not the server) was wrong:
+    a parser-valid frame that moved the clock, then a seed frame now going backwards (refused,
+    correctly); a random "unknown" key that is an optional field ("height": null, accepted)."""
+    from tests.reliability.fuzz_protocol import SEEDS
+
+    frame = next(e for e in SEEDS if e["type"].endswith("video_frame.append") and e["format"] == "jpeg")
+    server = LiveServer(TOKEN)
+    stats: dict[str, int] = {}
+    try:
+        machine = make_machine(server, TOKEN, stats)
+        m = machine()
+        m.wrong_value(ev=frame, val=100)  # lands on capture_ts_us: a valid frame at 100 µs
+        m.valid(ev=frame)                 # the seed's 5 µs is now backwards: invalid_value expected
+        m.unknown_field(ev={**frame, "capture_ts_us": 200}, key="height", val=None)  # accepted
+        m.valid(ev=frame)                 # still backwards (the accepted frame moved the clock to 200)
+        m.teardown()
+    finally:
+        server.close()
+    assert stats.get("state_refusals") == 2 and stats.get("known_field_added") == 1
+    assert stats["invalid_answered"] == 2 and stats["close_1000"] == 1
+
+
 @settings(max_examples=300, deadline=None)
 @given(raw=st.one_of(st.text(max_size=200), st.binary(max_size=200)))
 def test_parser_contract_on_arbitrary_input(raw: str | bytes) -> None:
