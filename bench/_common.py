@@ -88,6 +88,13 @@ def write_results(name: str, results: dict[str, Any], extra_modules: tuple[str, 
     return path
 
 
+def process_cpu_s(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of process `pid` from /proc (with its reaped children's if asked)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    idx = (11, 12, 13, 14) if children else (11, 12)
+    return sum(int(fields[i]) for i in idx) / os.sysconf("SC_CLK_TCK")
+
+
 def free_port() -> int:
     """A free TCP port on the loopback interface."""
     with socket.socket() as s:

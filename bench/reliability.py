@@ -376,6 +376,7 @@ def item_malformed(rounds: int = 15) -> dict[str, Any]:
 
     import httpx
 
+    from bench._common import process_cpu_s
     from tests.reliability.test_malformed_media import CASES
 
     ctx = mp.get_context("spawn")
@@ -386,22 +387,18 @@ def item_malformed(rounds: int = 15) -> dict[str, Any]:
     cpu_s: dict[str, float] = {"benign": 0.0, "malformed": 0.0}
     sent: dict[str, int] = {"benign": 0, "malformed": 0}
 
-    def server_cpu_s() -> float:
-        f = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
-
     def next_to(kind: str) -> float:
         started, stop, out = ctx.Event(), ctx.Event(), ctx.Queue()
         ab = ctx.Process(target=_abuse_proc, args=(u, kind, ABUSE_RATE, started, stop, out), daemon=True)
         ab.start()
         if not started.wait(60):
             raise RuntimeError(f"the {kind} client process did not connect")
-        c0 = server_cpu_s()
+        c0 = process_cpu_s(proc.pid)
         p = p99(asyncio.run(_good_turn_latencies(u, 4, 25)))
         stop.set()
         tally = out.get(timeout=60)
         ab.join(10)
-        cpu_s[kind] += server_cpu_s() - c0  # the good clients' turns are the same in both
+        cpu_s[kind] += process_cpu_s(proc.pid) - c0  # the good clients' turns are the same in both
         sent[kind] += tally["sent"]
         for part in ("answered", "closes"):
             for k, v in tally[part].items():

@@ -61,16 +61,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import free_port  # noqa: E402
+from _common import free_port, process_cpu_s  # noqa: E402
 
 TOKEN = "bench-token"
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process (and its reaped children) from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def speech_like(turns: int, rate: int = 24_000) -> np.ndarray:
@@ -234,13 +227,13 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
                 break
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         load0 = os.getloadavg()[0]
-        cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
+        cpu0, w0 = process_cpu_s(proc.pid, children=True), time.perf_counter()
 
         async def all_clients() -> list[dict[str, list[float]]]:
             return await asyncio.gather(*(one_client(url, pcm, turns, bare, wait_s) for _ in range(n)))
 
         results = asyncio.run(all_clients())
-        cpu1, w1 = cpu_seconds(proc.pid), time.perf_counter()
+        cpu1, w1 = process_cpu_s(proc.pid, children=True), time.perf_counter()
     finally:
         proc.terminate()
         try:
@@ -352,13 +345,13 @@ def run_engine_variant(backend: str, label: str, clients: list[int], turns: int,
 
         asyncio.run(warm_up())
         for n in clients:
-            cpu0, w0 = cpu_seconds(proc.pid), time.perf_counter()
+            cpu0, w0 = process_cpu_s(proc.pid, children=True), time.perf_counter()
 
             async def all_clients(n: int = n) -> list[dict[str, Any]]:
                 return await asyncio.gather(*(text_client(url, k, turns, think_s, words) for k in range(n)))
 
             res = asyncio.run(all_clients())
-            cpu1, wall = cpu_seconds(proc.pid), time.perf_counter() - w0
+            cpu1, wall = process_cpu_s(proc.pid, children=True), time.perf_counter() - w0
             client = [v for r in res for v in r["client"]]
             server = [v for r in res for v in r["server"]]
             shed = [v for r in res for v in r["shed"]]

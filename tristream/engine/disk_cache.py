@@ -51,6 +51,15 @@ def _write_atomic(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file's contents, read in 4 MiB blocks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 22):
+            h.update(block)
+    return h.hexdigest()
+
+
 def file_digest(path: Path, index_dir: Path | None = None) -> str:
     """sha256 of `path`'s contents, remembered per (path, size, mtime) in `index_dir`."""
     st = path.stat()
@@ -59,11 +68,7 @@ def file_digest(path: Path, index_dir: Path | None = None) -> str:
     index = _read_index(index_path)
     if stamp in index:
         return index[stamp]
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    digest = h.hexdigest()
+    digest = sha256_file(path)
     index = _read_index(index_path)  # another process may have written meanwhile
     index[stamp] = digest
     if len(index) > _INDEX_MAX:

@@ -202,7 +202,11 @@ class ReplicaPool:
         ref = self.replicas.get(report.replica)
         if ref is None or not (ref.alive and report.accepting and ref.accepting):
             return False
-        return len(ref.sessions) + self.pending.get(ref.id, 0) < self.config.max_sessions_per_replica
+        return self._placed(ref) < self.config.max_sessions_per_replica
+
+    def _placed(self, ref: ReplicaRef) -> int:
+        """Sessions on `ref`, counting opens placed on it that are still in flight."""
+        return len(ref.sessions) + self.pending.get(ref.id, 0)
 
     async def reports(self) -> list[LoadReport]:
         """Load reports of every live replica, each with the replica's own `accepting` flag
@@ -245,7 +249,7 @@ class ReplicaPool:
             raise NoReplicaAvailable(f"server full: {cap} sessions")
         for _ in range(3):
             live = {r.id: r for r in self.live()}
-            counts = {rid: len(r.sessions) + self.pending.get(rid, 0) for rid, r in live.items()}
+            counts = {rid: self._placed(r) for rid, r in live.items()}
             # a cached report may be up to report_max_age_s old: `admits` re-checks what changed
             # since (the replica died or was drained, or it filled up with the opens placed since)
             reports = [replace(rep, accepting=self.admits(rep))

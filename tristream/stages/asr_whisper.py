@@ -17,7 +17,6 @@ CTranslate2's encoder accepts fewer mel frames (it slices the positional embeddi
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -27,6 +26,7 @@ from typing import Literal
 
 import numpy as np
 
+from tristream.engine.disk_cache import cache_root, sha256_file
 from tristream.stages.asr import UtteranceStream
 from tristream.stages.base import BadAudio, ModelUnavailable, as_float_mono
 
@@ -68,22 +68,9 @@ def _pkg_data(name: str) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "data"
 
 
-def _cache_root() -> Path:
-    root = os.environ.get("TRISTREAM_CACHE")
-    return Path(root) if root else Path.home() / ".cache" / "tristream"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def whisper_base_dir(cache: str | Path | None = None) -> Path:
     """Folder with the joined Whisper base CTranslate2 model (assembled and verified once)."""
-    out = Path(cache) if cache is not None else _cache_root() / "whisper-base-ct2"
+    out = Path(cache) if cache is not None else cache_root() / "whisper-base-ct2"
     model_bin = out / "model.bin"
     ok_mark = out / ".verified"
     if ok_mark.is_file() and model_bin.is_file() and model_bin.stat().st_size == MODEL_BIN_SIZE:
@@ -102,7 +89,7 @@ def whisper_base_dir(cache: str | Path | None = None) -> Path:
                     while block := src.read(1 << 22):
                         dst.write(block)
         size = tmp.stat().st_size
-        digest = _sha256(tmp)
+        digest = sha256_file(tmp)
         if size != MODEL_BIN_SIZE or digest != MODEL_BIN_SHA256:
             tmp.unlink()
             raise ModelUnavailable(
