@@ -160,14 +160,21 @@ class _Sampler(threading.Thread):
         try:
             time.sleep(max(0.0, self.t_from - time.monotonic()))
             a, ma, w0 = _proc_cpu(), _machine_busy(), time.monotonic()
+            gc_a = _gc_stats(self.url)
             time.sleep(max(0.0, (self.t_to - self.t_from) / 2))
             self.result["placement"] = _placement(self.url)
             self.result["gpu_util_pct"] = _gpu_util()
             time.sleep(max(0.0, self.t_to - time.monotonic()))
             b, mb, w1 = _proc_cpu(), _machine_busy(), time.monotonic()
+            gc_b = _gc_stats(self.url)
         except Exception as exc:  # the sampler must never break a level; say why it has no figures
             self.result["error"] = f"{type(exc).__name__}: {exc}"
             return
+        # garbage collections in each replica over the window: count, seconds, mean pause per generation
+        self.result["gc_by_replica"] = {
+            rep: {g: {"count": int(c - gc_a.get(rep, {}).get(g, (0, 0.0))[0]),
+                      "seconds": round(t - gc_a.get(rep, {}).get(g, (0, 0.0))[1], 4)}
+                  for g, (c, t) in gens.items()} for rep, gens in gc_b.items()}
         wall = max(w1 - w0, 1e-9)
         groups: dict[str, list[float]] = {}
         for pid, (cmd, cpu) in b.items():
@@ -179,6 +186,28 @@ class _Sampler(threading.Thread):
                                            round(sum(v), 2) if len(v) == 1 else [round(sum(v), 2), round(max(v), 2)]
                                            for k, v in top if sum(v) >= 0.01}
         self.result["machine_busy_cores"] = round((mb[0] - ma[0]) / max(mb[1] - ma[1], 1.0) * (os.cpu_count() or 1), 2)
+
+
+def _gc_stats(url: str) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per replica and GC generation: (collections, seconds) so far, from the app's ``/metrics``
+    (`tristream.observe.gcpause`); {} where the route or the figures are missing."""
+    import urllib.request
+
+    http = url.replace("ws://", "http://").rsplit("/v1/realtime", 1)[0] + "/metrics"
+    try:
+        with urllib.request.urlopen(http, timeout=5) as r:
+            text = r.read().decode()
+    except Exception:
+        return {}
+    out: dict[str, dict[str, list[float]]] = {}
+    for line in text.splitlines():
+        for name, k in (("tristream_gc_collections_total{", 0), ("tristream_gc_pause_seconds_total{", 1)):
+            if line.startswith(name):
+                labels, _, value = line[len(name):].partition("} ")
+                kv = dict(p.split("=", 1) for p in labels.split(",") if "=" in p)
+                rep, gen = kv.get("replica", '""').strip('"'), "gen" + kv.get("generation", '""').strip('"')
+                out.setdefault(rep, {}).setdefault(gen, [0.0, 0.0])[k] = float(value)
+    return {rep: {g: (v[0], v[1]) for g, v in gens.items()} for rep, gens in out.items()}
 
 
 def _placement(url: str) -> dict[str, int] | str:
@@ -415,6 +444,7 @@ def main() -> None:
                           f"busy cores={row.get('machine_busy_cores')} gpu%={row.get('gpu_util_pct')} "
                           f"placed={row.get('placement')}", flush=True)
                     print("    cores:", row.get("cores_by_process"), flush=True)
+                    print("    gc:", row.get("gc_by_replica"), flush=True)
                     missed = [r["p99_ms"] is None or r["p99_ms"] > args.target_ms for r in rows[-2:]]
                     if (row["p99_ms"] is not None and row["p99_ms"] > 4 * args.target_ms) or \
                             (len(missed) == 2 and all(missed)):

@@ -180,3 +180,40 @@ def test_pool_admission_rule_is_applied_once_over_the_replicas_own_flag() -> Non
     assert not pool.admits(rep("a", accepting=False))  # the replica's own flag still counts
     pool.pending["c"] = 0
     assert pool.admits(rep("c")) and rep("c").accepting  # the report itself is never rewritten
+
+
+def test_pressure_measured_at_more_sessions_than_held_now_is_scaled_down() -> None:
+    """A P99 window from a busier moment must not steer a burst of opens (stale-window herding)."""
+    busy_before = LoadReport("a", 0, 0, 80.0, 50.0, 8.0, window_sessions=270.0)
+    calm = LoadReport("b", 0, 0, 30.0, 50.0, 8.0, window_sessions=140.0)
+    counts = {"a": 0, "b": 0}
+    placed = {"a": 0, "b": 0}
+    for _ in range(400):  # a burst on one cached round of reports
+        choice = least_loaded([busy_before, calm], counts)
+        assert choice is not None
+        counts[choice.replica] += 1
+        placed[choice.replica] += 1
+    # even until "a" nears the load its P99 was measured at (then its pressure returns: 80 ms
+    # at 270 sessions predicts ~54 ms at 183, over target)
+    assert placed["a"] >= 170 and placed["b"] <= 230, placed
+    # without the window's session count the same stale P99 sends 2.56x fewer to "a"
+    stale = LoadReport("a", 0, 0, 80.0, 50.0, 8.0)
+    counts = {"a": 0, "b": 0}
+    for _ in range(400):
+        choice = least_loaded([stale, calm], counts)
+        assert choice is not None
+        counts[choice.replica] += 1
+    assert counts["b"] > 2 * counts["a"], counts
+    # at (or above) the load it was measured at, the pressure counts in full
+    assert least_loaded([LoadReport("a", 270, 0, 80.0, 50.0, 8.0, window_sessions=270.0),
+                         LoadReport("b", 400, 0, 30.0, 50.0, 8.0, window_sessions=400.0)]).replica == "b"  # type: ignore[union-attr]
+
+
+def test_tracker_reports_the_sessions_held_over_its_window() -> None:
+    t = LoadTracker(target_p99_ms=50.0, min_samples=1, horizon_ms=1000.0)
+    assert t.report("r", 0, 0, 0).window_sessions is None
+    t.record_turn(0, 10.0, 100)
+    t.record_turn(500_000_000, 10.0, 200)
+    assert t.report("r", 600_000_000, 5, 0).window_sessions == 150.0
+    assert t.report("r", 1_200_000_000, 5, 0).window_sessions == 200.0  # the first turn left the window
+    assert t.report("r", 3_000_000_000, 5, 0).window_sessions is None

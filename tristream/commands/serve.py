@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
         import logging
         import signal
 
+        from tristream.observe.gcpause import gc_pauses, settle_heap
         from tristream.observe.tracing import TurnTracer
         from tristream.serve.backends import make_factory
         from tristream.serve.limits import ServerLimits
@@ -66,6 +67,10 @@ def register(app: typer.Typer) -> None:
 
         async def main() -> None:
             await server.start()
+            # models loaded: time GC pauses (/metrics) and freeze the start-up heap so that full
+            # collections stop walking it (tristream.observe.gcpause)
+            server.metrics.add_collector(gc_pauses().collect)
+            settle_heap()
             typer.echo(f"ws://{host}:{server.port}/v1/realtime  page http://{host}:{server.port}/  "
                        f"metrics http://{host}:{server.port}/metrics")
             stop = asyncio.Event()

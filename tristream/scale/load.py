@@ -11,6 +11,7 @@ per-tier ``pressure()`` are folded in. ``pressure`` > 1 means the replica misses
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -34,6 +35,8 @@ class LoadReport:
     extra: dict[str, float] = field(default_factory=dict)
     held: list[str] | None = None
     """Session ids the replica holds (the router drops pins of sessions it no longer has)."""
+    window_sessions: float | None = None
+    """Mean sessions the replica held when the turns of its P99 window finished (None: no turns)."""
 
     @property
     def pressure(self) -> float:
@@ -73,6 +76,12 @@ def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None 
     a replica at 1.5x its target draws new sessions at 1 / 2.25 of the rate of one on target.
     Ties: the shorter queue, then the name, so the choice is deterministic.
 
+    The latency pressure is scaled by ``min(1, (sessions + 1) / (window_sessions + 1))``: a P99
+    measured while the replica held 270 sessions says little about it once it holds 20, and the
+    window lags by its horizon (10 s). Unscaled, the pressure left over from one load level
+    steered the next level's burst of opens — on two H200s 373 of 448 sessions went to the replica
+    that had been the faster one a moment before (``bench/results/scale_gpu_x2_weighted.json``).
+
     Why weighted and not banded: the first version banded by the full pressure (queue included)
     from 0.5, and on two H200s sent 279 of 384 sessions to one replica (answers in flight — the
     queue — follow the sessions held); the second banded by latency pressure from 1.0, and a P99
@@ -85,11 +94,17 @@ def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None 
         return None
 
     def load(r: LoadReport) -> float:
+        n = counts.get(r.replica, r.sessions)
         p = r.latency_pressure
+        if r.window_sessions is not None:
+            p *= min(1.0, (n + 1) / (r.window_sessions + 1))
         weight = p * p if p >= headroom else 1.0
-        return round((counts.get(r.replica, r.sessions) + 1) * weight, 6)
+        return round((n + 1) * weight, 6)
 
     return min(cands, key=lambda r: (load(r), r.queue_depth, r.replica))
+
+
+MAX_WINDOW_TURNS = 4096  # as `tristream.sched.controller`'s latency window
 
 
 class LoadTracker:
@@ -101,12 +116,27 @@ class LoadTracker:
         self.target_queue_depth = target_queue_depth
         tiers = {Tier.GOLD: TierSpec(Tier.GOLD, target_p99_ms)}
         self.windows = TierControllers(tiers, AIMDConfig(min_samples=min_samples), horizon_ms=horizon_ms)
+        self.horizon_ns = int(horizon_ms * 1e6)
         self.turns = 0
+        self._held: deque[tuple[int, int]] = deque()  # (finished ns, sessions held) of the window's turns
+        self._held_sum = 0
 
-    def record_turn(self, now_ns: int, latency_ms: float | None) -> None:
-        """One finished answer: end of turn → first text (None = no text: counted as a miss)."""
+    def record_turn(self, now_ns: int, latency_ms: float | None, sessions: int | None = None) -> None:
+        """One finished answer: end of turn → first text (None = no text: counted as a miss);
+        ``sessions``: how many the replica held then (`LoadReport.window_sessions`)."""
         self.turns += 1
         self.windows.record(Tier.GOLD, now_ns, math.inf if latency_ms is None else latency_ms)
+        if sessions is not None:
+            self._held.append((now_ns, sessions))
+            self._held_sum += sessions
+            if len(self._held) > MAX_WINDOW_TURNS:  # the latency window keeps as many samples
+                self._held_sum -= self._held.popleft()[1]
+
+    def window_sessions(self, now_ns: int) -> float | None:
+        """Mean sessions held over the turns of the latency window (None: none recorded)."""
+        while self._held and self._held[0][0] < now_ns - self.horizon_ns:
+            self._held_sum -= self._held.popleft()[1]
+        return self._held_sum / len(self._held) if self._held else None
 
     def report(self, replica: str, now_ns: int, sessions: int, queue_depth: int, accepting: bool = True,
                scheduler: Any | None = None) -> LoadReport:
@@ -119,4 +149,4 @@ class LoadTracker:
         p99 = self.windows.p99(Tier.GOLD, now_ns)
         return LoadReport(replica, sessions, queue_depth, None if p99 is None else float(p99),
                           self.target_p99_ms, self.target_queue_depth, sched_p, accepting,
-                          {"turns": float(self.turns)})
+                          {"turns": float(self.turns)}, window_sessions=self.window_sessions(now_ns))

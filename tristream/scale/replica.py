@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tristream.observe.gcpause import gc_pauses, settle_heap
 from tristream.scale.load import LoadReport, LoadTracker
 from tristream.scale.wire import EVENT, Endpoint, WireServer
 from tristream.serve import protocol as P
@@ -97,6 +98,10 @@ class EngineReplica:
         self.wire = WireServer(self._on_wire_message, lambda name, reason: self.metrics.inc(name, reason=reason),
                                self._on_ingress_connected, self._on_ingress_lost)
         self._closing: set[asyncio.Task[None]] = set()
+        # models are loaded (the factory built them): time collections, freeze the start-up heap
+        self.gc = gc_pauses()
+        self.metrics.add_collector(self.gc.collect)
+        settle_heap()
 
     async def ready(self) -> dict[str, Any]:
         """Answer once constructed (models loaded): id, pid and visible devices."""
@@ -284,7 +289,7 @@ class EngineReplica:
     def _on_turn(self, t: TurnTiming) -> None:
         lat = t.latencies_ms().get("eos_to_first_text_ms")
         if lat is not None or t.status == "failed":  # a cancelled answer (barge-in) is not a miss
-            self.load.record_turn(time.monotonic_ns(), lat)
+            self.load.record_turn(time.monotonic_ns(), lat, len(self.sessions))
 
     # ------------------------------------------------------------ signals
     async def set_accepting(self, accepting: bool) -> None:
@@ -298,6 +303,7 @@ class EngineReplica:
         rep = self.load.report(self.replica_id, time.monotonic_ns(), len(self.sessions), queued,
                                self.accepting, getattr(self.factory, "scheduler", None))
         rep.held = list(self.sessions)
+        rep.extra["gc_pause_max_recent_ms"] = round(self.gc.max_recent_s() * 1e3, 3)
         return rep
 
     async def metrics_text(self) -> str:

@@ -115,8 +115,8 @@ def mega_decode_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr,
                             cnt + 2, NH, NKV, HD, PAGE, ATT_BLOCK, ATT_SPLITS)
         elif phase_kind == 2:
             wo = layer_ptr(tab, 2, layer, L, rbuf)
-            w0 = _pre_rows(pid, wo, H, Q, BN_O, BK_O)
-            phase_rows(pid, nprog, wo, H, abuf, rbuf, Q, eps, w0, rbuf, rbuf, False, True, BN_O, BK_O)
+            wo0 = _pre_rows(pid, wo, H, Q, BN_O, BK_O)  # one name per tile shape: Triton types a
+            phase_rows(pid, nprog, wo, H, abuf, rbuf, Q, eps, wo0, rbuf, rbuf, False, True, BN_O, BK_O)  # name once
         elif phase_kind == 3:
             wgu = layer_ptr(tab, 3, layer, L, rbuf)
             wg0, wu0 = _pre_gu(pid, wgu, INTER, H, BN_GU, BK_GU)
@@ -124,11 +124,11 @@ def mega_decode_kernel(tab, L, emb, ids_ptr, pos_ptr, slot_ptr, bt_ptr, ctx_ptr,
                           BN_GU, BK_GU)
         elif phase_kind == 4:
             wd = layer_ptr(tab, 4, layer, L, rbuf)
-            w0 = _pre_rows(pid, wd, H, INTER, BN_D, BK_D)
-            phase_rows(pid, nprog, wd, H, act, rbuf, INTER, eps, w0, rbuf, rbuf, False, True, BN_D, BK_D)
+            wd0 = _pre_rows(pid, wd, H, INTER, BN_D, BK_D)
+            phase_rows(pid, nprog, wd, H, act, rbuf, INTER, eps, wd0, rbuf, rbuf, False, True, BN_D, BK_D)
         else:
-            w0 = _pre_rows(pid, head_w, V, H, BN_H, BK_H)
-            phase_rows(pid, nprog, head_w, V, rbuf, fnorm, H, eps, w0, rbuf, logits, True, False, BN_H, BK_H)
+            wh0 = _pre_rows(pid, head_w, V, H, BN_H, BK_H)
+            phase_rows(pid, nprog, head_w, V, rbuf, fnorm, H, eps, wh0, rbuf, logits, True, False, BN_H, BK_H)
     else:
         n_stamps = 5 * L + 2
         _stamp(times, 0, pid, n_stamps, STAMP)
