@@ -30,6 +30,7 @@ folds that into a batched update when the caller knows which streams are ending.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -140,7 +141,7 @@ class StreamingWhisper:
             raise ValueError(f"align must be 'commit' or 'every', not {align!r}")
         self.align = align
         self.runner = runner
-        self.text_of = text_of
+        self.text_of = functools.lru_cache(maxsize=1 << 16)(text_of)  # one decode per token id, not per use
         self.agreement_n = agreement_n
         self.min_update = int(min_update_s * SAMPLE_RATE)
         self.max_samples = int(runner.audio_buckets[-1] * SAMPLE_RATE)
