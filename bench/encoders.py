@@ -26,6 +26,7 @@ Every timed pass includes word times (alignment-heads pass on the GPU + DTW on t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import sys
@@ -41,6 +42,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import RESULTS_DIR, kernel_profile, write_results  # noqa: E402
+from tristream.engine.engine import LLMEngine  # noqa: E402
+from tristream.engine.engine_types import EngineConfig  # noqa: E402
+from tristream.engine.sequence import SamplingParams  # noqa: E402
 from tristream.engine.speech.audio_store import AudioStore  # noqa: E402
 from tristream.engine.speech.config import WhisperDims, WhisperTokens, preset  # noqa: E402
 from tristream.engine.speech.mel import LogMel  # noqa: E402
@@ -49,6 +53,7 @@ from tristream.engine.speech.streaming import StreamingWhisper  # noqa: E402
 from tristream.engine.speech.timing import dtw_token_starts  # noqa: E402
 from tristream.engine.speech.whisper import load_whisper  # noqa: E402
 from tristream.engine.vision.graphs import VisionGraphBank  # noqa: E402
+from tristream.engine.vision.inject import load_language_model  # noqa: E402
 from tristream.engine.vision.preprocess import FramePreprocessor  # noqa: E402
 from tristream.engine.vision.vit import VisionTowerConfig, load_vision_tower  # noqa: E402
 from tristream.engine.vision.vlm import VisionLanguageModel  # noqa: E402
@@ -480,6 +485,31 @@ def _smooth_frames(n: int, h: int, w: int, seed: int) -> list[np.ndarray]:
     return frames
 
 
+OURS_LLM_PATH = ("tristream LLMEngine (vision.inject.load_language_model, same weights/dtype/device): one request "
+                 "per call: add_request(generate=False), append text ids and image embeddings in prompt order "
+                 "(incremental prefill), start_generation(max_tokens=1), step() until the first token; one prefill "
+                 "step (max_prefill_tokens = max_model_len), fresh embedding keys (no prefix-cache hits); includes "
+                 "scheduling, block allocation, greedy argmax and the token's copy to the host")
+
+
+def _engine_first_token(eng: LLMEngine, ids: list[int], image_token: int, emb: torch.Tensor) -> int:
+    """First greedy token of a prompt whose image-token runs are filled by `emb` [n, hidden], through the engine."""
+    sid, used = eng.add_request(None, generate=False), 0
+    for img, run in itertools.groupby(ids, lambda t: t == image_token):
+        toks = list(run)
+        if img:
+            eng.append(sid, embeddings=emb[used:used + len(toks)])
+            used += len(toks)
+        else:
+            eng.append(sid, token_ids=toks)
+    assert used == emb.shape[0], (used, emb.shape)
+    eng.start_generation(sid, SamplingParams(max_tokens=1, ignore_eos=True))
+    while True:
+        for o in eng.step():
+            if o.seq_id == sid and o.token_id is not None:
+                return o.token_id
+
+
 def bench_pruning(dev: torch.device, smoke: bool, iters: int) -> dict[str, Any]:
     import transformers
 
@@ -511,14 +541,18 @@ def bench_pruning(dev: torch.device, smoke: bool, iters: int) -> dict[str, Any]:
         lm = transformers.LlamaForCausalLM(transformers.LlamaConfig(**vlm.text_config)).eval()
     lm.load_state_dict(vlm.text_state_dict())
     lm = lm.to(dev, dt)
+    n_ctx = min(int(vlm.text_config.get("max_position_embeddings", 2048)), 4096)
+    eng = LLMEngine(load_language_model(vlm, dtype=dt, device=dev, max_positions=n_ctx), None,
+                    EngineConfig(max_model_len=n_ctx, max_prefill_tokens=n_ctx))
     s = vlm.tower.cfg.image_size
     pre = FramePreprocessor(s, device=dev, dtype=dt)
     n_img, per_prompt = (16, 8) if not smoke else (4, 2)
     frames = _smooth_frames(n_img, 480, 640, seed=3)
     text = [1, 11, 12, 13] + [image_token] * per_prompt + [14, 15, 16, 17, 18, 19, 20]
     windows = [(i, i + per_prompt) for i in range(n_img - per_prompt + 1)]
-    out: dict[str, Any] = {"vlm": "LLaVA(SigLIP-B/16 224, layer -2) + Llama 16L/2048 (1B-class), random; LLM = HF eager"
-                           if not smoke else "smoke", "frames_per_prompt": per_prompt, "prompts": len(windows),
+    out: dict[str, Any] = {"vlm": "LLaVA(SigLIP-B/16 224, layer -2) + Llama 16L/2048 (1B-class), random; "
+                           "LLM = HF eager (peer) and tristream's LLMEngine (ours)" if not smoke else "smoke",
+                           "ours_llm_path": OURS_LLM_PATH, "frames_per_prompt": per_prompt, "prompts": len(windows),
                            "variants": {}}
     with torch.inference_mode():
         out["preprocess_640x480_to_224"] = {
@@ -538,15 +572,29 @@ def bench_pruning(dev: torch.device, smoke: bool, iters: int) -> dict[str, Any]:
                 assert isinstance(emb, torch.Tensor)
                 return lm(inputs_embeds=vlm.merge(ids, emb)).logits[0, -1].argmax()
 
+            def ours_ttft(px: torch.Tensor, ids: torch.Tensor = ids, bank: VisionGraphBank = bank) -> int:
+                emb = bank(px)
+                assert isinstance(emb, torch.Tensor)
+                return _engine_first_token(eng, ids[0].tolist(), image_token, emb.reshape(-1, emb.shape[-1]))
+
             row: dict[str, Any] = {"prune": prune, "saliency": sal, "image_tokens_per_frame": vlm.tokens_per_image(keep),
                                    "prompt_tokens": int(ids.shape[1])}
             row["vision_graph_ms"] = time_ms(lambda b=bank: b(px_all[:per_prompt]), dev, iters)  # type: ignore[misc]
-            e0 = vlm.merge(ids, bank(px_all[:per_prompt]).clone())  # type: ignore[union-attr]
+            img0 = bank(px_all[:per_prompt]).clone()  # type: ignore[union-attr]
+            e0 = vlm.merge(ids, img0)
             row["llm_prefill_ms"] = time_ms(lambda e=e0: lm(inputs_embeds=e), dev, iters)  # type: ignore[misc]
             row["vision_plus_prefill_to_first_token_ms"] = time_ms(lambda: ttft(px_all[:per_prompt]), dev, iters)
-            first, gens, hids = [], [], []
+            ids_l, flat0 = ids[0].tolist(), img0.reshape(-1, img0.shape[-1])
+            row["ours_llm_prefill_ms"] = time_ms(
+                lambda i=ids_l, f=flat0: _engine_first_token(eng, i, image_token, f), dev, iters)  # type: ignore[misc]
+            row["ours_vision_plus_prefill_to_first_token_ms"] = time_ms(lambda: ours_ttft(px_all[:per_prompt]), dev,
+                                                                        iters)
+            first, gens, hids, ours_first = [], [], [], []
             for a, b in windows:
-                e = vlm.merge(ids, bank(px_all[a:b]))  # type: ignore[arg-type]
+                img = bank(px_all[a:b])
+                assert isinstance(img, torch.Tensor)
+                e = vlm.merge(ids, img)
+                ours_first.append(_engine_first_token(eng, ids_l, image_token, img.reshape(-1, img.shape[-1])))
                 o = lm(inputs_embeds=e, output_hidden_states=True)
                 first.append(int(o.logits[0, -1].argmax()))
                 hids.append(o.hidden_states[-1][0, -1].float())
@@ -555,12 +603,15 @@ def bench_pruning(dev: torch.device, smoke: bool, iters: int) -> dict[str, Any]:
             if prune == 0.0:
                 base = {"first": first, "gens": gens, "hids": hids}
             row["first_token_agreement"] = float(np.mean([x == y for x, y in zip(first, base["first"], strict=True)]))
+            row["ours_vs_hf_first_token_agreement"] = float(np.mean([x == y for x, y in zip(ours_first, first,
+                                                                                            strict=True)]))
             row["greedy8_exact_agreement"] = float(np.mean([x == y for x, y in zip(gens, base["gens"], strict=True)]))
             row["greedy8_token_agreement"] = float(np.mean([np.mean(np.array(x) == np.array(y))
                                                              for x, y in zip(gens, base["gens"], strict=True)]))
             row["last_hidden_cosine"] = float(np.mean([float(torch.nn.functional.cosine_similarity(x, y, dim=0))
                                                        for x, y in zip(hids, base["hids"], strict=True)]))
             out["variants"][f"prune{int(prune * 100)}_{sal}"] = row
+    out["ours_prefix_cached_tokens"] = eng.stats.prefix_cached_tokens  # 0: every prefill computed in full
     return out
 
 
@@ -676,12 +727,16 @@ def print_table(r: dict[str, Any]) -> None:
     if "pruning" in r:
         p = r["pruning"]
         print(f"\nPruning ({p['vlm']}), {p['frames_per_prompt']} frames per prompt, {p['prompts']} prompts")
-        print(f"{'variant':>18} {'tok/frame':>9} {'vision ms':>10} {'prefill ms':>11} {'vis+prefill':>12} "
-              f"{'1st tok':>8} {'greedy8 tok':>12} {'cos':>6}")
+        print(f"ours LLM: {p['ours_llm_path']}")
+        print(f"{'variant':>18} {'tok/frame':>9} {'vision ms':>10} {'HF prefill':>11} {'HF vis+pf':>10} "
+              f"{'our prefill':>12} {'our vis+pf':>11} {'ours=HF 1st':>12} {'1st tok':>8} {'greedy8 tok':>12} {'cos':>6}")
         for k, row in p["variants"].items():
             print(f"{k:>18} {row['image_tokens_per_frame']:>9} {row['vision_graph_ms']['median_ms']:>10.3f} "
                   f"{row['llm_prefill_ms']['median_ms']:>11.3f} "
-                  f"{row['vision_plus_prefill_to_first_token_ms']['median_ms']:>12.3f} "
+                  f"{row['vision_plus_prefill_to_first_token_ms']['median_ms']:>10.3f} "
+                  f"{row['ours_llm_prefill_ms']['median_ms']:>12.3f} "
+                  f"{row['ours_vision_plus_prefill_to_first_token_ms']['median_ms']:>11.3f} "
+                  f"{row['ours_vs_hf_first_token_agreement']:>12.2f} "
                   f"{row['first_token_agreement']:>8.2f} {row['greedy8_token_agreement']:>12.2f} "
                   f"{row['last_hidden_cosine']:>6.3f}")
 

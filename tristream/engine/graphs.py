@@ -60,7 +60,8 @@ class TritonDecodeAttention:
 
 
 FUSED_MAX_ROWS = 16
-B1_VARIANTS = tuple(f"{t}{p}" for t in TILES for p in ("", "_pdl"))
+B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc")
+"""`TILES` name, then "_pdl" (chained with PDL), then "_hc" (output projection through cuBLAS)."""
 VARIANTS = ("cublas", "fused", *B1_VARIANTS)
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
@@ -150,8 +151,10 @@ class DecodeGraphs:
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
         if v in B1_VARIANTS and b == 1:
-            tile, warps = TILES[v.removesuffix("_pdl")]
-            return decode_logits_b1(m, h, attn, pdl=v.endswith("_pdl"), tile=tile, num_warps=warps)
+            name = v.removesuffix("_hc")
+            tile, warps = TILES[name.removesuffix("_pdl")]
+            return decode_logits_b1(m, h, attn, pdl=name.endswith("_pdl"), tile=tile, num_warps=warps,
+                                    head_cublas=v.endswith("_hc"))
         if v != "cublas":
             return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))
@@ -160,7 +163,7 @@ class DecodeGraphs:
         out = ["fused"]
         if b == 1 and self.model.device.type == "cuda":
             pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
-            out += [v for v in B1_VARIANTS if pdl or not v.endswith("_pdl")]
+            out += [v for v in B1_VARIANTS if pdl or "_pdl" not in v]
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:

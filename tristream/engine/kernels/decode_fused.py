@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from tristream.engine.kernels.gemv import fused_gemv, row_rstd
-from tristream.engine.kernels.triton_ops import paged_decode_attention
+from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
 
 @triton.jit
@@ -159,7 +159,8 @@ the default tile was fastest for SmolLM2-135M and Llama-3.2-1B, 32 x 256 1.4-1.7
 
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
-                     tile: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
+                     tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False
+                     ) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -167,7 +168,8 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     `attention` carries the step's device inputs (`positions`, `slots`, `block_tables`,
     `ctx_lens`, `cache`, `splits`, `scale`, optional `counters`), as `graphs.TritonDecodeAttention` does.
     `tile`: the GEMV tile (rows, K columns) of every projection; None: the default per shape;
-    `num_warps`: warps per program of the QKV and GEMV kernels.
+    `num_warps`: warps per program of the QKV and GEMV kernels; `head_cublas`: the final norm as its
+    own kernel and the output projection (the largest GEMV of a small model) through cuBLAS.
     """
     bn, bk = tile if tile is not None else (None, None)
     cfg = model.cfg
@@ -186,5 +188,7 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
                         block_k=bk, num_warps=num_warps)
         r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=bn, block_k=bk,
                        num_warps=num_warps)
+    if head_cublas:
+        return model.logits(rms_norm(r, model.norm, eps))
     return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
                       block_k=bk, num_warps=num_warps).float()

@@ -121,10 +121,15 @@ def attend_span(q, kc_ptr, vc_ptr, bt_row, start, end, kvh, NKV: tl.constexpr, H
     positions [start, end) of kv head `kvh`; `bt_row` points at the sequence's block table.
     Returns (running max, sum of weights, weighted sum of values [HD]). CACHE: the cache modifier
     of the K/V loads ("" or ".cg" where another SM may just have written them)."""
+    return attend_tiles(q, kc_ptr, vc_ptr, bt_row, start, end, kvh, tl.full([], -float("inf"), tl.float32),
+                        tl.full([], 0.0, tl.float32), tl.zeros([HD], dtype=tl.float32), NKV, HD, PAGE, BLOCK_N, CACHE)
+
+
+@triton.jit
+def attend_tiles(q, kc_ptr, vc_ptr, bt_row, start, end, kvh, m_i, l_i, acc, NKV: tl.constexpr, HD: tl.constexpr,
+                 PAGE: tl.constexpr, BLOCK_N: tl.constexpr, CACHE: tl.constexpr):
+    """`attend_span` continuing from an online-softmax state (m_i, l_i, acc)."""
     d = tl.arange(0, HD)
-    m_i = -float("inf")
-    l_i = 0.0
-    acc = tl.zeros([HD], dtype=tl.float32)
     for n0 in range(start, end, BLOCK_N):
         n = n0 + tl.arange(0, BLOCK_N)
         mask = n < end
@@ -132,16 +137,24 @@ def attend_span(q, kc_ptr, vc_ptr, bt_row, start, end, kvh, NKV: tl.constexpr, H
         slot = page * PAGE + n % PAGE
         off = (slot[:, None] * NKV + kvh) * HD + d[None, :]
         k = tl.load(kc_ptr + off, mask=mask[:, None], other=0.0, cache_modifier=CACHE).to(tl.float32)
-        sc = tl.sum(k * q[None, :], 1)
-        sc = tl.where(mask, sc, -float("inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, 0))
-        p = tl.exp(sc - m_new)
-        alpha = tl.exp(m_i - m_new)
         v = tl.load(vc_ptr + off, mask=mask[:, None], other=0.0, cache_modifier=CACHE).to(tl.float32)
-        acc = acc * alpha + tl.sum(p[:, None] * v, 0)
-        l_i = l_i * alpha + tl.sum(p, 0)
-        m_i = m_new
+        m_i, l_i, acc = softmax_tile(q, k, v, mask, m_i, l_i, acc)
     return m_i, l_i, acc
+
+
+@triton.jit
+def softmax_tile(q, k, v, mask, m_i, l_i, acc):
+    """One tile of the online softmax: k, v [BLOCK_N, HD] float32, `mask` the valid rows (an
+    all-masked tile leaves the state as it was, also the empty state m_i = -inf)."""
+    sc = tl.sum(k * q[None, :], 1)
+    sc = tl.where(mask, sc, -float("inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, 0))
+    m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
+    p = tl.exp(sc - m_safe)
+    alpha = tl.exp(m_i - m_safe)
+    acc = acc * alpha + tl.sum(p[:, None] * v, 0)
+    l_i = l_i * alpha + tl.sum(p, 0)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -152,18 +165,35 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
-    if USE_PDL:  # nothing here is constant: wait for the previous kernel's writes first
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    # Before waiting on the previous kernel (PDL): the context length and block table (host-written
+    # before the graph) and the first tile of K/V except the newest position — every other
+    # position was written by earlier steps. The newest row (written by this step's QKV kernel)
+    # and q are read after the wait. Without PDL the same order runs (one more masked load).
     ctx = tl.load(ctx_ptr + b)
     kvh = h // GROUP
     per_split = tl.cdiv(tl.cdiv(ctx, SPLITS), BLOCK_N) * BLOCK_N
     start = s * per_split
     end = tl.minimum(start + per_split, ctx)
     d = tl.arange(0, HD)
+    bt_row = bt_ptr + b * bt_stride
+    n = start + tl.arange(0, BLOCK_N)
+    valid = n < end
+    page = tl.load(bt_row + n // PAGE, mask=valid, other=0).to(tl.int64)
+    off = ((page * PAGE + n % PAGE)[:, None] * NKV + kvh) * HD + d[None, :]
+    old = valid & (n < ctx - 1)
+    k = tl.load(kc_ptr + off, mask=old[:, None], other=0.0)
+    v = tl.load(vc_ptr + off, mask=old[:, None], other=0.0)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    newest = valid & (n == ctx - 1)
+    k = k.to(tl.float32) + tl.load(kc_ptr + off, mask=newest[:, None], other=0.0).to(tl.float32)
+    v = v.to(tl.float32) + tl.load(vc_ptr + off, mask=newest[:, None], other=0.0).to(tl.float32)
     q = tl.load(q_ptr + (b * NH + h) * HD + d).to(tl.float32) * scale
-    m_i, l_i, acc = attend_span(q, kc_ptr, vc_ptr, bt_ptr + b * bt_stride, start, end, kvh, NKV, HD, PAGE,
-                                BLOCK_N, "")
+    m_i, l_i, acc = softmax_tile(q, k, v, valid, tl.full([], -float("inf"), tl.float32), tl.full([], 0.0, tl.float32),
+                                 tl.zeros([HD], dtype=tl.float32))
+    m_i, l_i, acc = attend_tiles(q, kc_ptr, vc_ptr, bt_row, start + BLOCK_N, end, kvh, m_i, l_i, acc, NKV, HD,
+                                 PAGE, BLOCK_N, "")
     if SPLITS == 1:
         o = acc / tl.maximum(l_i, 1e-30)
         tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
