@@ -101,3 +101,34 @@ def test_backend_failure_becomes_error_event_and_session_goes_on() -> None:
     s.handle_message(json.dumps({"type": "input_audio_buffer.clear"}))
     assert out[-1]["type"] == "input_audio_buffer.cleared"
     assert s.metrics.count("tristream_messages_dropped_total", reason="backend_error") == 1
+
+
+def test_a_refused_frame_does_not_move_its_streams_clock() -> None:
+    """Only media the backend took advances the stream's capture clock: a frame whose push
+    failed must not make the next (earlier-stamped but still in-order) frame 'go backwards'."""
+    import base64
+    import json
+
+    class FailsOnce(EchoBackend):
+        failed = False
+
+        def push_frame(self, frame: object) -> None:
+            if not FailsOnce.failed:
+                FailsOnce.failed = True
+                raise RuntimeError("decoder exploded")
+            super().push_frame(frame)  # type: ignore[arg-type]
+
+    def frame(ts: int) -> str:
+        return json.dumps({"type": "tristream.input_video_frame.append", "format": "jpeg", "capture_ts_us": ts,
+                           "frame": base64.b64encode(TINY_JPEG).decode()})
+
+    out: list[dict[str, Any]] = []
+    s = RealtimeSession("s", FailsOnce(), out.append, VirtualClock(0))
+    asyncio.run(s.open())
+    s.handle_message(frame(1_000_000))  # refused by the backend
+    assert out[-1]["type"] == "error" and out[-1]["error"]["code"] == "server_error"
+    n = len(out)
+    s.handle_message(frame(500))  # in order for what was taken: accepted
+    assert len(out) == n, out[n:]
+    s.handle_message(frame(400))  # now backwards
+    assert out[-1]["type"] == "error" and out[-1]["error"]["code"] == "invalid_value"

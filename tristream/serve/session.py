@@ -199,7 +199,10 @@ class RealtimeSession:
 
     def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
         self._in_item = False
+        stream: str | None = None
+        ts = 0
         if isinstance(ev, (P.AudioAppend, P.VideoFrameAppend)) and ev.capture_ts_us is not None:
+            ts = ev.capture_ts_us
             stream = "audio" if isinstance(ev, P.AudioAppend) else f"video:{ev.stream_id}"
             last = self._last_ts.get(stream)
             if last is not None and ev.capture_ts_us < last:
@@ -209,15 +212,16 @@ class RealtimeSession:
             if stream not in self._last_ts and len(self._last_ts) >= MAX_STREAMS:
                 raise P.ProtocolError(P.E_INVALID_VALUE, f"at most {MAX_STREAMS} media streams per session",
                                       "stream_id", ev.event_id)
-            self._last_ts[stream] = ev.capture_ts_us
         if isinstance(ev, P.AudioAppend):
             pcm = decode_pcm16(ev.pcm)
             rate = self.settings.input_audio_sample_rate
-            self._uncommitted_ms += pcm.size * 1000 / rate
             self.backend.push_audio(resample_int16(pcm, rate, BACKEND_RATE), now, ev.capture_ts_us)
+            self._uncommitted_ms += pcm.size * 1000 / rate
         elif isinstance(ev, P.VideoFrameAppend):
             self.backend.push_frame(VideoFrame(ev.data, ev.format, ev.capture_ts_us, ev.width, ev.height,
                                                ev.stream_id, now))
+        if stream is not None:  # only media that was taken moves its stream's clock
+            self._last_ts[stream] = ts
         elif isinstance(ev, P.SessionUpdate):
             tier = ev.changes.get("tier")
             if tier is not None and self.tier_cap is not None and \
