@@ -28,7 +28,7 @@ TOL = {torch.float32: 1e-2, torch.bfloat16: 8e-2}  # norm-relative; Triton fp32 
 
 def engine(model: LlamaModel, **kw: Any) -> LLMEngine:
     cfg: dict[str, Any] = dict(block_size=BS, num_blocks=256, max_model_len=1024, max_prefill_tokens=40,
-                               retention=RET, use_graphs=True)
+                               retention=RET, use_graphs=True, overlap=False)  # rows recorded per synchronous step
     cfg.update(kw)
     eng = LLMEngine(model, None, EngineConfig(**cfg))
     eng.runner.capture()
