@@ -22,18 +22,36 @@ def _key(text: str) -> str:
     return _NORM.sub("", text.lower())
 
 
-@dataclass(frozen=True, slots=True)
 class Word:
-    """One recognised word with start and end on the reference clock (ns)."""
+    """One recognised word with start and end on the reference clock (ns). A value: treat it as
+    immutable (equality and hash over text, start, end).
 
+    A plain slots class rather than a frozen dataclass: a 16-stream update builds ~600 of them,
+    and the frozen dataclass's ``object.__setattr__`` initialiser took 0.88 µs each (0.19 here)."""
+
+    __slots__ = ("text", "start_ns", "end_ns", "key")
     text: str
     start_ns: int
     end_ns: int
-    key: str = field(init=False, repr=False, compare=False)
+    key: str
     """Comparison form: case and punctuation folded (computed once: every update compares it)."""
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "key", _key(self.text))
+    def __init__(self, text: str, start_ns: int, end_ns: int) -> None:
+        self.text = text
+        self.start_ns = start_ns
+        self.end_ns = end_ns
+        self.key = _key(text)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Word):
+            return NotImplemented
+        return self.text == other.text and self.start_ns == other.start_ns and self.end_ns == other.end_ns
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.start_ns, self.end_ns))
+
+    def __repr__(self) -> str:
+        return f"Word(text={self.text!r}, start_ns={self.start_ns}, end_ns={self.end_ns})"
 
 
 @dataclass(slots=True)

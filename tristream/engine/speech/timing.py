@@ -166,7 +166,9 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
     t = voiced.shape[0]
     if not bounds or t == 0:
         return list(bounds)
-    edges = np.flatnonzero(np.diff(np.concatenate([[1], voiced.astype(np.int8), [1]]))).tolist()
+    padded = np.ones(t + 2, np.int8)  # voiced frames around the ends: runs are closed
+    padded[1:-1] = voiced
+    edges = np.flatnonzero(padded[1:] != padded[:-1]).tolist()
     g0s: list[int] = []
     g1s: list[int] = []
     for a, b in zip(edges[::2], edges[1::2], strict=True):
@@ -174,7 +176,7 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
             g0s.append(a)
             g1s.append(b)
     out = [(int(a), int(b)) for a, b in bounds]
-    for j in range(len(out) - 1):
+    for j in range(len(out) - 1 if g0s else 0):  # no pause anywhere: no boundary moves
         s0, b = out[j][0], out[j + 1][0]
         e1 = out[j + 1][1]
         # candidates: g0 > s0, g1 > b - window, g0 < b + window, g1 < e1 (both edges increase with the index)
