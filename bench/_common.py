@@ -143,3 +143,16 @@ def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
             kernels += int(ev.count)
     rows.sort(key=lambda r: -r["us"])
     return {"kernels": kernels, "kernel_time_us": round(total_us, 1), "top": rows[:top]}
+
+
+def stop_process(proc: Any, timeout_s: float = 60.0) -> None:
+    """SIGTERM a server subprocess (it drains), then SIGKILL it if it is still up after `timeout_s`."""
+    import signal
+    import subprocess
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -653,12 +653,9 @@ def _idle(n: int) -> dict[str, Any]:
     try:
         return asyncio.run(go())
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        from bench._common import stop_process
+
+        stop_process(proc)
 
 
 # ---------------------------------------------------------------- 9

@@ -8,7 +8,15 @@ buffer them). Buckets run on an injected clock so tests need no sleeps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
 
 
 @dataclass(slots=True)
@@ -27,6 +35,12 @@ class ServerLimits:
     send_timeout_s: float = 10.0              # one blocked send longer than this = slow client
     write_buffer_bytes: int = 1 << 20         # user-space send buffer per connection before sends block
     shutdown_grace_s: float = 30.0
+    # Heap trim (tristream.serve.memtrim): this long after a session closes, if the open sessions
+    # fell by >= memory_trim_min_sessions and to half of their peak, give freed heap back to the OS
+    # (glibc malloc_trim). 0 = never; default from $TRISTREAM_MEMORY_TRIM_S (2 s).
+    memory_trim_s: float = field(default_factory=lambda: _env_float("TRISTREAM_MEMORY_TRIM_S", 2.0))
+    memory_trim_min_sessions: int = 64
+    memory_trim_collect: bool | None = None   # gc.collect() before the trim; None: under PYTHONMALLOC=malloc
 
 
 class TokenBucket:

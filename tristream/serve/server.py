@@ -41,6 +41,7 @@ from tristream.observe.tracing import TurnTracer
 from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory
 from tristream.serve.limits import ServerLimits
+from tristream.serve.memtrim import MemoryTrimmer
 from tristream.serve.metrics import ServeMetrics
 from tristream.serve.session import RealtimeSession, TurnTiming
 
@@ -51,6 +52,18 @@ _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/index.html": ("index.html", "text/html; charset=utf-8"),
            "/app.js": ("app.js", "text/javascript; charset=utf-8"),
            "/style.css": ("style.css", "text/css; charset=utf-8")}
+
+
+def _break_handshake_cycle(ws: ServerConnection) -> None:
+    """Cut websockets' cycle connection -> protocol.select_subprotocol (a closure) -> connection.
+
+    websockets makes it for every connection because we pass ``select_subprotocol``, which only the
+    handshake uses; the handler runs after it. Left in place, every closed connection (and what it
+    references) waits for a full garbage collection: none comes while the server is idle, and a
+    burst's worth makes that collection a long pause (docs/serve-memory.md)."""
+    protocol = getattr(ws, "protocol", None)
+    if protocol is not None and hasattr(protocol, "__dict__"):
+        vars(protocol).pop("select_subprotocol", None)
 
 
 class AuthError(Exception):
@@ -129,6 +142,8 @@ class RealtimeServer:
         self._server: Server | None = None
         self.turns: deque[TurnTiming] = deque(maxlen=4096)  # the latest turns; bounded (a long-running server)
         self._bg: set[asyncio.Task[None]] = set()
+        self.trimmer = MemoryTrimmer(self.limits.memory_trim_s, self.limits.memory_trim_min_sessions,
+                                     collect=self.limits.memory_trim_collect)
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
@@ -172,6 +187,7 @@ class RealtimeServer:
         self._server.close(close_connections=True, code=1001, reason="server shutting down")
         await self._server.wait_closed()
         self._server = None
+        self.trimmer.cancel()
 
     async def __aenter__(self) -> RealtimeServer:
         await self.start()
@@ -268,6 +284,7 @@ class RealtimeServer:
             ("tristream_session_outbox_depth", "gauge", "server events queued for a client", depth),
             ("tristream_backend_counter", "gauge", "backend counters summed over open sessions (drops by reason)",
              [("tristream_backend_counter", {"name": k}, v) for k, v in sorted(totals.items())]),
+            *self.trimmer.families(),
         ]
         for c in self.conns.values():
             gauges = getattr(c.session.backend, "gauges", None)
@@ -323,6 +340,7 @@ class RealtimeServer:
                 return
 
     async def _handle(self, ws: ServerConnection) -> None:
+        _break_handshake_cycle(ws)
         if len(self.conns) >= self.limits.max_sessions or self.draining:
             await ws.close(1013, "server full or draining; try again later")
             return
@@ -343,6 +361,7 @@ class RealtimeServer:
         c = _Conn(session, ws, asyncio.Queue())
         holder.append(c)
         self.conns[sid] = c
+        self.trimmer.opened(len(self.conns))
         self.metrics.inc("tristream_sessions_total")
         writer = asyncio.get_running_loop().create_task(self._writer(c))
         reason = "client_closed"
@@ -366,16 +385,28 @@ class RealtimeServer:
             reason = "server_error"
             log.exception("session %s failed", sid)
         finally:
-            self.metrics.inc("tristream_sessions_closed_total", reason=reason)
-            await session.close()
-            c.outbox.put_nowait(None)
-            with contextlib.suppress(TimeoutError, ConnectionClosed):
-                await asyncio.wait_for(writer, 2.0)
-            writer.cancel()
-            await ws.close(1000 if reason == "client_closed" else 1008, reason)
-            del self.conns[sid]
-            if recorder is not None:
-                recorder.close()
+            try:
+                self.metrics.inc("tristream_sessions_closed_total", reason=reason)
+                try:
+                    await session.close()
+                except Exception:  # the client still gets its close frame, the table its slot back
+                    log.exception("session %s: backend failed to close", sid)
+                c.outbox.put_nowait(None)
+                with contextlib.suppress(TimeoutError, ConnectionClosed):
+                    await asyncio.wait_for(writer, 2.0)
+                writer.cancel()
+                await ws.close(1000 if reason == "client_closed" else 1008, reason)
+            finally:
+                # Whatever failed or was cancelled above, the session leaves the table (else it
+                # counts against max_sessions forever), and the send closure lets go of it: that
+                # cuts the cycle session -> send -> holder -> _Conn -> session, so the session, its
+                # backend and outbox are freed now by reference counting, not left to a full
+                # garbage collection (see _break_handshake_cycle).
+                self.conns.pop(sid, None)
+                holder.clear()
+                self.trimmer.closed(len(self.conns), asyncio.get_running_loop())
+                if recorder is not None:
+                    recorder.close()
 
     def _on_turn(self, sid: str, t: TurnTiming) -> None:
         self.turns.append(t)
