@@ -20,3 +20,11 @@ def test_serve_cli_exports_gc_pauses_and_froze_its_heap() -> None:
     assert values["tristream_gc_frozen_objects"] > 10_000, values  # the imported modules at least
     assert 'tristream_gc_collections_total{generation="2"}' in values
     assert "tristream_gc_pause_max_recent_seconds" in values
+
+
+def test_serve_cli_refuses_a_negative_memory_trim_delay() -> None:
+    import pytest
+
+    with pytest.raises(RuntimeError, match="memory-trim-s"):
+        proc, _ = start_server("gc-token", extra=("--memory-trim-s", "-1"))
+        proc.kill()

@@ -27,6 +27,9 @@ def register(app: typer.Typer) -> None:
         max_message_bytes: int = typer.Option(1 << 20, help="Larger messages get an error event."),
         max_messages_per_s: float = typer.Option(200.0, help="Per-session message rate."),
         drain_s: float = typer.Option(30.0, help="On SIGTERM/Ctrl-C: how long sessions may finish before closing."),
+        memory_trim_s: float = typer.Option(None, help="After many sessions closed, give freed heap back to the OS "
+                                            "this many seconds later (glibc malloc_trim; 0 = never; default "
+                                            "$TRISTREAM_MEMORY_TRIM_S or 2; docs/serve-memory.md)."),
         pace: float = typer.Option(1.0, help="Echo backend: answer audio pace (1 = real time, 0 = instant)."),
         otlp_endpoint: str = typer.Option(None, help="Export turn spans over OTLP/HTTP (needs opentelemetry-sdk)."),
         ray: bool = typer.Option(False, "--ray", help="Serve through Ray Serve: engine replicas, sessions pinned "
@@ -61,6 +64,10 @@ def register(app: typer.Typer) -> None:
         limits = ServerLimits(max_sessions=max_sessions, max_session_s=max_session_s,
                               max_message_bytes=max_message_bytes, max_messages_per_s=max_messages_per_s,
                               burst_messages=2 * max_messages_per_s, shutdown_grace_s=drain_s)
+        if memory_trim_s is not None:
+            if memory_trim_s < 0:
+                raise typer.BadParameter("--memory-trim-s must be >= 0 (0 turns trimming off)")
+            limits.memory_trim_s = memory_trim_s
         server = RealtimeServer(make_factory(backend, pace=pace), host=host, port=port, tokens=tokens,
                                 require_auth=not no_auth, limits=limits, record_dir=record,
                                 tracer=TurnTracer(otlp_endpoint=otlp_endpoint))
