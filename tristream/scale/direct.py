@@ -34,7 +34,7 @@ from tristream.scale.relay import Relay, SessionPipe
 from tristream.scale.router import Opened, Refused
 from tristream.scale.session_relay import SocketOps, run_session
 from tristream.serve import protocol as P
-from tristream.serve.server import _STATIC, KEY_SUBPROTOCOL, WEB_DIR, http_response
+from tristream.serve.server import _STATIC, KEY_SUBPROTOCOL, WEB_DIR, break_handshake_cycle, http_response
 
 log = logging.getLogger("tristream.scale")
 AUTH_HELP = ("missing or invalid bearer token: send 'Authorization: Bearer <token>' or subprotocol "
@@ -163,6 +163,7 @@ class DirectIngress:
 
     # ------------------------------------------------------------ sessions
     async def _handle(self, ws: ServerConnection) -> None:
+        break_handshake_cycle(ws)  # as tristream serve: closed connections freed without a full GC
         placed = self._placed.pop(ws, None)
         if placed is None:  # cannot happen: every upgrade went through _open
             await ws.close(1011, "session was not placed")

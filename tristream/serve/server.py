@@ -54,7 +54,7 @@ _STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
            "/style.css": ("style.css", "text/css; charset=utf-8")}
 
 
-def _break_handshake_cycle(ws: ServerConnection) -> None:
+def break_handshake_cycle(ws: ServerConnection) -> None:
     """Cut websockets' cycle connection -> protocol.select_subprotocol (a closure) -> connection.
 
     websockets makes it for every connection because we pass ``select_subprotocol``, which only the
@@ -340,7 +340,7 @@ class RealtimeServer:
                 return
 
     async def _handle(self, ws: ServerConnection) -> None:
-        _break_handshake_cycle(ws)
+        break_handshake_cycle(ws)
         if len(self.conns) >= self.limits.max_sessions or self.draining:
             await ws.close(1013, "server full or draining; try again later")
             return
@@ -401,7 +401,7 @@ class RealtimeServer:
                 # counts against max_sessions forever), and the send closure lets go of it: that
                 # cuts the cycle session -> send -> holder -> _Conn -> session, so the session, its
                 # backend and outbox are freed now by reference counting, not left to a full
-                # garbage collection (see _break_handshake_cycle).
+                # garbage collection (see break_handshake_cycle).
                 self.conns.pop(sid, None)
                 holder.clear()
                 self.trimmer.closed(len(self.conns), asyncio.get_running_loop())
