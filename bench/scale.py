@@ -199,14 +199,14 @@ def _gc_stats(url: str) -> dict[str, dict[str, tuple[float, float]]]:
             text = r.read().decode()
     except Exception:
         return {}
+    from tristream.scale.prom import parse_samples
+
     out: dict[str, dict[str, list[float]]] = {}
-    for line in text.splitlines():
-        for name, k in (("tristream_gc_collections_total{", 0), ("tristream_gc_pause_seconds_total{", 1)):
-            if line.startswith(name):
-                labels, _, value = line[len(name):].partition("} ")
-                kv = dict(p.split("=", 1) for p in labels.split(",") if "=" in p)
-                rep, gen = kv.get("replica", '""').strip('"'), "gen" + kv.get("generation", '""').strip('"')
-                out.setdefault(rep, {}).setdefault(gen, [0.0, 0.0])[k] = float(value)
+    for (name, labels), value in parse_samples(text).items():
+        k = {"tristream_gc_collections_total": 0, "tristream_gc_pause_seconds_total": 1}.get(name)
+        if k is not None:
+            kv = dict(labels)
+            out.setdefault(kv.get("replica", ""), {}).setdefault("gen" + kv.get("generation", ""), [0.0, 0.0])[k] = value
     return {rep: {g: (v[0], v[1]) for g, v in gens.items()} for rep, gens in out.items()}
 
 

@@ -58,12 +58,10 @@ PER_SESSION_TYPES = ("RealtimeSession", "EchoBackend", "_Conn", "ServerConnectio
 
 
 def vm_rss_mb(pid: int) -> float:
-    """VmRSS of a process in MB (from /proc)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """VmRSS of a process in MB (`bench.soak.proc_stats`)."""
+    from bench.soak import proc_stats
+
+    return proc_stats(pid)["rss_mb"]
 
 
 # ------------------------------------------------------------------ server side (--server-child)
@@ -114,7 +112,6 @@ def _pymalloc() -> dict[str, float]:
 
 
 def _probe(out: Path, trim: bool, state: dict[str, Any]) -> None:
-    import ctypes
     import gc
     import tracemalloc
     from collections import Counter
@@ -163,13 +160,12 @@ def _probe(out: Path, trim: bool, state: dict[str, Any]) -> None:
                                           round(d.size_diff / 1024, 1), d.count_diff] for d in diff[:25]]
     if trim:
         before = vm_rss_mb(os.getpid())
-        try:
-            t0 = time.perf_counter()
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-            rec["malloc_trim"] = {"rss_before_mb": before, "rss_after_mb": vm_rss_mb(os.getpid()),
-                                  "ms": (time.perf_counter() - t0) * 1000, "mallinfo_after": _mallinfo()}
-        except (OSError, AttributeError):
-            rec["malloc_trim"] = None
+        from tristream.serve.memtrim import malloc_trim
+
+        t0 = time.perf_counter()
+        rec["malloc_trim"] = None if malloc_trim(0) is None else {
+            "rss_before_mb": before, "rss_after_mb": vm_rss_mb(os.getpid()),
+            "ms": (time.perf_counter() - t0) * 1000, "mallinfo_after": _mallinfo()}
     with out.open("a") as f:
         f.write(json.dumps(rec) + "\n")
 
@@ -384,19 +380,6 @@ def run(args: argparse.Namespace, mode: str) -> dict[str, Any]:
             "rows": rows, "probes": probes}
 
 
-def raise_nofile_limit() -> int:
-    """Raise this process's open-file soft limit to its hard limit (a wave holds N client sockets)."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or hard > soft:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 1 << 20, hard))
-        except (ValueError, OSError):
-            pass
-    return int(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
-
-
 def main() -> None:
     """CLI (see the module docstring)."""
     if len(sys.argv) > 1 and sys.argv[1] == "--server-child":
@@ -418,6 +401,8 @@ def main() -> None:
     ap.add_argument("--out", default="serve_rss")
     a = ap.parse_args()
     a.sessions = [int(x) for x in a.sessions.split(",")]
+    from tests.reliability.shutdown import raise_nofile_limit
+
     if a.mode != "churn" and raise_nofile_limit() < max(a.sessions) + 256:
         ap.error(f"a wave of {max(a.sessions)} needs that many open files here: raise `ulimit -Hn`")
     out: dict[str, Any] = {}

@@ -11,12 +11,11 @@ per-tier ``pressure()`` are folded in. ``pressure`` > 1 means the replica misses
 from __future__ import annotations
 
 import math
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tristream.sched.controller import AIMDConfig, TierControllers
+from tristream.sched.controller import AIMDConfig, LatencyWindow, TierControllers
 from tristream.sched.types import Tier, TierSpec
 
 
@@ -104,9 +103,6 @@ def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None 
     return min(cands, key=lambda r: (load(r), r.queue_depth, r.replica))
 
 
-MAX_WINDOW_TURNS = 4096  # as `tristream.sched.controller`'s latency window
-
-
 class LoadTracker:
     """A replica's response-latency window and queue counter (see the module docstring)."""
 
@@ -116,10 +112,8 @@ class LoadTracker:
         self.target_queue_depth = target_queue_depth
         tiers = {Tier.GOLD: TierSpec(Tier.GOLD, target_p99_ms)}
         self.windows = TierControllers(tiers, AIMDConfig(min_samples=min_samples), horizon_ms=horizon_ms)
-        self.horizon_ns = int(horizon_ms * 1e6)
         self.turns = 0
-        self._held: deque[tuple[int, int]] = deque()  # (finished ns, sessions held) of the window's turns
-        self._held_sum = 0
+        self.held = LatencyWindow(horizon_ms)  # sessions held at each turn of the latency window
 
     def record_turn(self, now_ns: int, latency_ms: float | None, sessions: int | None = None) -> None:
         """One finished answer: end of turn → first text (None = no text: counted as a miss);
@@ -127,16 +121,7 @@ class LoadTracker:
         self.turns += 1
         self.windows.record(Tier.GOLD, now_ns, math.inf if latency_ms is None else latency_ms)
         if sessions is not None:
-            self._held.append((now_ns, sessions))
-            self._held_sum += sessions
-            if len(self._held) > MAX_WINDOW_TURNS:  # the latency window keeps as many samples
-                self._held_sum -= self._held.popleft()[1]
-
-    def window_sessions(self, now_ns: int) -> float | None:
-        """Mean sessions held over the turns of the latency window (None: none recorded)."""
-        while self._held and self._held[0][0] < now_ns - self.horizon_ns:
-            self._held_sum -= self._held.popleft()[1]
-        return self._held_sum / len(self._held) if self._held else None
+            self.held.add(now_ns, sessions)
 
     def report(self, replica: str, now_ns: int, sessions: int, queue_depth: int, accepting: bool = True,
                scheduler: Any | None = None) -> LoadReport:
@@ -149,4 +134,4 @@ class LoadTracker:
         p99 = self.windows.p99(Tier.GOLD, now_ns)
         return LoadReport(replica, sessions, queue_depth, None if p99 is None else float(p99),
                           self.target_p99_ms, self.target_queue_depth, sched_p, accepting,
-                          {"turns": float(self.turns)}, window_sessions=self.window_sessions(now_ns))
+                          {"turns": float(self.turns)}, window_sessions=self.held.mean(now_ns))

@@ -42,6 +42,14 @@ class LatencyWindow:
         self._trim(now_ns)
         return len(self._samples)
 
+    def mean(self, now_ns: int) -> float | None:
+        """Mean of the window's samples, None when empty (also used for other per-turn values:
+        `tristream.scale.load` keeps the sessions a replica held at each turn)."""
+        self._trim(now_ns)
+        if not self._samples:
+            return None
+        return sum(v for _, v in self._samples) / len(self._samples)
+
     def percentile(self, now_ns: int, q: float = 99.0) -> float | None:
         """Nearest-rank percentile of the window, None when empty."""
         self._trim(now_ns)
