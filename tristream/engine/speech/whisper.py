@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tristream.engine.speech import kernels
 from tristream.engine.speech.config import ALIGNMENT_HEADS, PRESETS, WhisperDims
 from tristream.engine.speech.errors import AudioInputError, WhisperWeightsError
 
@@ -85,8 +86,31 @@ class DecoderLayer(nn.Module):
 
     def cross_query(self, x: torch.Tensor) -> torch.Tensor:
         """Cross-attention queries `[B, H, S, hd]`."""
+        return self._heads(self.xq(self.lnx(x)))
+
+    def _heads(self, q: torch.Tensor) -> torch.Tensor:
+        b, s, d = q.shape
+        return q.view(b, s, self.heads, d // self.heads).transpose(1, 2)
+
+    # ---- the same with the step kernels (speech/kernels.py): `h` is the layer norm of `x` that the
+    # next sub-block needs, computed with the residual add that made `x` (one kernel, not two)
+    def self_attend_fused(self, x: torch.Tensor, h: torch.Tensor, kv_cache: torch.Tensor, pos: torch.Tensor,
+                          mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`self_attend` given `h = ln1(x)`; `pos` `[B, S]` cache positions → `(x, lnx(x))`."""
         b, s, d = x.shape
-        return self.xq(self.lnx(x)).view(b, s, self.heads, d // self.heads).transpose(1, 2)
+        h_, hd = self.heads, d // self.heads
+        qkv = self.qkv(h).view(b, s, 3, h_, hd)
+        kernels.write_kv(kv_cache, qkv, pos)
+        a = F.scaled_dot_product_attention(qkv[:, :, 0].transpose(1, 2), kv_cache[0], kv_cache[1], attn_mask=mask)
+        return kernels.add_layer_norm(x, self.out(a.transpose(1, 2).reshape(b, s, d)), self.lnx)
+
+    def rest_fused(self, x: torch.Tensor, h: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor,
+                   next_ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention and MLP given `h = lnx(x)` → `(x, next_ln(x))`."""
+        b, s, d = x.shape
+        a = F.scaled_dot_product_attention(self._heads(self.xq(h)), xk, xv)
+        x, h = kernels.add_layer_norm(x, self.xout(a.transpose(1, 2).reshape(b, s, d)), self.ln2)
+        return kernels.add_layer_norm(x, self.fc2(F.gelu(self.fc1(h))), next_ln)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: tuple[torch.Tensor, ...], xk: torch.Tensor,
                 xv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -223,26 +247,47 @@ class Whisper(nn.Module):
         return x, kv_index, mask
 
     def decode(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache, vocab_limit: int | None = None,
-               logits_from: int = 0) -> torch.Tensor:
+               logits_from: int = 0, fused: bool = False) -> torch.Tensor:
         """Tokens `[B, S]` at positions `pos` (`[S]` shared, or `[B, S]` per sequence) → logits.
 
         Writes the self-attention cache at `pos`; each query attends to cache positions ≤ its own.
         Logits `[B, S - logits_from, V]`: only queries from `logits_from` on (a prefill needs the last
-        ones); `vocab_limit` keeps only the first ids (text tokens), a smaller final matmul.
+        ones); `vocab_limit` keeps only the first ids (text tokens), a smaller final matmul. `fused`:
+        the step kernels of `speech/kernels.py` (same results within fp rounding; torch ops where
+        Triton cannot run).
         """
+        w = self.tok if vocab_limit is None else self.tok[:vocab_limit]
+        if fused:
+            x, h, pos2, mask = self._embed_fused(tokens, pos, cache)
+            for i, layer in enumerate(self.dec_layers):
+                nxt = self.dec_layers[i + 1].ln1 if i + 1 < len(self.dec_layers) else self.dec_ln
+                x, h = layer.self_attend_fused(x, h, cache.kv[i], pos2, mask)  # type: ignore[operator]
+                x, h = layer.rest_fused(x, h, *cache.cross(i), nxt)  # type: ignore[operator]
+            return h[:, logits_from:] @ w.T
         x, kv_index, mask = self._embed(tokens, pos, cache)
         for i, layer in enumerate(self.dec_layers):
             x = layer(x, cache.kv[i], kv_index, *cache.cross(i), mask)
         x = self.dec_ln(x[:, logits_from:])
-        w = self.tok if vocab_limit is None else self.tok[:vocab_limit]
         return x @ w.T
 
-    def alignment_logits(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+    def _embed_fused(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Embeddings `x`, the first layer's `ln1(x)`, positions `[B, S]` and the additive mask."""
+        b, s = tokens.shape
+        pos = pos.expand(b, s) if pos.dim() == 1 else pos
+        mask = cache.mask.index_select(0, pos.reshape(-1)).view(b, 1, s, cache.max_len)
+        x, h = kernels.embed_layer_norm(tokens, pos, self.tok, self.dec_pos, self.dec_layers[0].ln1)  # type: ignore[arg-type]
+        return x, h, pos, mask
+
+    def alignment_logits(self, tokens: torch.Tensor, cache: DecoderCache, fused: bool = False) -> torch.Tensor:
         """Teacher-forced pass over `tokens` `[B, S]` (positions 0..S-1) → scaled cross-attention
-        logits of `self.alignment_heads`, `[B, n_heads, S, T]` (pre-softmax). Overwrites the cache."""
-        x, kv_index, mask = self._embed(tokens, torch.arange(tokens.shape[1], device=tokens.device), cache)
+        logits of `self.alignment_heads`, `[B, n_heads, S, T]` (pre-softmax). Overwrites the cache.
+        `fused`: as `decode`."""
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        if fused:
+            return self._alignment_logits_fused(tokens, pos, cache)
+        x, kv_index, mask = self._embed(tokens, pos, cache)
         b, s, d = x.shape
-        hd = self.dims.head_dim
         last = max(layer for layer, _ in self.alignment_heads)
         out: list[torch.Tensor] = []
         for i in range(last + 1):
@@ -250,19 +295,44 @@ class Whisper(nn.Module):
             x = layer.self_attend(x, cache.kv[i], kv_index, mask)  # type: ignore[operator]
             q = layer.cross_query(x)  # type: ignore[operator]
             xk, xv = cache.cross(i)
-            heads = [h for li, h in self.alignment_heads if li == i]
-            if heads:
-                lo, hi = min(heads), max(heads) + 1
-                qh, kh = q[:, lo:hi], xk[:, lo:hi]  # a contiguous run of heads: views, no gather
-                if hi - lo != len(heads):
-                    sel = self._head_index(i, heads, x.device)
-                    qh, kh = q.index_select(1, sel), xk.index_select(1, sel)
-                out.append((qh @ kh.transpose(-1, -2)) * (hd**-0.5))
+            out += self._head_logits(i, q, xk)
             if i < last:
                 a = F.scaled_dot_product_attention(q, xk, xv)
                 x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))  # type: ignore[operator]
                 x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))  # type: ignore[operator]
         return torch.cat(out, dim=1)
+
+    def _alignment_logits_fused(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        x, h, pos2, mask = self._embed_fused(tokens, pos, cache)
+        b, s, d = x.shape
+        last = max(layer for layer, _ in self.alignment_heads)
+        out: list[torch.Tensor] = []
+        for i in range(last + 1):
+            layer = self.dec_layers[i]
+            x, h = layer.self_attend_fused(x, h, cache.kv[i], pos2, mask)  # type: ignore[operator]
+            q = layer._heads(layer.xq(h))  # type: ignore[operator]
+            xk, xv = cache.cross(i)
+            out += self._head_logits(i, q, xk)
+            if i < last:
+                a = F.scaled_dot_product_attention(q, xk, xv)
+                x, h = kernels.add_layer_norm(x, layer.xout(a.transpose(1, 2).reshape(b, s, d)),  # type: ignore[operator]
+                                              layer.ln2)  # type: ignore[arg-type]
+                x, h = kernels.add_layer_norm(x, layer.fc2(F.gelu(layer.fc1(h))),  # type: ignore[operator]
+                                              self.dec_layers[i + 1].ln1)  # type: ignore[arg-type]
+        return torch.cat(out, dim=1)
+
+    def _head_logits(self, i: int, q: torch.Tensor, xk: torch.Tensor) -> list[torch.Tensor]:
+        """Scaled query·key logits of layer `i`'s alignment heads (none: an empty list)."""
+        hd = self.dims.head_dim
+        heads = [h for li, h in self.alignment_heads if li == i]
+        if not heads:
+            return []
+        lo, hi = min(heads), max(heads) + 1
+        qh, kh = q[:, lo:hi], xk[:, lo:hi]  # a contiguous run of heads: views, no gather
+        if hi - lo != len(heads):
+            sel = self._head_index(i, heads, q.device)
+            qh, kh = q.index_select(1, sel), xk.index_select(1, sel)
+        return [(qh @ kh.transpose(-1, -2)) * (hd**-0.5)]
 
     def _head_index(self, layer: int, heads: list[int], device: torch.device) -> torch.Tensor:
         """Index tensor of `heads`, made once per device (never inside a CUDA-graph capture)."""
