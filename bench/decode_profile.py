@@ -59,23 +59,32 @@ def _steady(eng: Any, batch: int, vocab: int) -> None:
     torch.cuda.synchronize()
 
 
-def _kernel_table(dec: Any, b: int, v: str, reps: int = 10, top: int = 12) -> dict[str, Any]:
-    """Kernels of one replay of bucket b's graph in variant v (profiled over `reps` replays)."""
+def _kernel_table(dec: Any, b: int, v: str, eager: torch.Tensor, reps: int = 10, top: int = 12) -> dict[str, Any]:
+    """Kernels of one replay of bucket b's graph in variant v (profiled over `reps` replays), and
+    whether replays repeat bit for bit and equal the eager run `eager`."""
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        dec.forward(b, v)
+        out = dec.forward(b, v)
+    runs = []
+    for _ in range(8):
+        g.replay()
+        runs.append(out.clone())
+    torch.cuda.synchronize()
+    repeat_equal = all(torch.equal(runs[0], r) for r in runs[1:])
+    eager_err = float((runs[0] - eager).norm() / eager.norm().clamp(min=1e-30))
 
     def replays() -> None:
         for _ in range(reps):
             g.replay()
 
     prof = kernel_profile(replays, top=top)  # the graph is freed when this returns
-    return {"kernels_per_step": prof["kernels"] / reps, "kernel_us_per_step": round(prof["kernel_time_us"] / reps, 1),
+    return {"replays_bitwise_equal": repeat_equal, "graph_equals_eager": bool(torch.equal(runs[0], eager)),
+            "graph_vs_eager_rel_err": eager_err, "kernels_per_step": prof["kernels"] / reps, "kernel_us_per_step": round(prof["kernel_time_us"] / reps, 1),
             "top": [{"kernel": r["kernel"][:110], "per_step": r["count"] / reps, "us_per_step": round(r["us"] / reps, 1),
                      "us_mean": round(r["us"] / r["count"], 2)} for r in prof["top"]]}
 
 
-def profile_model(name: str, buckets: list[int]) -> dict[str, Any]:
+def profile_model(name: str, buckets: list[int], variants: list[str] | None = None) -> dict[str, Any]:
     from llm import random_model
 
     model = random_model(name)
@@ -84,32 +93,35 @@ def profile_model(name: str, buckets: list[int]) -> dict[str, Any]:
     out: dict[str, Any] = {"capture_s": round(time.perf_counter() - t0, 2), "buckets": {}}
     dec = eng.runner.decoder
     with torch.inference_mode():
-        _profile_buckets(name, eng, dec, model.cfg.vocab_size, buckets, out)
+        _profile_buckets(name, eng, dec, model.cfg.vocab_size, buckets, out, variants)
     del eng, model
     torch.cuda.empty_cache()
     return out
 
 
-def _profile_buckets(name: str, eng: Any, dec: Any, vocab: int, buckets: list[int], out: dict[str, Any]) -> None:
+def _profile_buckets(name: str, eng: Any, dec: Any, vocab: int, buckets: list[int], out: dict[str, Any],
+                     variants: list[str] | None = None) -> None:
     from tristream.engine.graphs import B1_VARIANTS, VARIANTS
 
     for b in buckets:
         _steady(eng, b, vocab)
-        ref = dec.forward(b, "cublas")
+        ref = dec.forward(b, "cublas").clone()
         res: dict[str, Any] = {}
-        for v in VARIANTS:
+        for v in variants or VARIANTS:
             if v in B1_VARIANTS and b != 1:
                 continue
             try:
-                got = dec.forward(b, v)
+                got = dec.forward(b, v).clone()
                 err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
                 same = bool((got.argmax(-1) == ref.argmax(-1)).all())
                 ms = dec._time_variant(b, v)
-                table = _kernel_table(dec, b, v)
+                table = _kernel_table(dec, b, v, got)
                 res[v] = {"rel_err_vs_cublas": err, "greedy_same": same, "replay_ms": round(ms, 4),
                           "launch_gap_us": round(ms * 1e3 - table["kernel_us_per_step"], 1), **table}
                 print(f"{name} b={b} {v:<9} replay {ms:.3f} ms  kernels {table['kernels_per_step']:.0f} "
-                      f"({table['kernel_us_per_step']:.0f} us busy)  err {err:.2e} same={same}", flush=True)
+                      f"({table['kernel_us_per_step']:.0f} us busy)  err {err:.2e} same={same} "
+                      f"repeat-equal={table['replays_bitwise_equal']} graph=eager={table['graph_equals_eager']}",
+                      flush=True)
                 for k in table["top"][:6]:
                     print(f"      {k['us_per_step']:8.1f} us  x{k['per_step']:<4g} {k['us_mean']:7.2f} us  {k['kernel'][:80]}",
                           flush=True)
@@ -124,13 +136,15 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--buckets", default="1,2")
     ap.add_argument("--name", default="decode_profile")
+    ap.add_argument("--variants", default=None, help="comma-separated subset of graphs.VARIANTS (default all)")
     args = ap.parse_args()
+    variants = args.variants.split(",") if args.variants else None
     if not torch.cuda.is_available():
         raise SystemExit("decode_profile.py needs a CUDA GPU (it profiles the decode graphs)")
     torch.backends.cuda.matmul.allow_tf32 = False
     res: dict[str, Any] = {"models": {}}
     for name in args.models.split(","):
-        res["models"][name] = profile_model(name, [int(b) for b in args.buckets.split(",")])
+        res["models"][name] = profile_model(name, [int(b) for b in args.buckets.split(",")], variants)
         write_results(args.name, res)
     print(f"wrote bench/results/{args.name}.json")
 

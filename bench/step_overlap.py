@@ -64,7 +64,8 @@ def _replay_ms(eng: Any, batch: int) -> float | None:
     return cuda_graph_ms(dec.graphs[b])
 
 
-def run_mode(eng: Any, batch: int, overlap: bool, steps: int, vocab: int) -> tuple[dict[str, Any], list[list[int]]]:
+def run_mode(eng: Any, batch: int, overlap: bool, steps: int, vocab: int, profile: bool = False
+             ) -> tuple[dict[str, Any], list[list[int]]]:
     """Steady decode of `batch` sequences; step times and every sequence's tokens."""
     from tristream.engine.sequence import SamplingParams
 
@@ -91,15 +92,23 @@ def run_mode(eng: Any, batch: int, overlap: bool, steps: int, vocab: int) -> tup
         step()
         ts.append(time.perf_counter() - t)
     ahead = eng.stats.overlap_steps - ahead0
+    prof = None
+    if profile:  # every kernel of 20 steady steps, graph replays and what runs between them
+        from bench._common import kernel_profile
+
+        prof = kernel_profile(lambda: [step() for _ in range(20)], top=30)
+        prof = {"kernels_per_step": prof["kernels"] / 20, "kernel_us_per_step": round(prof["kernel_time_us"] / 20, 1),
+                "top": [{"kernel": r["kernel"][:100], "per_step": r["count"] / 20, "us_per_step": round(r["us"] / 20, 2)}
+                        for r in prof["top"]]}
     _idle(eng)
     ms = sorted(x * 1e3 for x in ts)
     res = {"ms_per_step_median": statistics.median(ms), "ms_per_step_mean": statistics.fmean(ms),
            "ms_per_step_p90": ms[int(0.9 * (len(ms) - 1))], "tokens_per_s": batch / (statistics.fmean(ms) / 1e3),
-           "steps_run_ahead": ahead, "steps_timed": steps}
+           "steps_run_ahead": ahead, "steps_timed": steps, **({"profile_per_step": prof} if prof else {})}
     return res, [toks[i] for i in ids]
 
 
-def bench_model(name: str, batches: list[int], steps: int, kernels: str) -> dict[str, Any]:
+def bench_model(name: str, batches: list[int], steps: int, kernels: str, profile: bool = False) -> dict[str, Any]:
     from bench.llm import random_model
 
     model = random_model(name)
@@ -112,7 +121,7 @@ def bench_model(name: str, batches: list[int], steps: int, kernels: str) -> dict
         out["variant_per_bucket"] = {b: dec.variant_for(b) for b in dec.buckets}
     for batch in batches:
         off, toks_off = run_mode(eng, batch, False, steps, model.cfg.vocab_size)
-        on, toks_on = run_mode(eng, batch, True, steps, model.cfg.vocab_size)
+        on, toks_on = run_mode(eng, batch, True, steps, model.cfg.vocab_size, profile)
         # both modes start from the same prompts; compare each sequence over the tokens both produced
         pairs = [(x[:min(len(x), len(y))], y[:min(len(x), len(y))]) for x, y in zip(toks_off, toks_on, strict=True)]
         same = all(x == y for x, y in pairs)
@@ -141,13 +150,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--kernels", default="cublas", help="EngineConfig.decode_kernels ('auto' times variants: slow)")
     ap.add_argument("--name", default="step_overlap", help="results file name under bench/results/")
+    ap.add_argument("--profile", action="store_true", help="also profile 20 overlapped steps' kernels")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("bench/step_overlap.py needs a CUDA GPU")
     batches = [int(x) for x in args.batches.split(",")]
     res: dict[str, Any] = {"steps": args.steps, "models": {}}
     for name in args.models.split(","):
-        res["models"][name] = bench_model(name, batches, args.steps, args.kernels)
+        res["models"][name] = bench_model(name, batches, args.steps, args.kernels, args.profile)
         path = write_results(args.name, res)  # after every model: a run cut short keeps what it measured
         out = os.environ.get("OUT")
         if out:

@@ -70,12 +70,15 @@ def test_triton_decode_equals_torch_reference(qwen: bool, kernels: str) -> None:
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
-@pytest.mark.parametrize("kernels", ["b1", "b1_pdl", "b8_pdl", "b1m", "b1_pdl_hc"])
+@pytest.mark.parametrize("kernels", ["b1", "b1_pdl", "b8_pdl", "b1m", "b1_pdl_hc", "b1_mlp", "b8_pdl_mlp",
+                                     "b8_pdl_mlp_hc", "b1_pdl_mlpt"])
 @pytest.mark.parametrize("qwen", [False, True])
 def test_batch1_fused_layer_equals_torch_reference_and_its_graph(qwen: bool, kernels: str) -> None:
     """Bucket 1 through the norm+QKV+RoPE+store kernel (with and without PDL): logits equal the
     torch reference (fp32), the captured graph equals its eager run (bf16), and the K/V it wrote
-    let the next steps decode the same tokens as the cuBLAS path."""
+    let the next steps decode the same tokens as the cuBLAS path. The one-kernel MLP variants
+    ("_mlp", "_mlpt") add float32 partial sums with atomics in whatever order the programs run:
+    their graph equals the eager run to float32 summation order (and the same greedy token)."""
     if "_pdl" in kernels and torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("PDL needs Hopper or newer")
     model = _model(torch.float32, qwen)
@@ -95,7 +98,11 @@ def test_batch1_fused_layer_equals_torch_reference_and_its_graph(qwen: bool, ker
     graph = d16.run(list(eng16.seqs.values())).clone()
     eager = d16.forward(1)
     torch.cuda.synchronize()
-    assert torch.equal(graph, eager)
+    if "_mlp" in kernels:
+        assert float((graph - eager).norm() / eager.norm()) < 1e-2
+        assert torch.equal(graph.argmax(-1), eager.argmax(-1))
+    else:
+        assert torch.equal(graph, eager)
 
     tokens = {}
     for k in (kernels, "cublas"):  # fp32: rounding cannot flip a greedy token

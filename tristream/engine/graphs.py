@@ -16,7 +16,7 @@ import torch
 
 from tristream.engine.kernel_choice import variant_agrees
 from tristream.engine.kernels import triton_ops as K
-from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1
+from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1, down_transposed
 from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
@@ -60,8 +60,22 @@ class TritonDecodeAttention:
 
 
 FUSED_MAX_ROWS = 16
-B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc")
-"""`TILES` name, then "_pdl" (chained with PDL), then "_hc" (output projection through cuBLAS)."""
+B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc",
+               "b1_mlp", "b1_mlpt", "b1_pdl_mlp", "b8_pdl_mlp", "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b8_pdl_mlpt")
+"""`TILES` name, then "_pdl" (chained with PDL), then "_mlp" / "_mlpt" (the MLP as one kernel
+over a float32 residual stream, `kernels/decode_mlp.py`; "t": through a transposed copy of the
+down weights), then "_hc" (output projection through cuBLAS)."""
+
+
+def parse_b1(variant: str) -> tuple[str, bool, str | None, bool]:
+    """A batch-1 variant name → (tile name, PDL, MLP mode for `decode_logits_b1`, cuBLAS head)."""
+    name = variant
+    hc = name.endswith("_hc")
+    name = name.removesuffix("_hc")
+    mlp = "fused_t" if name.endswith("_mlpt") else "fused" if name.endswith("_mlp") else None
+    name = name.removesuffix("_mlpt").removesuffix("_mlp")
+    pdl = name.endswith("_pdl")
+    return name.removesuffix("_pdl"), pdl, mlp, hc
 VARIANTS = ("cublas", "fused", *B1_VARIANTS)
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
@@ -151,10 +165,9 @@ class DecodeGraphs:
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
         if v in B1_VARIANTS and b == 1:
-            name = v.removesuffix("_hc")
-            tile, warps = TILES[name.removesuffix("_pdl")]
-            return decode_logits_b1(m, h, attn, pdl=name.endswith("_pdl"), tile=tile, num_warps=warps,
-                                    head_cublas=v.endswith("_hc"))
+            name, pdl, mlp, hc = parse_b1(v)
+            tile, warps = TILES[name]
+            return decode_logits_b1(m, h, attn, pdl=pdl, tile=tile, num_warps=warps, head_cublas=hc, mlp=mlp)
         if v != "cublas":
             return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))
@@ -163,7 +176,8 @@ class DecodeGraphs:
         out = ["fused"]
         if b == 1 and self.model.device.type == "cuda":
             pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
-            out += [v for v in B1_VARIANTS if pdl or "_pdl" not in v]
+            # "_mlpt" needs a transposed copy of the down weights: only when asked for by name
+            out += [v for v in B1_VARIANTS if (pdl or "_pdl" not in v) and "_mlpt" not in v]
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:
@@ -212,6 +226,8 @@ class DecodeGraphs:
         self._fill_padding(0, self.max_bs)
         from tristream.engine.graph_capture import capture_buckets
 
+        if "_mlpt" in self.kernels:  # made before capture, not inside it
+            down_transposed(self.model)
         between = self._choose_kernels if self.kernels != "cublas" else None
         self.graphs, self.outputs, self.pool = capture_buckets(
             self.buckets, self.forward, self.pool, warm=lambda b: self.forward(b, "cublas"), between=between)

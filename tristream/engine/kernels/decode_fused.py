@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tristream.engine.kernels.decode_mlp import fused_mlp1
 from tristream.engine.kernels.gemv import fused_gemv, row_rstd
 from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
@@ -159,8 +160,8 @@ the default tile was fastest for SmolLM2-135M and Llama-3.2-1B, 32 x 256 1.4-1.7
 
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
-                     tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False
-                     ) -> torch.Tensor:
+                     tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
+                     mlp: str | None = None) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -169,11 +170,19 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     `ctx_lens`, `cache`, `splits`, `scale`, optional `counters`), as `graphs.TritonDecodeAttention` does.
     `tile`: the GEMV tile (rows, K columns) of every projection; None: the default per shape;
     `num_warps`: warps per program of the QKV and GEMV kernels; `head_cublas`: the final norm as its
-    own kernel and the output projection (the largest GEMV of a small model) through cuBLAS.
+    own kernel and the output projection (the largest GEMV of a small model) through cuBLAS;
+    `mlp`: "fused" / "fused_t" run the MLP as one kernel over a float32 residual stream
+    (`decode_mlp.py`; "fused_t" reads a transposed copy of the down weights, made once per model):
+    4 kernels per layer.
     """
     bn, bk = tile if tile is not None else (None, None)
     cfg = model.cfg
     eps = cfg.rms_norm_eps
+    if mlp not in (None, "fused", "fused_t"):
+        raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")
+    if mlp is not None:
+        ra = torch.empty(1, cfg.hidden_size, dtype=torch.float32, device=h.device)
+        downs = down_transposed(model) if mlp == "fused_t" else [layer.down.weight for layer in model.layers]
     r = h
     for i, layer in enumerate(model.layers):
         kc, vc = attention.cache.flat(i)
@@ -183,12 +192,35 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
                                    counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
+        if mlp is not None:
+            # o + residual (float32) into a new r and a copy ra; the MLP reads ra and adds into r
+            r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk, num_warps=num_warps,
+                           out_dtype=torch.float32, out2=ra)
+            fused_mlp1(ra, layer.gate_up.weight, layer.post_norm, eps, downs[i], r, down_t=mlp == "fused_t",
+                       pdl=pdl, num_warps=num_warps)
+            continue
         r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk, num_warps=num_warps)
         gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn,
                         block_k=bk, num_warps=num_warps)
         r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=bn, block_k=bk,
                        num_warps=num_warps)
     if head_cublas:
-        return model.logits(rms_norm(r, model.norm, eps))
+        return model.logits(rms_norm(r, model.norm, eps, out_dtype=model.norm.dtype))
     return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
-                      block_k=bk, num_warps=num_warps).float()
+                      block_k=bk, num_warps=num_warps, out_dtype=torch.float32)
+
+
+def down_transposed(model: Any) -> list[torch.Tensor]:
+    """Per layer, the down weight transposed ([intermediate, hidden], contiguous), made on first
+    use and kept on the model (`drop_down_transposed` frees it)."""
+    cached = getattr(model, "_down_t", None)
+    if cached is None:
+        cached = [layer.down.weight.t().contiguous() for layer in model.layers]
+        model._down_t = cached
+    return cached
+
+
+def drop_down_transposed(model: Any) -> None:
+    """Free the transposed down weights of `down_transposed`."""
+    if getattr(model, "_down_t", None) is not None:
+        model._down_t = None

@@ -76,11 +76,13 @@ def row_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps,
+def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr, N, K, eps,
                         NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+                        OUT2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
     """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores. The first K
-    tile of the weight is loaded first; with PDL, before waiting on the previous kernel."""
+    tile of the weight is loaded first; with PDL, before waiting on the previous kernel. The
+    product is rounded to the weight dtype; the residual sum is kept in the output's dtype (a
+    float32 output keeps an unrounded residual stream), optionally stored twice (`OUT2`)."""
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
@@ -118,34 +120,43 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps
     y = acc.to(dt)
     if HAS_RES:
         r = tl.load(res_ptr + rn, mask=nmask, other=0.0)
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rn, y, mask=nmask)
+    if OUT2:
+        tl.store(out2_ptr + rn, y, mask=nmask)
 
 
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
-               pdl: bool = False, num_warps: int | None = None) -> torch.Tensor:
+               pdl: bool = False, num_warps: int | None = None, out_dtype: torch.dtype | None = None,
+               out2: torch.Tensor | None = None) -> torch.Tensor:
     """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
 
     pdl: launch the batch-1 kernel with Programmatic Dependent Launch (Hopper+; see
     `decode_fused.py`); ignored for more rows. block_n / block_k: the tile (default: per shape);
     at batch 1 the decode graphs time a few tiles at capture and keep the fastest; num_warps:
-    the batch-1 kernel's warps (default 4)."""
+    the batch-1 kernel's warps (default 4). Batch 1 only: `out_dtype` (default the weight's;
+    float32 keeps the residual sum unrounded, or returns float32 logits), `out2` (a [1, N] tensor
+    of that dtype that receives a second copy of the output)."""
     m = x.shape[0]
     n, k = w.shape
     if m > 16:
         raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
-    out = torch.empty(m, n, dtype=w.dtype, device=w.device)
+    if m != 1 and (out_dtype is not None or out2 is not None):
+        raise ValueError("out_dtype and out2 are batch-1 options")
+    out = torch.empty(m, n, dtype=out_dtype or w.dtype, device=w.device)
+    if out2 is not None and (out2.shape != out.shape or out2.dtype != out.dtype or not out2.is_contiguous()):
+        raise ValueError(f"out2 must be a contiguous {tuple(out.shape)} {out.dtype} tensor")
     dummy = out
     if m == 1:
         bk = block_k or min(triton.next_power_of_2(k), 1024)
         bn = block_n or (8 if bk >= 1024 else 16)
         _fused_gemv1_kernel[(triton.cdiv(n, bn),)](
             x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
-            norm_weight if norm_weight is not None else dummy, out, n, k, eps,
+            norm_weight if norm_weight is not None else dummy, out, out2 if out2 is not None else dummy, n, k, eps,
             NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
+            OUT2=out2 is not None, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
         )
         return out
     # A loop over K in 128-column tiles, pipelined. (A single pass over all of K per program was

@@ -32,9 +32,9 @@ def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, N, eps,
     tl.store(out_ptr + row * N + offs, (w * y).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm of rows of a contiguous [T, N] tensor."""
-    out = torch.empty_like(x)
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """RMSNorm of rows of a contiguous [T, N] tensor (output in `out_dtype`, default x's)."""
+    out = torch.empty_like(x, dtype=out_dtype or x.dtype)
     n = x.shape[-1]
     _rms_norm_kernel[(x.shape[0],)](x, x, w, out, out, n, eps, HAS_RES=False, BLOCK=triton.next_power_of_2(n))
     return out
