@@ -6,6 +6,8 @@ weights, default attention). Ours: compact modules, fp16, CUDA graphs per shape 
     python bench/encoders.py            # on a GPU machine; writes bench/results/encoders.json
     python bench/encoders.py --smoke    # tiny configs on CPU, checks the script end to end
     python bench/encoders.py --only whisper --name encoders_whisper --profile   # Whisper only, kernel table
+    python bench/encoders.py --only whisper --whisper-quick --whisper-models tiny --whisper-streams 16 \
+        --whisper-kernels torch,triton --profile --name encoders_whisper_kernels   # step kernels: before/after
     python bench/encoders.py --only realspeech --name encoders_realspeech_cpu   # real Whisper base, CPU ok
     python bench/encoders.py --host-only   # host side of a 16-stream update (DTW, words), before vs after, CPU
     python bench/encoders.py --only realstreams --name encoders_realstreams   # 16 real-speech streams (GPU)
@@ -164,33 +166,42 @@ TAILS = (16, 8, 4)  # tokens left to decode after the accepted draft (steady str
 
 def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, capacity: int,
                   models: tuple[str, ...] = ("tiny", "small"), streams: tuple[int, ...] = (1, 16, 64),
-                  quick: bool = False) -> dict[str, Any]:
+                  quick: bool = False, kernel_paths: tuple[str, ...] = ("triton",)) -> dict[str, Any]:
     """Streaming Whisper per-update latency per model size and stream count (see the module doc).
 
     `quick`: only the 10 s buffer, no draft and a 4-token tail, no eager/HF peers, the realistic
-    loop with both align policies at one trim; for a re-measure within about a minute."""
+    loop with both align policies at one trim; for a re-measure within about a minute.
+    `kernel_paths`: the decoder step with the Triton kernels of speech/kernels.py ("triton", results
+    under the size's name) and/or with the torch ops ("torch", under `<size>_torch_ops`), one after
+    the other on the same model: before/after on one machine."""
     dt = torch.float16 if dev.type == "cuda" else torch.float32
     sizes = models if not smoke else ("smoke",)
     streams = streams if not smoke else (1, 4)
     update_s = 0.5
     out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s,
                            "quick": quick}
-    for size in sizes:
+    bad = set(kernel_paths) - {"triton", "torch"}
+    if bad:
+        raise SystemExit(f"--whisper-kernels: unknown path(s) {sorted(bad)}; use triton and/or torch")
+    for size, path in itertools.product(sizes, kernel_paths):
         dims = preset(size) if size != "smoke" else WhisperDims(64, 2, 2, 4, 128)
+        key = size if path == "triton" else f"{size}_torch_ops"
         try:
-            out[size] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity, quick)
+            out[key] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity, quick,
+                                           fused_kernels=path == "triton")
         except Exception as e:  # keep what the other size measured; the error is recorded, not dropped
             import traceback
 
-            out[size] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-            print(f"Whisper-{size} failed: {e}", flush=True)
+            out[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
+            print(f"Whisper-{key} failed: {e}", flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return out
 
 
 def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, streams: tuple[int, ...], iters: int,
-                        new_tokens: int, update_s: float, capacity: int, quick: bool = False) -> dict[str, Any]:
+                        new_tokens: int, update_s: float, capacity: int, quick: bool = False,
+                        fused_kernels: bool = True) -> dict[str, Any]:
     import transformers
 
     rng = np.random.default_rng(0)
@@ -218,13 +229,15 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
                                              "ours_eager": time_ms(lambda: ours.encode(mel), dev, iters)}
         cap = capacity
         runner = WhisperRunner(ours, toks, batch_buckets=streams, audio_buckets_s=(5.0, 10.0),
-                               max_new_tokens=cap, chunk=4, early_stop=False, max_draft=cap - 1, word_times=True)
+                               max_new_tokens=cap, chunk=4, early_stop=False, max_draft=cap - 1, word_times=True,
+                               fused_kernels=fused_kernels)
         t = time.perf_counter()
         runner.capture()
         res["capture_s"] = round(time.perf_counter() - t, 2)
         res["runner"] = {"capacity_tokens": cap, "chunk": runner.chunk, "max_draft": cap - 1,
                          "word_times": "DTW on the device (align graph)" if runner.device_times else "DTW on the host",
                          "step_graph_sizes": list(runner._step_sizes()),
+                         "decoder_step": "Triton kernels (speech/kernels.py)" if runner.fused_kernels else "torch ops",
                          "audio_buckets_s": list(runner.audio_buckets), "batch_buckets": list(runner.batch_buckets)}
         mel_fn = LogMel(dims.n_mels).to(dev)
         prompt = torch.tensor([toks.prompt()], device=dev)
@@ -290,7 +303,7 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             row["ours_graph_10s_tail4_host_upload"] = time_ms(
                 lambda a=audio, d=drafts, f=dfr: runner.run(a, d, f), dev, iters)  # type: ignore[misc]
             eager = WhisperRunner(ours, toks, batch_buckets=(n,), audio_buckets_s=(10.0,), max_new_tokens=cap, chunk=4,
-                                  early_stop=False, use_graphs=False, max_draft=cap - 1)
+                                  early_stop=False, use_graphs=False, max_draft=cap - 1, fused_kernels=fused_kernels)
             row["ours_eager_10s_tail4"] = time_ms(lambda a=audio, e=eager, d=drafts, f=dfr: e.run(a, d, f), dev,  # type: ignore[misc]
                                                   max(3, iters // 4))
             with torch.inference_mode():
@@ -630,6 +643,9 @@ def main() -> None:
     ap.add_argument("--whisper-streams", default="1,16,64", help="whisper: comma-separated concurrent stream counts")
     ap.add_argument("--whisper-quick", action="store_true",
                     help="whisper: 10 s buffer, no-draft and tail-4 passes only, no eager/HF peers (about a minute)")
+    ap.add_argument("--whisper-kernels", default="triton",
+                    help="whisper: decoder step paths, comma-separated: triton (speech/kernels.py; results under the "
+                         "size) and/or torch (torch ops; under <size>_torch_ops), e.g. torch,triton for before/after")
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     ap.add_argument("--profile", action="store_true", help="kernel table of one 16-stream Whisper update (GPU)")
@@ -678,7 +694,8 @@ def main() -> None:
     if "whisper" in parts:
         results["whisper"] = bench_whisper(dev, args.smoke, max(5, iters // 2), args.new_tokens, args.capacity,
                                            tuple(args.whisper_models.split(",")),
-                                           tuple(int(x) for x in args.whisper_streams.split(",")), args.whisper_quick)
+                                           tuple(int(x) for x in args.whisper_streams.split(",")), args.whisper_quick,
+                                           tuple(args.whisper_kernels.split(",")))
         save()
     if "pruning" in parts:
         results["pruning"] = bench_pruning(dev, args.smoke, max(5, iters // 2))

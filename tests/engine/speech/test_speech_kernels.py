@@ -157,3 +157,33 @@ def test_decoder_with_kernels_equals_torch_ops(dtype: torch.dtype, make_whisper)
     for a, w in zip(out[0], out[1], strict=True):
         torch.testing.assert_close(a, w, **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32
                                              else {"atol": 3e-2, "rtol": 1e-2}))
+
+
+def test_runner_with_kernels_equals_torch_ops(make_whisper) -> None:  # type: ignore[no-untyped-def]
+    """Whole passes (no draft, then drafts with a wrong token): the runner with the step kernels gives
+    the torch runner's tokens, accepted drafts and word-time frames (eager here; graphed: GPU tests)."""
+    import numpy as np
+
+    from tristream.engine.speech.config import WhisperTokens
+    from tristream.engine.speech.runner import WhisperRunner
+
+    model = make_whisper().to(DEV)
+    kw = dict(batch_buckets=(4,), audio_buckets_s=(2.0,), max_new_tokens=10, chunk=4, early_stop=False,
+              max_draft=8, use_graphs=False)
+    toks = WhisperTokens.for_vocab(51865)
+    fused = WhisperRunner(model, toks, fused_kernels=True, **kw)  # type: ignore[arg-type]
+    plain = WhisperRunner(model, toks, fused_kernels=False, **kw)  # type: ignore[arg-type]
+    assert fused.fused_kernels and not plain.fused_kernels
+    rng = np.random.default_rng(0)
+    audio = [(0.1 * rng.standard_normal(32000 - 4000 * i)).astype(np.float32) for i in range(3)]
+    a, b = fused.run(audio), plain.run(audio)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.frames, b.frames)
+    drafts = [row[:8].tolist() for row in b.tokens]
+    drafts[1][2] = (drafts[1][2] + 1) % 50000
+    dfr = [row[:9].tolist() for row in b.frames]
+    a, b = fused.run(audio, drafts, dfr), plain.run(audio, drafts, dfr)
+    np.testing.assert_array_equal(a.tokens, b.tokens)
+    np.testing.assert_array_equal(a.accepted, b.accepted)
+    np.testing.assert_array_equal(a.frames, b.frames)
+    assert a.accepted[1] <= 2 and a.steps == b.steps

@@ -85,3 +85,43 @@ def test_graphed_streaming_with_drafts_equals_eager(make_whisper, align: str) ->
         if graphs:
             assert asr.runner.stats.eager_passes == 0 and asr.runner.stats.captured > 0
     assert out[0] == out[1]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_graphs_with_step_kernels_equal_torch_ops(dtype: torch.dtype, make_whisper) -> None:  # type: ignore[no-untyped-def]
+    """Graphed passes with the decoder step kernels (speech/kernels.py, the CUDA default) against
+    graphed passes with the torch ops: the same tokens and accepted drafts, every bucket; word-time
+    frames equal in fp32 (fp16: a near-tie in the alignment matrix may move a frame by one)."""
+    from tristream.engine.speech import kernels
+
+    if not kernels.available():
+        pytest.skip("needs Triton")
+    model = make_whisper().to("cuda", dtype)
+    kw = dict(batch_buckets=(1, 4, 16), audio_buckets_s=(2.0, 5.0), max_new_tokens=12, chunk=4, early_stop=False,
+              max_draft=8)
+    fused = WhisperRunner(model, TOKENS, use_graphs=True, **kw)  # type: ignore[arg-type]
+    plain = WhisperRunner(model, TOKENS, use_graphs=True, fused_kernels=False, **kw)  # type: ignore[arg-type]
+    assert fused.fused_kernels and not plain.fused_kernels
+    rng = np.random.default_rng(3)
+    same_frames, total = 0, 0
+    for ab in (2.0, 5.0):
+        for bb in (1, 4, 16):
+            audio = [(0.1 * rng.standard_normal(int(ab * 16000) - 500 * i)).astype(np.float32) for i in range(bb)]
+            a, b = fused.run(audio), plain.run(audio)
+            np.testing.assert_array_equal(a.tokens, b.tokens)
+            drafts = [row[:8].tolist() for row in b.tokens]
+            drafts[0][3] = (drafts[0][3] + 1) % 50000
+            dfr = [row[:9].tolist() for row in b.frames]
+            ad, bd = fused.run(audio, drafts, dfr), plain.run(audio, drafts, dfr)
+            np.testing.assert_array_equal(ad.tokens, bd.tokens)
+            np.testing.assert_array_equal(ad.accepted, bd.accepted)
+            assert ad.steps == bd.steps
+            for x, y in ((a.frames, b.frames), (ad.frames, bd.frames)):
+                if dtype == torch.float32:
+                    np.testing.assert_array_equal(x, y)
+                assert np.abs(x - y).max() <= 1
+                same_frames += int((x == y).sum())
+                total += x.size
+    assert same_frames >= 0.98 * total, (same_frames, total)
+    assert fused.stats.eager_passes == 0 and plain.stats.eager_passes == 0

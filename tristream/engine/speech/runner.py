@@ -13,13 +13,14 @@ and the timing matrix leave the GPU once per pass; DTW on the host turns it into
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from tristream.engine.speech import dtw_device
+from tristream.engine.speech import dtw_device, kernels
 from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
@@ -93,6 +94,7 @@ class WhisperRunner:
         retime: int = 4,
         silence_db: float = 35.0,
         device_times: bool | None = None,
+        fused_kernels: bool | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokens = tokens
@@ -161,6 +163,11 @@ class WhisperRunner:
         self.frames = torch.zeros(bmax, self.k + 1, dtype=torch.long, device=dev)
         self._dtw_ws = ((torch.zeros_like(self.align), torch.zeros_like(self.align)) if self.device_times
                         else (self.align[:0], self.align[:0]))
+        # decoder step kernels (speech/kernels.py: fused add + layer norm, K/V write, split argmax and
+        # the step's bookkeeping); default on where Triton runs on this device, TRISTREAM_WHISPER_KERNELS=0 off
+        if fused_kernels is None:
+            fused_kernels = os.environ.get("TRISTREAM_WHISPER_KERNELS", "1") != "0" and dev.type == "cuda"
+        self.fused_kernels = bool(fused_kernels) and kernels.enabled(self.inputs)
         self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
         self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
         self._pool: object | None = None
@@ -200,7 +207,9 @@ class WhisperRunner:
         m.fill_cross(enc, cache)
         ids = torch.cat([self.prompt_ids.expand(bb, -1), self.draft[:bb]], dim=1)
         pos = torch.arange(n_prompt + d, device=self.device)
-        greedy = m.decode(ids, pos, cache, vocab_limit=self.tokens.sot, logits_from=n_prompt - 1).argmax(-1)
+        logits = m.decode(ids, pos, cache, vocab_limit=self.tokens.sot, logits_from=n_prompt - 1,
+                          fused=self.fused_kernels)
+        greedy = kernels.argmax(logits) if self.fused_kernels else logits.argmax(-1)
         j = torch.arange(d, device=self.device)
         agree = (greedy[:, :d] == self.draft[:bb]) & (j[None, :] < self.draft_len[:bb, None])
         acc = agree.long().cumprod(dim=1).sum(dim=1)  # [bb] longest agreeing draft prefix
@@ -229,7 +238,11 @@ class WhisperRunner:
         n_prompt = len(self.prompt)
         for _ in range(n):
             pos = self.pos[:bb]
-            logits = m.decode(self.tok[:bb, None], pos[:, None], cache, vocab_limit=self.tokens.sot)
+            logits = m.decode(self.tok[:bb, None], pos[:, None], cache, vocab_limit=self.tokens.sot,
+                              fused=self.fused_kernels)
+            if self.fused_kernels:  # argmax, token column, next input and position: two kernels
+                kernels.greedy_step(logits[:, 0], self.out_tok[:bb], self.tok[:bb], pos, n_prompt, self.k, self.t_max)
+                continue
             nxt = logits[:, 0].argmax(-1)
             col = (pos - n_prompt + 1).clamp_(max=self.k)  # column k is the overflow slot
             self.out_tok[:bb].scatter_(1, col[:, None], nxt[:, None])
@@ -243,7 +256,7 @@ class WhisperRunner:
         n_prompt = len(self.prompt)
         out = self.out_tok[:bb, : self.k]
         ids = torch.cat([self.prompt_ids.expand(bb, -1), out], dim=1)
-        logits = self.model.alignment_logits(ids, cache)  # [bb, heads, P + K, T]
+        logits = self.model.alignment_logits(ids, cache, fused=self.fused_kernels)  # [bb, heads, P + K, T]
         is_eot = out == self.tokens.eot
         n_text = torch.where(is_eot.any(1), is_eot.long().argmax(1), self.k)
         rows = torch.arange(n_prompt + self.k, device=self.device)[None, :] <= (n_text + n_prompt)[:, None]
