@@ -147,10 +147,18 @@ class WhisperRunner:
         self.draft = self.inputs[:, _COLS : _COLS + max_draft]
         self.draft_frames = self.inputs[:, _COLS + max_draft :]  # previous frames of the draft (+ its end row)
         self._in_copied: torch.cuda.Event | None = None
+        pin = dev.type == "cuda"
+        self._host_out = torch.zeros(bmax, 2 * max_new_tokens + 3, dtype=torch.long, pin_memory=pin)
+        self._host_db = torch.zeros(bmax, tmax_enc, pin_memory=pin)
         self.pos = torch.zeros(bmax, dtype=torch.long, device=dev)  # next input position, per sequence
         self.tok = torch.zeros(bmax, dtype=torch.long, device=dev)
-        self.accepted = torch.zeros(bmax, dtype=torch.long, device=dev)
-        self.out_tok = torch.full((bmax, self.k + 1), tokens.eot, dtype=torch.long, device=dev)  # last col: overflow
+        # what a pass returns, one int64 table read back with one copy (no gather kernel): tokens (+ the
+        # overflow column), accepted draft length, token start frames (+ the end-of-text row)
+        self._out = torch.zeros(bmax, 2 * self.k + 3, dtype=torch.long, device=dev)
+        self.out_tok = self._out[:, : self.k + 1]  # last col: overflow
+        self.out_tok.fill_(tokens.eot)
+        self.accepted = self._out[:, self.k + 1]
+        self.frames = self._out[:, self.k + 2 :]
         self.cols = torch.arange(self.k, device=dev)
         self.frame_db = torch.zeros(bmax, tmax_enc, device=dev)
         # [all rows done, most serial steps any unfinished row can still use]: read once per chunk
@@ -160,7 +168,6 @@ class WhisperRunner:
         self.device_times = (dev.type == "cuda" and dtw_device.available()) if device_times is None else device_times
         if self.device_times and not dtw_device.available():
             raise AudioInputError("device_times=True needs Triton; install it or pass device_times=False")
-        self.frames = torch.zeros(bmax, self.k + 1, dtype=torch.long, device=dev)
         self._dtw_ws = ((torch.zeros_like(self.align), torch.zeros_like(self.align)) if self.device_times
                         else (self.align[:0], self.align[:0]))
         # decoder step kernels (speech/kernels.py: fused add + layer norm, K/V write, split argmax and
@@ -412,15 +419,18 @@ class WhisperRunner:
             self._in_copied = torch.cuda.Event()
             self._in_copied.record()
 
-    def _read(self, *xs: torch.Tensor) -> list[np.ndarray]:
-        """Device tensors → host arrays with one wait (asynchronous copies into pinned memory)."""
+    def _read(self, n_real: int, t: int, with_db: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """The pass's output table (a copy: `[n_real, 2K + 3]`, see `_out`) and, `with_db`, the frame
+        loudness `[n_real, t]` (valid until the next pass): whole rows into preallocated pinned
+        buffers, one wait."""
         if self.device.type != "cuda":
-            return [x.cpu().numpy() for x in xs]
-        host = [torch.empty(x.shape, dtype=x.dtype, pin_memory=True) for x in xs]
-        for h, x in zip(host, xs, strict=True):
-            h.copy_(x, non_blocking=True)
+            return (self._out[:n_real].cpu().numpy().copy(),
+                    self.frame_db[:n_real, :t].cpu().numpy().copy() if with_db else None)
+        self._host_out[:n_real].copy_(self._out[:n_real], non_blocking=True)
+        if with_db:
+            self._host_db[:n_real].copy_(self.frame_db[:n_real], non_blocking=True)
         torch.cuda.current_stream(self.device).synchronize()
-        return [h.numpy() for h in host]
+        return self._host_out[:n_real].numpy().copy(), self._host_db[:n_real, :t].numpy() if with_db else None
 
     def _put_draft_frames(self, host: np.ndarray, rows: Sequence[int], draft_frames: Sequence[Sequence[int]]) -> None:
         """Write each row's previous draft frames (at most `max_draft + 1`) into its input-table row."""
@@ -467,21 +477,14 @@ class WhisperRunner:
         if timed:
             self._run("align", bb, ab)
         on_device = timed and self.device_times
-        parts = [self.out_tok[:n_real, : self.k], self.accepted[:n_real, None]]
-        db: np.ndarray | None = None
-        if on_device:  # tokens, frames and loudness in one wait
-            packed, db = self._read(torch.cat([*parts, self.frames[:n_real]], dim=1),
-                                    self.frame_db[:n_real, : n // SAMPLES_PER_POSITION])
-        else:
-            packed = torch.cat(parts, dim=1).cpu().numpy()
-        toks, accepted = packed[:, : self.k], packed[:, self.k]
+        packed, db = self._read(n_real, n // SAMPLES_PER_POSITION, timed)  # tokens, frames, loudness: one wait
+        toks, accepted = packed[:, : self.k], packed[:, self.k + 1]
         frames = np.zeros((n_real, self.k + 1), np.int64)
         voiced: np.ndarray | None = None
         self._last = (lengths, ab, toks, accepted)
         if timed:
-            frames = packed[:, self.k + 1 :] if on_device else self._token_times(toks, accepted, lengths, draft_frames)
-            if db is None:
-                db = self.frame_db[:n_real, : n // SAMPLES_PER_POSITION].cpu().numpy()
+            frames = packed[:, self.k + 2 :] if on_device else self._token_times(toks, accepted, lengths, draft_frames)
+            assert db is not None
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
             self.stats.align_passes += 1
             self.stats.aligned_rows += n_real
