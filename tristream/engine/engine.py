@@ -54,7 +54,7 @@ from tristream.engine.kv_retention import KVRetention
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.overlap import OverlapDecode
 from tristream.engine.runner import ModelRunner, PrefillChunk
-from tristream.engine.sampler import SamplingBatch, sample
+from tristream.engine.sampler import SamplingBatch, greedy_tokens, sample
 from tristream.engine.sequence import (
     FinishReason,
     SamplingParams,
@@ -367,7 +367,7 @@ class LLMEngine(BlockBookkeeping):
         if sampled_seqs:
             logits = logit_parts[0] if len(logit_parts) == 1 else torch.cat(logit_parts)
             if all_greedy(sampled_seqs):
-                token_list = to_host(logits.argmax(dim=-1))  # greedy fast path: no parameter tensors
+                token_list = to_host(greedy_tokens(logits))  # greedy fast path: no parameter tensors
             else:
                 token_list = self._sample(logits, sampled_seqs)
         if tm is not None:

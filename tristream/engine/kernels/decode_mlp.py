@@ -113,8 +113,9 @@ def fused_mlp1(x: torch.Tensor, gate_up: torch.Tensor, norm_weight: torch.Tensor
     if out.data_ptr() == x.data_ptr():
         raise ValueError("out must not alias x")
     r = mlp_rows(inter, rows)
-    bk = block_k or min(triton.next_power_of_2(h), 1024 if r <= 8 else 512)
-    bn = block_n or min(triton.next_power_of_2(h), 512 if down_t else 256)
+    # tiles of about 8k weights per matrix: registers stay bounded as rows grow
+    bk = block_k or min(triton.next_power_of_2(h), max(64, 8192 // r))
+    bn = block_n or min(triton.next_power_of_2(h), max(64, 8192 // r))
     _mlp1_kernel[(inter // r,)](
         x, gate_up, norm_weight, down, out, h, inter, eps, R=r, BLOCK_K=bk, BLOCK_N=bn, DOWN_T=down_t,
         USE_PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),

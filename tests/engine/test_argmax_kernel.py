@@ -1,0 +1,53 @@
+"""The greedy-token kernel (`kernels/argmax.py`) equals torch.argmax: first index on ties,
+rows that are all -inf, vocabularies that are not a multiple of its chunk, several rows, and
+repeated calls (its per-row counters must reset). GPU, or CPU under TRITON_INTERPRET=1."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu, pytest.mark.interpret_ok]
+
+
+@pytest.fixture(scope="module")
+def device() -> str:
+    pytest.importorskip("triton")
+    if torch.cuda.is_available():
+        return "cuda"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs CUDA or TRITON_INTERPRET=1")
+    return "cpu"
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 49152), (3, 51865), (8, 5000), (2, 2048), (1, 7)])
+def test_greedy_tokens_equal_torch_argmax(device: str, rows: int, vocab: int) -> None:
+    from tristream.engine.kernels.argmax import greedy_tokens
+
+    g = torch.Generator().manual_seed(rows * vocab)
+    for trial in range(3):  # repeated calls reuse the counters
+        x = torch.randn(rows, vocab, generator=g)
+        if trial == 1:  # ties: the max value at several places, in different chunks
+            x[:, [vocab // 3, vocab - 1, 0]] = 50.0
+        if trial == 2 and rows > 1:
+            x[1] = -float("inf")
+        x = x.to(device)
+        got = greedy_tokens(x)
+        assert got.dtype == torch.int64 and got.shape == (rows,)
+        assert torch.equal(got.cpu(), x.cpu().argmax(-1)), (trial, got, x.argmax(-1))
+
+
+def test_greedy_tokens_refuses_other_shapes(device: str) -> None:
+    from tristream.engine.kernels.argmax import greedy_tokens
+
+    with pytest.raises(ValueError, match="rows, vocab"):
+        greedy_tokens(torch.zeros(4, device=device))
+
+
+def test_sampler_greedy_uses_it_on_the_logits_device(device: str) -> None:
+    from tristream.engine.sampler import greedy_tokens
+
+    x = torch.randn(4, 3000, device=device)
+    assert torch.equal(greedy_tokens(x).cpu(), x.cpu().argmax(-1))

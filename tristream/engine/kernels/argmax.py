@@ -1,0 +1,80 @@
+"""Greedy tokens: argmax over the vocabulary of each row of float logits, in one Triton kernel.
+
+`torch.argmax` reduces a row in one thread block: on the H200 a [1, 49152] float32 row took
+13.9 µs, most of an overlapped SmolLM2-135M decode step's time outside its graph
+(bench/results/step_overlap_mlp.json). Here the row is split into BLOCK-sized chunks, one
+program each; every program writes its chunk's (max, first index of the max) and counts itself
+in a per-row counter, and the last program of the row to finish merges the partials and
+resets the counter (the pattern of the split attention merge in `triton_ops`). Ties go to the
+first index, as in torch. NaN logits are not handled (torch would return a NaN's index).
+
+The counters and partials are kept per device and reused; calls on one device must be ordered
+(one stream), which the engine's decode loop is.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+BLOCK = 2048
+
+
+@triton.jit
+def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, N, stride, CHUNKS: tl.constexpr, CP2: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = c * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * stride + offs, mask=offs < N, other=-float("inf")).to(tl.float32)
+    mx = tl.max(x, 0)
+    idx = tl.min(tl.where(x == mx, offs, N), 0)
+    tl.store(pv_ptr + row * CHUNKS + c, mx)
+    tl.store(pi_ptr + row * CHUNKS + c, idx)
+    # the row's last program merges: barrier, then a release/acquire count at GPU scope
+    tl.debug_barrier()
+    done = tl.atomic_add(cnt_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if done == CHUNKS - 1:
+        tl.debug_barrier()
+        k = tl.arange(0, CP2)
+        v = tl.load(pv_ptr + row * CHUNKS + k, mask=k < CHUNKS, other=-float("inf"), cache_modifier=".cg")
+        i = tl.load(pi_ptr + row * CHUNKS + k, mask=k < CHUNKS, other=N, cache_modifier=".cg")
+        best = tl.max(v, 0)
+        tl.store(out_ptr + row, tl.min(tl.where(v == best, i, N), 0).to(tl.int64))
+        tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
+
+
+_state: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _buffers(device: torch.device, rows: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    st = _state.get(device)
+    if st is None or st[0].numel() < rows or st[1].numel() < rows * chunks:
+        n = max(rows, 256)
+        st = (torch.zeros(n, dtype=torch.int32, device=device),
+              torch.empty(n * chunks, dtype=torch.float32, device=device),
+              torch.empty(n * chunks, dtype=torch.int32, device=device))
+        _state[device] = st
+    return st
+
+
+def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dim of a 2-D float tensor → int64 [rows] (first index on ties).
+    One Triton kernel on CUDA; `torch.argmax` elsewhere, for empty rows and during CUDA graph
+    capture (the counters are not graph-safe)."""
+    if logits.dim() != 2:
+        raise ValueError(f"greedy_tokens takes [rows, vocab] logits, got shape {tuple(logits.shape)}")
+    rows, n = logits.shape
+    on_gpu = logits.device.type == "cuda"
+    if ((not on_gpu and os.environ.get("TRITON_INTERPRET") != "1") or rows == 0 or n == 0 or logits.stride(1) != 1
+            or (on_gpu and torch.cuda.is_current_stream_capturing())):
+        return logits.argmax(dim=-1)
+    chunks = triton.cdiv(n, BLOCK)
+    cnt, pv, pi = _buffers(logits.device, rows, chunks)
+    out = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    _argmax_kernel[(rows, chunks)](logits, pv, pi, cnt, out, n, logits.stride(0), CHUNKS=chunks,
+                                   CP2=triton.next_power_of_2(chunks), BLOCK=BLOCK)
+    return out
