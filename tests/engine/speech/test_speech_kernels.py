@@ -137,13 +137,14 @@ def test_greedy_step_equals_torch() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_decoder_with_kernels_equals_torch_ops(dtype: torch.dtype, make_whisper) -> None:  # type: ignore[no-untyped-def]
-    """Prefill (shared positions), one step per sequence at its own position, alignment logits: the
-    kernels' decoder gives the torch decoder's logits (fp rounding) and the same caches."""
+    """Prefill (shared positions), one step per sequence at its own position, alignment logits, and
+    the encoder: with the kernels, the torch path's logits and outputs (fp rounding), the same caches."""
     model = make_whisper().to(DEV, dtype)
     g = torch.Generator().manual_seed(7)
     b, p = 3, 6
     enc = torch.randn(b, 20, model.dims.d_model, generator=g).to(DEV, dtype)
     ids = torch.randint(0, 50000, (b, p), generator=g).to(DEV)
+    mel = torch.randn(b, model.dims.n_mels, 40, generator=g).to(DEV, dtype)
     out = []
     with torch.inference_mode():
         for fused in (True, False):
@@ -153,7 +154,7 @@ def test_decoder_with_kernels_equals_torch_ops(dtype: torch.dtype, make_whisper)
             pos = torch.tensor([[p], [p - 2], [p + 3]], device=DEV)
             step = model.decode(ids[:, :1], pos, cache, vocab_limit=1000, fused=fused)
             al = model.alignment_logits(ids, cache, fused=fused)
-            out.append((pre, step, al, cache.kv.clone()))
+            out.append((pre, step, al, cache.kv.clone(), model.encode(mel, fused=fused)))
     for a, w in zip(out[0], out[1], strict=True):
         torch.testing.assert_close(a, w, **({"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32
                                              else {"atol": 3e-2, "rtol": 1e-2}))

@@ -210,7 +210,7 @@ class WhisperRunner:
         if self.word_times:  # loudness of every 20 ms frame (snapping word edges onto pauses)
             power = audio.view(bb, t, -1).square().mean(-1)
             self.frame_db[:bb, :t].copy_(10.0 * torch.log10(power + 1e-10))
-        enc = m.encode(self.mel(audio).to(self.dtype))
+        enc = m.encode(self.mel(audio).to(self.dtype), fused=self.fused_kernels)
         m.fill_cross(enc, cache)
         ids = torch.cat([self.prompt_ids.expand(bb, -1), self.draft[:bb]], dim=1)
         pos = torch.arange(n_prompt + d, device=self.device)

@@ -50,6 +50,16 @@ class EncoderLayer(nn.Module):
         x = x + self.out(a.transpose(1, 2).reshape(b, n, d))
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
 
+    def forward_fused(self, x: torch.Tensor, h: torch.Tensor, next_ln: nn.LayerNorm
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` given `h = ln1(x)`, each residual add fused with the layer norm after it
+        (speech/kernels.py) → `(x, next_ln(x))`."""
+        b, n, d = x.shape
+        q, k, v = self.qkv(h).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
+        a = F.scaled_dot_product_attention(q, k, v)
+        x, h = kernels.add_layer_norm(x, self.out(a.transpose(1, 2).reshape(b, n, d)), self.ln2)
+        return kernels.add_layer_norm(x, self.fc2(F.gelu(self.fc1(h))), next_ln)
+
 
 class DecoderLayer(nn.Module):
     """Causal self-attention (static cache) + cross-attention + MLP."""
@@ -188,8 +198,9 @@ class Whisper(nn.Module):
         self._head_idx: dict[tuple[int, tuple[int, ...], str], torch.Tensor] = {}
 
     # ---- encoder ---------------------------------------------------------------------------
-    def encode(self, mel: torch.Tensor) -> torch.Tensor:
-        """`[B, n_mels, 2T]` log-mel (T ≤ 1500) → `[B, T, D]`."""
+    def encode(self, mel: torch.Tensor, fused: bool = False) -> torch.Tensor:
+        """`[B, n_mels, 2T]` log-mel (T ≤ 1500) → `[B, T, D]`. `fused`: residual adds fused with the
+        layer norms after them (speech/kernels.py; same results within fp rounding)."""
         if mel.dim() != 3 or mel.shape[1] != self.dims.n_mels or mel.shape[2] % 2:
             raise AudioInputError(
                 f"mel must be [B, {self.dims.n_mels}, even frames]; got {tuple(mel.shape)}")
@@ -202,6 +213,12 @@ class Whisper(nn.Module):
         # pos first: the sum takes the first operand's (contiguous) layout; `x + pos` kept the transposed
         # one, and every layer after it paid strided residual adds and a copy before each layer norm
         x = self.enc_pos[:t].to(x.dtype) + x
+        if fused:
+            h = self.enc_layers[0].ln1(x)  # type: ignore[operator]
+            for i, layer in enumerate(self.enc_layers):
+                nxt = self.enc_layers[i + 1].ln1 if i + 1 < len(self.enc_layers) else self.enc_ln
+                x, h = layer.forward_fused(x, h, nxt)  # type: ignore[operator]
+            return h
         for layer in self.enc_layers:
             x = layer(x)
         return self.enc_ln(x)
