@@ -176,8 +176,11 @@ class DecodeGraphs:
         out = ["fused"]
         if b == 1 and self.model.device.type == "cuda":
             pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
-            # "_mlpt" needs a transposed copy of the down weights: only when asked for by name
-            out += [v for v in B1_VARIANTS if (pdl or "_pdl" not in v) and "_mlpt" not in v]
+            # not timed at capture: the one-kernel MLP ("_mlp", "_mlpt") lost to the two-kernel
+            # pair on the H200 (bench/results/mlp_fuse.json: 135M 5.0 vs 5.0 us, 1B 36.1 vs
+            # 34.1 us per MLP; in the decode graph 0.48 vs 0.43 ms, 1.07 vs 0.92 ms per step);
+            # it stays selectable by name
+            out += [v for v in B1_VARIANTS if (pdl or "_pdl" not in v) and "_mlp" not in v]
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:

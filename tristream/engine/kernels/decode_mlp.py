@@ -22,6 +22,13 @@ not (it stays float32), so the logits differ from the bf16-residual paths by the
 residual no longer gets, and the decode graphs accept the variant only where it agrees
 (`kernel_choice.variant_agrees`).
 
+Measured on the H200 it does not pay (bench/results/mlp_fuse.json, decode_profile_mlp.json):
+alone, SmolLM2-135M's MLP took 5.0 µs either way and Llama-3.2-1B's 36.1 µs (32 rows per
+program, the best of 16-128 rows, 4 or 8 warps, either down layout) against 34.1 µs for the
+pair: the atomics (programs × hidden float32 adds) cost what the saved boundary gave. In the
+decode graph the step got slower (135M 0.433 → 0.482 ms, 1B 0.916 → 1.070 ms), so the decode
+graphs do not try it at capture; it stays selectable by name (`graphs.B1_VARIANTS`).
+
 `down_t`: the down weight transposed ([intermediate, hidden], contiguous), so each program's
 R columns are R contiguous rows; None reads the R columns of the [hidden, intermediate] weight
 directly (R·2 contiguous bytes per row).
