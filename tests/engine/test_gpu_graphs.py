@@ -70,7 +70,7 @@ def test_triton_decode_equals_torch_reference(qwen: bool, kernels: str) -> None:
     assert torch.equal(got.argmax(-1), ref.argmax(-1))
 
 
-@pytest.mark.parametrize("kernels", ["b1", "b1_pdl", "b8_pdl", "b1m", "b1_pdl_hc", "b1_mlp", "b8_pdl_mlp",
+@pytest.mark.parametrize("kernels", ["b1", "b1_pdl", "b8_pdl", "b1m", "b1_pdl_hc", "bw_pdl", "bwx_pdl", "b1_mlp", "b8_pdl_mlp",
                                      "b8_pdl_mlp_hc", "b1_pdl_mlpt"])
 @pytest.mark.parametrize("qwen", [False, True])
 def test_batch1_fused_layer_equals_torch_reference_and_its_graph(qwen: bool, kernels: str) -> None:

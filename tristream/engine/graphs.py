@@ -175,12 +175,15 @@ class DecodeGraphs:
     def _candidates(self, b: int) -> list[str]:
         out = ["fused"]
         if b == 1 and self.model.device.type == "cuda":
+            # with PDL (Hopper+) only the PDL variants: each measured faster than its plain twin on the
+            # H200 (e.g. 135M b1 0.606 vs b1_pdl 0.448 ms, 1B 0.960 vs 0.916; llm_gpu_s6b.json)
             pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
             # not timed at capture: the one-kernel MLP ("_mlp", "_mlpt") lost to the two-kernel
             # pair on the H200 (bench/results/mlp_fuse.json: 135M 5.0 vs 5.0 us, 1B 36.1 vs
             # 34.1 us per MLP; in the decode graph 0.48 vs 0.43 ms, 1.07 vs 0.92 ms per step);
             # it stays selectable by name
-            out += [v for v in B1_VARIANTS if (pdl or "_pdl" not in v) and "_mlp" not in v]
+            # nor "b1m" (32 x 256 tiles: 1.4-3.6x slower than the default tile on the H200)
+            out += [v for v in B1_VARIANTS if ("_pdl" in v) == pdl and "_mlp" not in v and not v.startswith("b1m")]
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:

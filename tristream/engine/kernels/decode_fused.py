@@ -152,14 +152,17 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
 
 
 TILES: dict[str, tuple[tuple[int, int] | None, int]] = {"b1": (None, 4), "b8": (None, 8), "b1m": ((32, 256), 4),
-                                                       "bw": ((8, 2048), 4), "bw8": ((16, 2048), 8)}
+                                                       "bw": ((8, 2048), 4), "bw4": ((4, 2048), 4),
+                                                       "bwx": ((8, 4096), 8)}
 """Batch-1 GEMV tile (rows, K columns; None: the default per shape, 8-16 rows x up to 1024
 columns) and warps per program, per variant name. Which is fastest depends on the GPU and the
 model; the decode graphs time them at capture. On the H200 (bench/results/decode_profile.json)
 the default tile was fastest for SmolLM2-135M and Llama-3.2-1B, 32 x 256 1.4-1.7x slower and
 64 x 128 2-2.5x slower (dropped); 8 warps won for the 1B's square GEMVs in bench/gemv.py.
-"bw" / "bw8": whole 2048-column rows (8 x 2048, 4 warps; 16 x 2048, 8 warps): a program of a
-K ≤ 2048 projection loads all its weights before waiting on its predecessor (PDL)."""
+"bw", "bw4": whole 2048-column rows (8 or 4 rows, 4 warps): a program of a K ≤ 2048 projection
+loads all its weights before waiting on its predecessor (PDL); "bwx": 8 x 4096, 8 warps. On the
+H200 "bw" took Llama-3.2-1B's step graph from 0.914 to 0.832 ms (16 x 2048 with 8 warps: 1.061;
+decode_profile_bw.json) and made SmolLM2-135M's slower (0.480 vs 0.434 for "b8_pdl_hc")."""
 
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
