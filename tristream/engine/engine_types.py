@@ -39,12 +39,12 @@ class EngineConfig:
     packed_prefill: bool | None = None  # all prefill chunks in one batched attention (default: CUDA only)
     kv_budget_tokens: int | None = None  # default KV budget per sequence (None: no eviction); see kv_retention.py
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
-    overlap: bool | None = False
+    overlap: bool | None = None
     """Overlapped greedy decode (`overlap.py`): in steady decode, launch step i+1 (its token ids
     fed on the device) before waiting for step i's tokens, hiding the host side of a step
-    (H200, batch 1: SmolLM2-135M 0.66 -> 0.51 ms per step, Llama-3.2-1B 1.17 -> 1.03 ms, same
-    tokens: bench/results/step_overlap_b1pdl.json). None: on for CUDA, off on CPU (nothing to
-    hide there). Off by default until the whole GPU suite has run with it on."""
+    (H200, batch 1: SmolLM2-135M 0.507 -> 0.458 ms per step, Llama-3.2-1B 0.998 -> 0.851 ms, same
+    tokens: bench/results/llm_gpu_s7b.json). None (the default): on for CUDA, off on CPU (nothing
+    to hide there); False: off."""
 
 
 Command = tuple[Callable[[], None], int | None]

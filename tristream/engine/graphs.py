@@ -208,6 +208,10 @@ class DecodeGraphs:
                 break
             if self.kernels != "auto":
                 self.fused[b] = self.variant_for(b)
+                # run it once eagerly: its Triton kernels compile here, not inside the capture (a
+                # compile there allocates enough to start a GC pass, and a collected engine's pinned
+                # buffers or events freed mid-capture abort the process)
+                self.forward(b, self.fused[b])
                 continue
             ref = self.forward(b, "cublas")
             times = {"cublas": self._time_variant(b, "cublas")}
