@@ -75,7 +75,10 @@ class PinnedCopy:
         n = tokens.numel()
         buf = self.buf
         if buf is None or buf.numel() < n or buf.dtype != tokens.dtype:
-            buf = self.buf = torch.empty(max(n, 256), dtype=tokens.dtype, pin_memory=True)
+            # a normal tensor even when first made inside inference mode (the overlapped step runs
+            # there): an inference tensor could not be written later outside it
+            with torch.inference_mode(False):
+                buf = self.buf = torch.empty(max(n, 256), dtype=tokens.dtype, pin_memory=True)
         if self.event is None:
             self.event = torch.cuda.Event()
         buf[:n].copy_(tokens.reshape(-1), non_blocking=True)
