@@ -12,6 +12,7 @@ first token's jump and ends at the next word's (the last word at the end-of-text
 from __future__ import annotations
 
 import bisect
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -150,6 +151,9 @@ def anchored_token_starts(align: torch.Tensor, toks: np.ndarray, eot: int, valid
     return frames
 
 
+_PAUSES: dict[int, re.Pattern[bytes]] = {}  # min_gap → runs of that many unvoiced frames or more
+
+
 def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
                ) -> list[tuple[int, int]]:
     """Move DTW word edges onto pauses: `bounds` `(start, end)` frames per word, `voiced` `[T]` bool.
@@ -160,45 +164,49 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
     first word ends where it starts, the second starts where it ends. Then each word is trimmed to
     its first and last voiced frame. Words without a voiced frame keep their bounds.
 
-    Plain Python over lists: a few dozen words and pauses per stream, where numpy's per-call cost
-    dominates (pauses are sorted and disjoint, so each boundary bisects to its candidates).
+    Plain Python over the mask's bytes: a few dozen words and pauses per stream, where numpy's
+    per-call cost dominates. Pauses come from one regex scan (runs of ≥ `min_gap` zero bytes), are
+    sorted and disjoint, so each boundary bisects to its candidates; a word's first and last voiced
+    frames are `bytes.find`/`rfind`.
     """
     t = voiced.shape[0]
     if not bounds or t == 0:
         return list(bounds)
-    padded = np.ones(t + 2, np.int8)  # voiced frames around the ends: runs are closed
-    padded[1:-1] = voiced
-    edges = np.flatnonzero(padded[1:] != padded[:-1]).tolist()
-    g0s: list[int] = []
-    g1s: list[int] = []
-    for a, b in zip(edges[::2], edges[1::2], strict=True):
-        if b - a >= min_gap:
+    if voiced.dtype != np.bool_:
+        voiced = voiced.astype(np.int8) != 0
+    v = voiced.tobytes()  # one byte per frame, 0 or 1
+    out = [(int(a), int(b)) for a, b in bounds]
+    if len(out) > 1:
+        pat = _PAUSES.get(min_gap)
+        if pat is None:
+            pat = _PAUSES[min_gap] = re.compile(b"\\x00{%d,}" % max(min_gap, 1))
+        g0s: list[int] = []
+        g1s: list[int] = []
+        for m in pat.finditer(v):
+            a, b = m.span()
             g0s.append(a)
             g1s.append(b)
-    out = [(int(a), int(b)) for a, b in bounds]
-    for j in range(len(out) - 1 if g0s else 0):  # no pause anywhere: no boundary moves
-        s0, b = out[j][0], out[j + 1][0]
-        e1 = out[j + 1][1]
-        # candidates: g0 > s0, g1 > b - window, g0 < b + window, g1 < e1 (both edges increase with the index)
-        lo = max(bisect.bisect_right(g0s, s0), bisect.bisect_right(g1s, b - window))
-        hi = min(bisect.bisect_left(g0s, b + window), bisect.bisect_left(g1s, e1))
-        best: tuple[int, int] | None = None
-        for k in range(lo, hi):
-            g0, g1 = g0s[k], g1s[k]
-            if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
-                best = (g0, g1)
-        if best is not None:
-            out[j] = (out[j][0], best[0])
-            out[j + 1] = (best[1], out[j + 1][1])
-    v = voiced.tolist()
+        for j in range(len(out) - 1 if g0s else 0):  # no pause anywhere: no boundary moves
+            s0, b = out[j][0], out[j + 1][0]
+            e1 = out[j + 1][1]
+            # candidates: g0 > s0, g1 > b - window, g0 < b + window, g1 < e1 (both edges increase with the index)
+            lo = max(bisect.bisect_right(g0s, s0), bisect.bisect_right(g1s, b - window))
+            hi = min(bisect.bisect_left(g0s, b + window), bisect.bisect_left(g1s, e1))
+            best: tuple[int, int] | None = None
+            for k in range(lo, hi):
+                g0, g1 = g0s[k], g1s[k]
+                if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
+                    best = (g0, g1)
+            if best is not None:
+                out[j] = (out[j][0], best[0])
+                out[j + 1] = (best[1], out[j + 1][1])
     for j, (a, z) in enumerate(out):
-        lo, hi = max(a, 0), min(z, t)
-        while lo < hi and not v[lo]:
-            lo += 1
-        if lo < hi:
-            while not v[hi - 1]:
-                hi -= 1
-            out[j] = (a + (lo - max(a, 0)), a + (hi - max(a, 0)))
+        a0 = a if a > 0 else 0
+        z0 = z if z < t else t
+        if a0 < z0:
+            f = v.find(1, a0, z0)
+            if f >= 0:
+                out[j] = (a + (f - a0), a + (v.rfind(1, a0, z0) + 1 - a0))
     return out
 
 
