@@ -100,31 +100,37 @@ def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[
     never go back and are clamped to the audio. With `voiced` (per-frame speech mask) the edges
     are snapped onto pauses (`snap_words`).
     """
-    texts: list[str] = []
-    bounds: list[list[int]] = []
-    last = 0
-    end: int | None = None
+    n = min(len(token_ids), len(frames))
+    ids = token_ids if n == len(token_ids) else token_ids[:n]
+    try:
+        stop = ids.index(eot)
+    except ValueError:
+        stop = -1
     hi = max(valid_frames - 1, 0)
-    for tid, fr in zip(token_ids, frames, strict=False):
-        fr = min(max(int(fr), last), hi)
-        if tid == eot:
-            end = fr
-            break
-        last = fr
-        piece = text_of(int(tid))
-        if not piece:
-            continue
-        if texts and not piece[0].isspace():
-            texts[-1] += piece
-            continue
-        if bounds:
-            bounds[-1][1] = fr
-        texts.append(piece)
-        bounds.append([fr, fr])
-    if bounds:
-        a = bounds[-1][0]
-        bounds[-1][1] = end if end is not None and end > a else min(last + 1, max(valid_frames, 1))
-    spans = [(a, z) for a, z in bounds]
+    texts: list[str] = []
+    starts: list[int] = []
+    last = 0
+    for j in range(stop if stop >= 0 else n):
+        fr = frames[j]
+        if fr > last:
+            last = fr if fr < hi else hi
+        piece = text_of(ids[j])
+        if piece:
+            if texts and not piece[0].isspace():
+                texts[-1] += piece
+            else:
+                texts.append(piece)
+                starts.append(last)
+    if not texts:
+        return []
+    a = starts[-1]
+    if stop >= 0:
+        fr = frames[stop]
+        end = min(max(fr, last), hi)
+        z = end if end > a else min(last + 1, max(valid_frames, 1))
+    else:
+        z = min(last + 1, max(valid_frames, 1))
+    spans = list(zip(starts, starts[1:] + [z], strict=True))
     if voiced is not None:
         spans = snap_words(spans, voiced[:valid_frames])
     return [Word(w, t0_ns + int(a * FRAME_S * NS), t0_ns + int(z * FRAME_S * NS)) for w, (a, z) in zip(texts, spans,
