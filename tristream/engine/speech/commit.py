@@ -54,6 +54,18 @@ class Word:
         return f"Word(text={self.text!r}, start_ns={self.start_ns}, end_ns={self.end_ns})"
 
 
+def _agreed(fresh: list[Word], earlier: list[list[Word]]) -> int:
+    """Length of the longest prefix of `fresh` whose keys every hypothesis in `earlier` starts with."""
+    k = len(fresh)
+    for h in earlier:
+        k = min(k, len(h))
+        for i in range(k):
+            if h[i].key != fresh[i].key:
+                k = i
+                break
+    return k
+
+
 @dataclass(slots=True)
 class CommitResult:
     """What one update added: newly committed words and the current partial tail."""
@@ -82,8 +94,10 @@ class LocalAgreement:
 
     def _fresh(self, hyp: list[Word]) -> list[Word]:
         """Drop the part of `hyp` that the committed text already covers."""
-        words = [w for w in hyp if w.start_ns > self.committed_end_ns - self.tolerance_ns]
-        if words and self.committed and abs(words[0].start_ns - self.committed_end_ns) < 10 * self.tolerance_ns:
+        end = self.committed_end_ns
+        after = end - self.tolerance_ns
+        words = [w for w in hyp if w.start_ns > after]
+        if words and self.committed and abs(words[0].start_ns - end) < 10 * self.tolerance_ns:
             tail = [w.key for w in self.committed[-self.max_ngram:]]
             for k in range(min(len(tail), len(words), self.max_ngram), 0, -1):
                 if tail[-k:] == [w.key for w in words[:k]]:
@@ -98,11 +112,7 @@ class LocalAgreement:
         del self._history[: -self.n]
         new: list[Word] = []
         if len(self._history) == self.n:
-            for i, w in enumerate(fresh):
-                if all(i < len(h) and h[i].key == w.key for h in self._history[:-1]):
-                    new.append(w)
-                else:
-                    break
+            new = fresh[: _agreed(fresh, self._history[:-1])]
         if new:
             self.committed.extend(new)
             k = len(new)
@@ -116,13 +126,7 @@ class LocalAgreement:
         hist = [*self._history[-(self.n - 1):], fresh] if self.n > 1 else [fresh]
         if len(hist) < self.n:
             return 0
-        k = 0
-        for i, w in enumerate(fresh):
-            if all(i < len(h) and h[i].key == w.key for h in hist[:-1]):
-                k += 1
-            else:
-                break
-        return k
+        return _agreed(fresh, hist[:-1])
 
     def flush(self) -> CommitResult:
         """End of stream: commit the newest partial as final."""
