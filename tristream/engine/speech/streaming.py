@@ -41,9 +41,11 @@ from tristream.engine.speech.commit import LocalAgreement, Word
 from tristream.engine.speech.config import FRAME_S, SAMPLE_RATE
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.runner import WhisperRunner
-from tristream.engine.speech.timing import snap_words
+from tristream.engine.speech.words import WordCache
+from tristream.engine.speech.words import tokens_to_words as tokens_to_words  # re-exported: its former home
 
 NS = 1_000_000_000
+_FRAME_SAMPLES = round(FRAME_S * SAMPLE_RATE)  # 320 samples per encoder frame
 
 
 @dataclass(slots=True)
@@ -86,55 +88,11 @@ class _Stream:
     draft_frames: list[int] = field(default_factory=list)
     timed: int = 0  # leading entries of draft_frames set by an aligned pass (the rest provisional)
     exact: bool = True  # the newest hypothesis inserted carried aligned times
+    plain: WordCache = field(default_factory=WordCache)  # words of the last hypothesis with provisional times
+    snapped: WordCache = field(default_factory=WordCache)  # ... and with aligned times, snapped onto pauses
 
     def end_ns(self) -> int:
         return self.t0_ns + self.length * NS // SAMPLE_RATE
-
-
-def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[int], str], eot: int,
-                    t0_ns: int, valid_frames: int, voiced: np.ndarray | None = None) -> list[Word]:
-    """Group tokens into words (a token starting with a space opens a word) timed by their frames.
-
-    `frames[j]` is token j's start frame (DTW jump); a word ends where the next one starts, the last
-    at the end-of-text token's frame when present (else one frame after its last token). Frames
-    never go back and are clamped to the audio. With `voiced` (per-frame speech mask) the edges
-    are snapped onto pauses (`snap_words`).
-    """
-    n = min(len(token_ids), len(frames))
-    ids = token_ids if n == len(token_ids) else token_ids[:n]
-    try:
-        stop = ids.index(eot)
-    except ValueError:
-        stop = -1
-    hi = max(valid_frames - 1, 0)
-    texts: list[str] = []
-    starts: list[int] = []
-    last = 0
-    for j in range(stop if stop >= 0 else n):
-        fr = frames[j]
-        if fr > last:
-            last = fr if fr < hi else hi
-        piece = text_of(ids[j])
-        if piece:
-            if texts and not piece[0].isspace():
-                texts[-1] += piece
-            else:
-                texts.append(piece)
-                starts.append(last)
-    if not texts:
-        return []
-    a = starts[-1]
-    if stop >= 0:
-        fr = frames[stop]
-        end = min(max(fr, last), hi)
-        z = end if end > a else min(last + 1, max(valid_frames, 1))
-    else:
-        z = min(last + 1, max(valid_frames, 1))
-    spans = list(zip(starts, starts[1:] + [z], strict=True))
-    if voiced is not None:
-        spans = snap_words(spans, voiced[:valid_frames])
-    return [Word(w, t0_ns + int(a * FRAME_S * NS), t0_ns + int(z * FRAME_S * NS)) for w, (a, z) in zip(texts, spans,
-                                                                                                       strict=True)]
 
 
 class StreamingWhisper:
@@ -235,6 +193,8 @@ class StreamingWhisper:
         s.length -= n
         s.t0_ns += n * NS // SAMPLE_RATE
         s.agreement.forget_before(s.t0_ns)
+        s.plain.reset()
+        s.snapped.reset()
         if s.draft:  # the draft's first tokens were for the audio just cut; decode afresh
             s.draft, s.draft_frames, s.timed = [], [], 0
             self.stats.draft_resets += 1
@@ -251,10 +211,10 @@ class StreamingWhisper:
         self.stats.passes += 1
         eot = self.runner.tokens.eot
         n = len(streams)
-        valid = [int(np.ceil(s.length / (FRAME_S * SAMPLE_RATE))) for s in streams]
-        toks = [res.tokens[k].tolist() for k in range(n)]
-        fr: list[list[int]] = [res.frames[k].tolist() for k in range(n)]
-        voiced: list[np.ndarray | None] = [None if res.voiced is None else res.voiced[k] for k in range(n)]
+        valid = [-(-s.length // _FRAME_SAMPLES) for s in streams]  # ceil: frames holding audio
+        toks: list[list[int]] = res.tokens[:n].tolist()
+        fr: list[list[int]] = res.frames[:n].tolist()
+        voiced: list[np.ndarray | None] = [None] * n if res.voiced is None else list(res.voiced[:n])
         exact = [not lazy] * n
         words: list[list[Word]] = []
         if lazy:
@@ -263,7 +223,7 @@ class StreamingWhisper:
                 keep = min(s.timed, int(res.accepted[k]))  # frames of accepted draft tokens still hold
                 fr[k] = self._provisional(s, toks[k], s.draft_frames[:keep], valid[k])
                 s.timed = keep
-                words.append(tokens_to_words(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k]))
+                words.append(s.plain.words_for(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k]))
                 # which re-heard words `_fresh` drops as already committed is decided by time: with
                 # committed audio still in the buffer and nothing timed (after a trim), align
                 unsure.append(keep == 0 and s.agreement.committed_end_ns > s.t0_ns)
@@ -277,7 +237,7 @@ class StreamingWhisper:
         out: list[TranscriptEvent] = []
         for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
             if exact[k]:
-                w = tokens_to_words(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k], voiced[k])
+                w = s.snapped.words_for(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k], voiced[k])
             else:
                 w = words[k]
             s.draft = toks[k][: toks[k].index(eot)] if eot in toks[k] else toks[k]

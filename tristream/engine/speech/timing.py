@@ -151,7 +151,14 @@ def anchored_token_starts(align: torch.Tensor, toks: np.ndarray, eot: int, valid
     return frames
 
 
-_PAUSES: dict[int, re.Pattern[bytes]] = {}  # min_gap → runs of that many unvoiced frames or more
+_PAUSES: dict[int, re.Pattern[bytes]] = {}  # min_gap → maximal runs of that many unvoiced frames or more
+
+
+def voiced_bytes(voiced: np.ndarray) -> bytes:
+    """A voiced mask as one byte (0 or 1) per frame, the form `snap_spans` reads."""
+    if voiced.dtype != np.bool_:
+        voiced = voiced.astype(np.int8) != 0
+    return voiced.tobytes()
 
 
 def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
@@ -169,20 +176,31 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
     sorted and disjoint, so each boundary bisects to its candidates; a word's first and last voiced
     frames are `bytes.find`/`rfind`.
     """
-    t = voiced.shape[0]
-    if not bounds or t == 0:
+    if not bounds or voiced.shape[0] == 0:
         return list(bounds)
-    if voiced.dtype != np.bool_:
-        voiced = voiced.astype(np.int8) != 0
-    v = voiced.tobytes()  # one byte per frame, 0 or 1
-    out = [(int(a), int(b)) for a, b in bounds]
+    return snap_spans([(int(a), int(b)) for a, b in bounds], voiced_bytes(voiced), window, min_gap)[0]
+
+
+def snap_spans(out: list[tuple[int, int]], v: bytes, window: int = 20, min_gap: int = 2, pos: int = 0
+               ) -> tuple[list[tuple[int, int]], list[int]]:
+    """`snap_words` on int bounds (changed in place and returned) over a `voiced_bytes` mask; also
+    returns each word's start after the boundary before it was moved, before the voiced trim (what
+    a later call needs to resume from that word: see `words.WordCache`).
+
+    `pos`: pauses starting at or before `pos - 1` are ignored, which changes nothing when no
+    boundary's left word starts before `pos - 1` (true for `pos = bounds[0][0] + 1` when the bounds
+    are sorted and contiguous, as `tokens_to_words` makes them)."""
+    t = len(v)
+    mids = [a for a, _ in out]
+    if not out or t == 0:
+        return out, mids
     if len(out) > 1:
         pat = _PAUSES.get(min_gap)
         if pat is None:
-            pat = _PAUSES[min_gap] = re.compile(b"\\x00{%d,}" % max(min_gap, 1))
+            pat = _PAUSES[min_gap] = re.compile(b"(?<!\\x00)\\x00{%d,}" % max(min_gap, 1))
         g0s: list[int] = []
         g1s: list[int] = []
-        for m in pat.finditer(v):
+        for m in pat.finditer(v, max(pos, 0)):
             a, b = m.span()
             g0s.append(a)
             g1s.append(b)
@@ -200,6 +218,7 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
             if best is not None:
                 out[j] = (out[j][0], best[0])
                 out[j + 1] = (best[1], out[j + 1][1])
+                mids[j + 1] = best[1]
     for j, (a, z) in enumerate(out):
         a0 = a if a > 0 else 0
         z0 = z if z < t else t
@@ -207,7 +226,7 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
             f = v.find(1, a0, z0)
             if f >= 0:
                 out[j] = (a + (f - a0), a + (v.rfind(1, a0, z0) + 1 - a0))
-    return out
+    return out, mids
 
 
 def dtw_reference(cost: np.ndarray) -> list[int]:
