@@ -653,7 +653,26 @@ def main() -> None:
     ap.add_argument("--host-only", action="store_true",
                     help="host side of a 16-stream Whisper update only (DTW, words), before vs after; CPU")
     ap.add_argument("--before-rev", default="2f71d9f", help="--host-only: git revision of the 'before' timing.py")
+    ap.add_argument("--policies-before", default=None, metavar="REV",
+                    help="--host-only: only StreamingWhisper.step() host CPU, tristream as of REV vs the working tree "
+                         "(alternating subprocesses); writes whisper_host_policies (or --name)")
     args = ap.parse_args()
+    if args.host_only and args.policies_before:
+        from bench.whisper_host import compare_policies
+
+        cmp = compare_policies(args.policies_before)
+        print(f"StreamingWhisper.step() host CPU per {16}-stream update, GPU work = 0, median ms "
+              f"(step / without the stand-in runner); identical events: {cmp['identical_events']}")
+        for mask in ("all_voiced", "speech_mask"):
+            for align in ("every", "commit"):
+                b, a = cmp["before"][mask][align], cmp["after"][mask][align]
+                print(f"{mask:>12} {align:>7}: before {b['median_step_cpu_ms']:.3f} / {b['median_step_host_ms']:.3f}"
+                      f"   after {a['median_step_cpu_ms']:.3f} / {a['median_step_host_ms']:.3f}")
+        path = write_results(args.name or "whisper_host_policies", {
+            "what": "StreamingWhisper.step() host CPU per 16-stream update, GPU work = 0 "
+                    "(bench/whisper_host.compare_policies), same machine, back to back", **cmp})
+        print(f"wrote {path}")
+        return
     if args.host_only:
         from bench.whisper_host import bench_host, bench_medfilt, bench_policies, print_host
 

@@ -10,6 +10,7 @@ and their frames must be identical.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import statistics
 import subprocess
@@ -145,11 +146,14 @@ class _HostOnlyRunner:
     (words at true times, the newest word flickering as the buffer grows), and pays the real host
     cost of word times: `anchored_token_starts` over a [rows, K + 1, T] matrix for every timed row."""
 
-    def __init__(self, words: dict[str, list[tuple[int, int]]], capacity: int, frames: int) -> None:
+    def __init__(self, words: dict[str, list[tuple[int, int]]], capacity: int, frames: int,
+                 speech_mask: bool = False) -> None:
         from tristream.engine.speech.config import WhisperTokens
         from tristream.engine.speech.runner import RunnerStats
 
-        self.words, self.k = words, capacity
+        self.words, self.k, self.frames = words, capacity, frames
+        self.speech_mask = speech_mask  # voiced = inside a scripted word (pauses snap edges); else all voiced
+        self.cpu_s = 0.0  # thread CPU spent in this stand-in (not part of the real path's host work)
         self.tokens = WhisperTokens.for_vocab(51865)
         self.max_draft, self.word_times = capacity - 1, True
         self.batch_buckets, self.audio_buckets, self.device = (1, 2, 4, 8, 16), (10.0,), "cpu"
@@ -174,10 +178,30 @@ class _HostOnlyRunner:
 
         anchored_token_starts(self.align, toks, self.tokens.eot, np.asarray(valid), acc, dfr, 4)
 
+    def _mask(self, slots: list[int]) -> np.ndarray:
+        if not self.speech_mask:
+            return np.ones((len(slots), self.frames), bool)
+        out = np.zeros((len(slots), self.frames), bool)
+        for r, slot in enumerate(slots):
+            sid, s = next((k, v) for k, v in self.asr.streams.items() if v.slot == slot)
+            for a, b in self.words[sid]:
+                lo, hi = (a - s.t0_ns) // 20_000_000, (b - s.t0_ns) // 20_000_000
+                if hi > 0 and lo < self.frames:
+                    out[r, max(lo, 0):hi] = True
+        return out
+
     def run_store(self, store: Any, slots: list[int], drafts: Any = None, draft_frames: Any = None,
                   word_times: bool | None = None) -> Any:
+        t = time.thread_time()
+        try:
+            return self._run_store(slots, drafts, draft_frames, word_times)
+        finally:
+            self.cpu_s += time.thread_time() - t
+
+    def _run_store(self, slots: list[int], drafts: Any, draft_frames: Any, word_times: bool | None) -> Any:
         from tristream.engine.speech.runner import PassResult
 
+        self.slots = slots
         n, eot = len(slots), self.tokens.eot
         toks = np.full((n, self.k), eot, np.int64)
         frames = np.zeros((n, self.k + 1), np.int64)
@@ -196,19 +220,28 @@ class _HostOnlyRunner:
             self._dtw(toks, acc, valid, draft_frames)
             self.stats.aligned_rows += n
         return PassResult(toks, frames if timed else np.zeros_like(frames), 10.0, n, acc, 0,
-                          np.ones((n, 500), bool) if timed else None)
+                          self._mask(slots) if timed else None)
 
     def align_rows(self, rows: list[int], draft_frames: Any = None) -> tuple[np.ndarray, np.ndarray]:
+        t = time.thread_time()
         assert self.last is not None
         toks, frames, acc, valid = self.last
         self._dtw(toks[rows], acc[rows], [valid[r] for r in rows], draft_frames)
         self.stats.aligned_rows += len(rows)
-        return frames[rows], np.ones((len(rows), 500), bool)
+        out = frames[rows], self._mask([self.slots[r] for r in rows])
+        self.cpu_s += time.thread_time() - t
+        return out
 
 
-def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32) -> dict[str, Any]:
+def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32, rounds: int = 3,
+                   speech_mask: bool = False) -> dict[str, Any]:
     """Host time per 16-stream `StreamingWhisper.step()` (GPU work = 0), aligning every update vs only
-    updates that commit; scripted speech (words 180-420 ms, pauses 20-400 ms), 0.5 s updates."""
+    updates that commit; scripted speech (words 180-420 ms, pauses 20-400 ms), 0.5 s updates.
+
+    `median_step_cpu_ms` counts the whole step, the stand-in runner included (its host DTW, its
+    scripted hearing); `median_step_host_ms` leaves the runner's calls out: what the real path pays
+    on the host besides the runner. `speech_mask`: voiced only inside scripted words (edges snap onto
+    the pauses), else every frame voiced (the figures before session 7)."""
     from tristream.engine.speech.streaming import StreamingWhisper
 
     rng = np.random.default_rng(0)
@@ -221,29 +254,76 @@ def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32)
             t += d + int(rng.integers(20, 400)) * 1_000_000
         script[f"s{i}"] = out
     res: dict[str, Any] = {"streams": streams, "audio_s": seconds, "update_s": 0.5, "trim_after_s": 9.5,
-                           "clock": "thread CPU time (time.thread_time) per step, steps 4+, three alternating rounds"}
+                           "speech_mask": speech_mask,
+                           "clock": f"thread CPU time (time.thread_time) per step, steps 4+, {rounds} alternating rounds"}
     cpu: dict[str, list[float]] = {"every": [], "commit": []}
-    for align in ("every", "commit") * 3:
-        r = _HostOnlyRunner(script, capacity, 500)
+    host: dict[str, list[float]] = {"every": [], "commit": []}
+    for align in ("every", "commit") * rounds:
+        r = _HostOnlyRunner(script, capacity, 500, speech_mask)
         asr = StreamingWhisper(r, lambda t: f" w{t}", min_update_s=0.5, trim_after_s=9.5, keep_s=2.0,  # type: ignore[arg-type]
                                max_streams=streams, align=align)
         r.asr = asr
         for sid in script:
             asr.open(sid, 0)
-        ms, words = [], 0
+        ms, hs, words, texts = [], [], 0, []
         silence = np.zeros(8000, np.float32)
         for _ in range(int(seconds * 2)):
             for sid in script:
                 asr.push(sid, silence)
+            r.cpu_s = 0.0
             t = time.thread_time()
             ev = asr.step()
-            ms.append((time.thread_time() - t) * 1e3)
+            d = time.thread_time() - t
+            ms.append(d * 1e3)
+            hs.append((d - r.cpu_s) * 1e3)
             words += sum(len(e.committed) for e in ev)
+            texts += [(e.stream_id, w.text, w.start_ns, w.end_ns) for e in ev for w in e.committed + e.partial]
         cpu[align] += ms[4:]
+        host[align] += hs[4:]
         res[align] = {"words_committed": words, "stream_updates_aligned": asr.stats.aligned,
-                      "stream_updates_without_alignment": asr.stats.unaligned, "aligned_rows": r.stats.aligned_rows}
+                      "stream_updates_without_alignment": asr.stats.unaligned, "aligned_rows": r.stats.aligned_rows,
+                      "events_digest": hashlib.sha256(repr(texts).encode()).hexdigest()[:16]}
     for align, v in cpu.items():
-        res[align].update(median_step_cpu_ms=round(statistics.median(v), 3), mean_step_cpu_ms=round(statistics.mean(v), 3))
+        res[align].update(median_step_cpu_ms=round(statistics.median(v), 3), mean_step_cpu_ms=round(statistics.mean(v), 3),
+                          median_step_host_ms=round(statistics.median(host[align]), 3),
+                          mean_step_host_ms=round(statistics.mean(host[align]), 3))
+    return res
+
+
+def compare_policies(before_rev: str, rounds: int = 5) -> dict[str, Any]:
+    """`bench_policies` for the `tristream` package as of `before_rev` (from `git archive`) and for the
+    working tree, in alternating subprocesses on this machine (same harness, this file); both masks."""
+    import json
+    import os
+
+    tmp = Path(tempfile.mkdtemp())
+    archive = subprocess.run(["git", "archive", before_rev, "tristream"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
+    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; from bench.whisper_host import bench_policies; "
+            "print(json.dumps([bench_policies(rounds=1), bench_policies(rounds=1, speech_mask=True)]))")
+    runs: dict[str, list[Any]] = {"before": [], "after": []}
+    for _ in range(rounds):
+        for label, path in (("before", str(tmp)), ("after", str(ROOT))):
+            out = subprocess.run([sys.executable, "-c", code, path, str(ROOT)], capture_output=True, text=True,
+                                 check=True, env={**os.environ, "PYTHONHASHSEED": "0"}).stdout
+            runs[label].append(json.loads(out.strip().splitlines()[-1]))
+    res: dict[str, Any] = {"before_rev": before_rev, "rounds": rounds}
+    for label, rs in runs.items():
+        res[label] = {}
+        for m, mask in enumerate(("all_voiced", "speech_mask")):
+            cell: dict[str, Any] = {}
+            for align in ("every", "commit"):
+                per = [r[m][align] for r in rs]
+                cell[align] = {k: per[0][k] for k in ("words_committed", "stream_updates_aligned",
+                                                      "stream_updates_without_alignment", "events_digest")}
+                for k in ("median_step_cpu_ms", "median_step_host_ms"):
+                    vals = [p[k] for p in per]
+                    cell[align][k] = round(statistics.median(vals), 3)
+                    cell[align][k + "_per_round"] = vals
+                cell[align]["same_events_every_round"] = len({p["events_digest"] for p in per}) == 1
+            res[label][mask] = cell
+    res["identical_events"] = all(res["before"][m][a]["events_digest"] == res["after"][m][a]["events_digest"]
+                                  for m in ("all_voiced", "speech_mask") for a in ("every", "commit"))
     return res
 
 
