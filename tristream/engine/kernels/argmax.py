@@ -8,8 +8,8 @@ in a per-row counter, and the last program of the row to finish merges the parti
 resets the counter (the pattern of the split attention merge in `triton_ops`). Ties go to the
 first index, as in torch. NaN logits are not handled (torch would return a NaN's index).
 
-The counters and partials are kept per device and reused; calls on one device must be ordered
-(one stream), which the engine's decode loop is.
+The counters and partials are kept per device and CUDA stream and reused: calls on one stream
+are ordered, and two streams (two engines in one process) get their own.
 """
 
 from __future__ import annotations
@@ -47,17 +47,18 @@ def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, N, stride, CHUNKS: t
         tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
-_state: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+_state: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
 
 def _buffers(device: torch.device, rows: int, chunks: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    st = _state.get(device)
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    st = _state.get(key)
     if st is None or st[0].numel() < rows or st[1].numel() < rows * chunks:
         n = max(rows, 256)
         st = (torch.zeros(n, dtype=torch.int32, device=device),
               torch.empty(n * chunks, dtype=torch.float32, device=device),
               torch.empty(n * chunks, dtype=torch.int32, device=device))
-        _state[device] = st
+        _state[key] = st
     return st
 
 
