@@ -218,15 +218,9 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
 
 def down_transposed(model: Any) -> list[torch.Tensor]:
     """Per layer, the down weight transposed ([intermediate, hidden], contiguous), made on first
-    use and kept on the model (`drop_down_transposed` frees it)."""
+    use and kept on the model (only the "_mlpt" variants, chosen by name, use it)."""
     cached = getattr(model, "_down_t", None)
     if cached is None:
         cached = [layer.down.weight.t().contiguous() for layer in model.layers]
         model._down_t = cached
     return cached
-
-
-def drop_down_transposed(model: Any) -> None:
-    """Free the transposed down weights of `down_transposed`."""
-    if getattr(model, "_down_t", None) is not None:
-        model._down_t = None
