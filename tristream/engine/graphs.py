@@ -208,10 +208,6 @@ class DecodeGraphs:
                 break
             if self.kernels != "auto":
                 self.fused[b] = self.variant_for(b)
-                # run it once eagerly: its Triton kernels compile here, not inside the capture (a
-                # compile there allocates enough to start a GC pass, and a collected engine's pinned
-                # buffers or events freed mid-capture abort the process)
-                self.forward(b, self.fused[b])
                 continue
             ref = self.forward(b, "cublas")
             times = {"cublas": self._time_variant(b, "cublas")}
@@ -239,8 +235,11 @@ class DecodeGraphs:
         if "_mlpt" in self.kernels:  # made before capture, not inside it
             down_transposed(self.model)
         between = self._choose_kernels if self.kernels != "cublas" else None
-        self.graphs, self.outputs, self.pool = capture_buckets(
-            self.buckets, self.forward, self.pool, warm=lambda b: self.forward(b, "cublas"), between=between)
+        # the warm-up runs what each bucket will capture (before the choice at capture: the configured
+        # variant, or cuBLAS under "auto", whose candidates `_choose_kernels` runs eagerly): Triton
+        # kernels compile there, never inside a capture (a compile allocates enough to start a GC
+        # pass, and a collected engine's pinned buffers or events freed mid-capture abort the process)
+        self.graphs, self.outputs, self.pool = capture_buckets(self.buckets, self.forward, self.pool, between=between)
 
     def _fill_padding(self, lo: int, hi: int) -> None:
         n, h = self.max_bs, self.host_np

@@ -278,16 +278,13 @@ class StreamingWhisper:
 
 
 def hf_token_text(tokenizer_json: str) -> Callable[[int], str]:
-    """Token id → text using an HF `tokenizer.json` (byte-level BPE, spaces kept)."""
+    """Token id → text using an HF `tokenizer.json` (byte-level BPE, spaces kept). Uncached:
+    `StreamingWhisper` caches whatever `text_of` it is given."""
     from tokenizers import Tokenizer
 
     tok = Tokenizer.from_file(tokenizer_json)
-    cache: dict[int, str] = {}
 
     def text_of(tid: int) -> str:
-        t = cache.get(tid)
-        if t is None:
-            t = cache[tid] = tok.decode([tid], skip_special_tokens=True)
-        return t
+        return tok.decode([tid], skip_special_tokens=True)
 
     return text_of

@@ -115,10 +115,11 @@ class DecoderLayer(nn.Module):
         return kernels.add_layer_norm(x, self.out(a.transpose(1, 2).reshape(b, s, d)), self.lnx)
 
     def rest_fused(self, x: torch.Tensor, h: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor,
-                   next_ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cross-attention and MLP given `h = lnx(x)` → `(x, next_ln(x))`."""
+                   next_ln: nn.LayerNorm, q: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-attention and MLP given `h = lnx(x)` (and the cross queries `q` when the caller
+        has them) → `(x, next_ln(x))`."""
         b, s, d = x.shape
-        a = F.scaled_dot_product_attention(self._heads(self.xq(h)), xk, xv)
+        a = F.scaled_dot_product_attention(self._heads(self.xq(h)) if q is None else q, xk, xv)
         x, h = kernels.add_layer_norm(x, self.xout(a.transpose(1, 2).reshape(b, s, d)), self.ln2)
         return kernels.add_layer_norm(x, self.fc2(F.gelu(self.fc1(h))), next_ln)
 
@@ -325,7 +326,6 @@ class Whisper(nn.Module):
 
     def _alignment_logits_fused(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         x, h, pos2, mask = self._embed_fused(tokens, pos, cache)
-        b, s, d = x.shape
         last = max(layer for layer, _ in self.alignment_heads)
         out: list[torch.Tensor] = []
         for i in range(last + 1):
@@ -335,11 +335,7 @@ class Whisper(nn.Module):
             xk, xv = cache.cross(i)
             out += self._head_logits(i, q, xk)
             if i < last:
-                a = F.scaled_dot_product_attention(q, xk, xv)
-                x, h = kernels.add_layer_norm(x, layer.xout(a.transpose(1, 2).reshape(b, s, d)),  # type: ignore[operator]
-                                              layer.ln2)  # type: ignore[arg-type]
-                x, h = kernels.add_layer_norm(x, layer.fc2(F.gelu(layer.fc1(h))),  # type: ignore[operator]
-                                              self.dec_layers[i + 1].ln1)  # type: ignore[arg-type]
+                x, h = layer.rest_fused(x, h, xk, xv, self.dec_layers[i + 1].ln1, q)  # type: ignore[operator]
         return torch.cat(out, dim=1)
 
     def _head_logits(self, i: int, q: torch.Tensor, xk: torch.Tensor) -> list[torch.Tensor]:
