@@ -203,29 +203,40 @@ def test_qkv_rope_store1_refuses_bad_shapes() -> None:
                         torch.zeros(8, 8, device=dev), z, c, c, 2, 1, 8)
 
 
+@pytest.mark.parametrize("short_ctx", [None, 0, 16, 128])
 @pytest.mark.parametrize("splits", [2, 16])
-def test_paged_decode_attention_fused_merge_equals_the_merge_kernel(splits: int) -> None:
-    """With merge counters the last split of each head merges the partials in the same kernel:
-    the output equals the two-kernel path, and the counters are back at zero for the next step
-    (a second call, as the next graph replay, gives the same output)."""
+def test_paged_decode_attention_fused_merge_equals_the_merge_kernel(splits: int, short_ctx: int | None) -> None:
+    """With merge counters the last split of each head merges the partials in the same kernel
+    (only the splits that hold positions take part), and a context of at most `short_ctx`
+    positions is done by one program per head: the output equals the two-kernel path, and the
+    counters are back at zero for the next step (a second call, as the next graph replay, gives
+    the same output). Contexts on both sides of every short_ctx, and one longer than 16 splits of
+    the 64-position tile leave empty."""
     _skip_without_triton()
     from tristream.engine.kernels.triton_ops import paged_decode_attention
 
     dev = _device()
     g = torch.Generator().manual_seed(splits)
-    b, nh, nkv, hd, page, nblocks = 3, 6, 2, 32, 16, 32
-    ctx = [1, 150, 0]
+    b, nh, nkv, hd, page, nblocks = 6, 6, 2, 32, 16, 96
+    ctx = [1, 150, 0, 17, 600, 128]
     kc = torch.randn(nblocks * page, nkv, hd, generator=g).to(dev)
     vc = torch.randn(nblocks * page, nkv, hd, generator=g).to(dev)
-    bt = torch.randperm(nblocks, generator=g)[: b * 10].view(b, 10).to(torch.int32).to(dev)
+    bt = torch.randint(0, nblocks, (b, 40), generator=g, dtype=torch.int32).to(dev)  # 600 positions: 38 pages
     q = torch.randn(b, nh, hd, generator=g).to(dev)
     lens = torch.tensor(ctx, dtype=torch.int32, device=dev)
     ref = paged_decode_attention(q, kc, vc, bt, lens, page, hd ** -0.5, splits)
     counters = torch.zeros(b * nh + 5, dtype=torch.int32, device=dev)
+    first = None
     for _ in range(2):
-        out = paged_decode_attention(q, kc, vc, bt, lens, page, hd ** -0.5, splits, counters=counters)
+        out = paged_decode_attention(q, kc, vc, bt, lens, page, hd ** -0.5, splits, counters=counters,
+                                     short_ctx=short_ctx)
         assert _rel(out, ref) < 1e-6
         assert torch.all(out[2] == 0)  # the padded row
         assert torch.all(counters == 0)
+        if first is not None:
+            assert torch.equal(out, first)
+        first = out
     with pytest.raises(ValueError, match="int32"):
         paged_decode_attention(q, kc, vc, bt, lens, page, hd ** -0.5, splits, counters=counters[:3])
+    with pytest.raises(ValueError, match="power of two"):
+        paged_decode_attention(q, kc, vc, bt, lens, page, hd ** -0.5, splits, counters=counters, short_ctx=100)

@@ -181,7 +181,7 @@ def phase_attention(pid, nprog, tab, L, layer, rbuf, qbuf, abuf, bt_ptr, ctx_ptr
             done = tl.atomic_add(hcnt + h, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
                 tl.debug_barrier()
-                merge_one(po, pm, pl, abuf, h, HD, SPLITS, ".cg")  # other SMs wrote them
+                merge_one(po, pm, pl, abuf, h, SPLITS, HD, SPLITS, ".cg")  # other SMs wrote them
                 tl.atomic_xchg(hcnt + h, 0, sem="relaxed", scope="gpu")
 
 

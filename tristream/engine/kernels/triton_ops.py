@@ -161,10 +161,69 @@ def softmax_tile(q, k, v, mask, m_i, l_i, acc):
 def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, bt_stride,
                          scale, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
-                         FUSED_MERGE: tl.constexpr):
+                         FUSED_MERGE: tl.constexpr, SHORT: tl.constexpr):
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
+    if SHORT > 0:
+        # a context of at most SHORT positions: split 0 of each head does it all, its old positions
+        # loaded as one tile before the wait, no partials and no merge (the other splits idle)
+        ctx0 = tl.load(ctx_ptr + b)
+        if ctx0 <= SHORT:
+            if s == 0:
+                short_context(q_ptr, kc_ptr, vc_ptr, bt_ptr + b * bt_stride, ctx0, out_ptr, b, h, scale, NH, NKV,
+                              GROUP, HD, PAGE, SHORT, USE_PDL)
+        else:
+            split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, bt_stride,
+                          scale, b, h, s, NH, NKV, GROUP, HD, PAGE, BLOCK_N, SPLITS, USE_PDL, FUSED_MERGE)
+    else:
+        split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, bt_stride,
+                      scale, b, h, s, NH, NKV, GROUP, HD, PAGE, BLOCK_N, SPLITS, USE_PDL, FUSED_MERGE)
+
+
+@triton.jit
+def short_context(q_ptr, kc_ptr, vc_ptr, bt_row, ctx, out_ptr, b, h, scale, NH: tl.constexpr, NKV: tl.constexpr,
+                  GROUP: tl.constexpr, HD: tl.constexpr, PAGE: tl.constexpr, SHORT: tl.constexpr,
+                  USE_PDL: tl.constexpr):
+    """One query over a whole context of ≤ SHORT positions in one program. The old positions (all
+    but the newest, written by earlier steps) are loaded before the PDL wait and kept in the cache
+    dtype; the newest row (this step's QKV kernel wrote it) and q after it."""
+    kvh = h // GROUP
+    d = tl.arange(0, HD)
+    n = tl.arange(0, SHORT)
+    old = n < ctx - 1
+    page = tl.load(bt_row + n // PAGE, mask=old, other=0).to(tl.int64)
+    off = ((page * PAGE + n % PAGE)[:, None] * NKV + kvh) * HD + d[None, :]
+    k = tl.load(kc_ptr + off, mask=old[:, None], other=0.0)
+    v = tl.load(vc_ptr + off, mask=old[:, None], other=0.0)
+    last = tl.maximum(ctx - 1, 0)
+    new_off = ((tl.load(bt_row + last // PAGE).to(tl.int64) * PAGE + last % PAGE) * NKV + kvh) * HD + d
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    has_new = ctx > 0
+    k_new = tl.load(kc_ptr + new_off, mask=(d < HD) & has_new, other=0.0).to(tl.float32)
+    v_new = tl.load(vc_ptr + new_off, mask=(d < HD) & has_new, other=0.0).to(tl.float32)
+    q = tl.load(q_ptr + (b * NH + h) * HD + d).to(tl.float32) * scale
+    sc = tl.sum(k.to(tl.float32) * q[None, :], 1)
+    sc = tl.where(old, sc, -float("inf"))
+    sc_new = tl.where(has_new, tl.sum(k_new * q, 0), -float("inf"))
+    m = tl.maximum(tl.max(sc, 0), sc_new)
+    m = tl.where(m == -float("inf"), 0.0, m)
+    p = tl.exp(sc - m)
+    p_new = tl.exp(sc_new - m)
+    acc = tl.sum(p[:, None] * v.to(tl.float32), 0) + p_new * v_new
+    o = acc / tl.maximum(tl.sum(p, 0) + p_new, 1e-30)
+    tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_ptr, pl_ptr, cnt_ptr, bt_stride, scale,
+                  b, h, s, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
+                  PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
+                  FUSED_MERGE: tl.constexpr):
+    """Split `s` of (row b, head h): its span of the context, then (SPLITS > 1) its partial softmax,
+    merged by a second kernel or (FUSED_MERGE) by the last split to finish."""
     # Before waiting on the previous kernel (PDL): the context length and block table (host-written
     # before the graph) and the first tile of K/V except the newest position — every other
     # position was written by earlier steps. The newest row (written by this step's QKV kernel)
@@ -197,36 +256,47 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
     if SPLITS == 1:
         o = acc / tl.maximum(l_i, 1e-30)
         tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
+    elif FUSED_MERGE:
+        # the last split of this (row, head) to finish merges them: no second kernel. Only the
+        # splits whose span holds positions take part (a short context leaves the rest empty):
+        # they store their partials, count themselves, and the last one merges just those.
+        # Barrier, then a release/acquire count at GPU scope (cumulative: the partials of every
+        # thread of every split are visible to the merging program), reads past L1.
+        n_act = tl.maximum(tl.cdiv(ctx, tl.maximum(per_split, 1)), 1)
+        if s < n_act:
+            idx = (b * NH + h) * SPLITS + s
+            tl.store(po_ptr + idx * HD + d, acc)
+            tl.store(pm_ptr + idx, m_i)
+            tl.store(pl_ptr + idx, l_i)
+            tl.debug_barrier()
+            bh = b * NH + h
+            done = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
+            if done == n_act - 1:
+                tl.debug_barrier()
+                merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, n_act, HD, SPLITS, ".cg")
+                tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")  # ready for the next step
     else:
         idx = (b * NH + h) * SPLITS + s
         tl.store(po_ptr + idx * HD + d, acc)
         tl.store(pm_ptr + idx, m_i)
         tl.store(pl_ptr + idx, l_i)
-        if FUSED_MERGE:
-            # the last split of this (row, head) to finish merges all of them: no second kernel.
-            # Barrier, then a release/acquire count at GPU scope (cumulative: the partials of
-            # every thread of every split are visible to the merging program), reads past L1.
-            tl.debug_barrier()
-            bh = b * NH + h
-            done = tl.atomic_add(cnt_ptr + bh, 1, sem="acq_rel", scope="gpu")
-            if done == SPLITS - 1:
-                tl.debug_barrier()
-                merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, ".cg")
-                tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")  # ready for the next step
 
 
 @triton.jit
-def merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD: tl.constexpr, SPLITS: tl.constexpr, CACHE: tl.constexpr):
-    """Merge the SPLITS partial softmaxes of one (row, head) into its output."""
+def merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, n_act, HD: tl.constexpr, SPLITS: tl.constexpr,
+              CACHE: tl.constexpr):
+    """Merge the first `n_act` of the SPLITS partial softmaxes of one (row, head) into its output."""
     sp = tl.arange(0, SPLITS)
     d = tl.arange(0, HD)
-    m = tl.load(pm_ptr + bh * SPLITS + sp, cache_modifier=CACHE)
-    lsum = tl.load(pl_ptr + bh * SPLITS + sp, cache_modifier=CACHE)
+    act = sp < n_act
+    m = tl.load(pm_ptr + bh * SPLITS + sp, mask=act, other=-float("inf"), cache_modifier=CACHE)
+    lsum = tl.load(pl_ptr + bh * SPLITS + sp, mask=act, other=0.0, cache_modifier=CACHE)
     mmax = tl.max(m, 0)
     mmax = tl.where(mmax == -float("inf"), 0.0, mmax)
     w = tl.exp(m - mmax)
     total = tl.sum(w * lsum, 0)
-    po = tl.load(po_ptr + (bh * SPLITS + sp[:, None]) * HD + d[None, :], cache_modifier=CACHE)
+    po = tl.load(po_ptr + (bh * SPLITS + sp[:, None]) * HD + d[None, :], mask=act[:, None], other=0.0,
+                 cache_modifier=CACHE)
     o = tl.sum(po * w[:, None], 0) / tl.maximum(total, 1e-30)
     tl.store(out_ptr + bh * HD + d, o.to(out_ptr.dtype.element_ty))
 
@@ -238,7 +308,7 @@ def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLI
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, HD, SPLITS, "")
+    merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, SPLITS, HD, SPLITS, "")
 
 
 def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
@@ -247,14 +317,24 @@ def choose_splits(batch: int, nh: int, num_sms: int = 132) -> int:
     return min(16, triton.next_power_of_2(want) if want > 1 else 1)
 
 
+def short_ctx_default(hd: int) -> int:
+    """Longest context the one-program path takes (`paged_decode_attention(short_ctx=...)`): a
+    [short, hd] K tile and its V tile of 16-bit values, 64 KiB together (256 positions at hd 64)."""
+    return max(16, 16384 // hd)
+
+
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, ctx_lens: torch.Tensor, page: int, scale: float,
                            splits: int, block_n: int = 64, pdl: bool = False,
-                           counters: torch.Tensor | None = None) -> torch.Tensor:
+                           counters: torch.Tensor | None = None, short_ctx: int | None = None) -> torch.Tensor:
     """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd].
     pdl: launch with Programmatic Dependent Launch (Hopper+; see `decode_fused.py`).
     counters: int32 zeros, ≥ B·nh of them, kept between calls: with splits > 1 the last split of
-    each head merges the partials itself (one kernel instead of two) and resets its counter."""
+    each head merges the partials itself (one kernel instead of two) and resets its counter; only
+    the splits whose span holds positions take part.
+    short_ctx (with counters only; None: `short_ctx_default(hd)`, 0: off, else a power of two):
+    a row whose context is at most this long is done by one program per head, every position but
+    the newest loaded before the PDL wait, without partials or merge."""
     b, nh, hd = q.shape
     nkv = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -268,11 +348,14 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     fused = splits > 1 and counters is not None
     if fused and (counters.dtype != torch.int32 or counters.numel() < b * nh):  # type: ignore[union-attr]
         raise ValueError(f"counters must be int32 with at least {b * nh} elements")
+    short = (short_ctx_default(hd) if short_ctx is None else short_ctx) if fused else 0
+    if short and (short < 16 or short & (short - 1)):
+        raise ValueError(f"short_ctx must be 0 or a power of two ≥ 16, not {short}")
     _paged_decode_kernel[(b, nh, splits)](
         q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, counters if fused else out,
         block_tables.stride(0), scale,
         NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits, USE_PDL=pdl,
-        FUSED_MERGE=fused, **launch,
+        FUSED_MERGE=fused, SHORT=short, num_warps=8 if short else 4, **launch,
     )
     if splits > 1 and not fused:
         _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits, USE_PDL=pdl, **launch)
