@@ -29,7 +29,7 @@ from bench._common import cuda_graph_ms, write_results  # noqa: E402
 
 
 def step(model: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool, skip: set[str],
-         splits: int | None, short_ctx: int | None = None) -> torch.Tensor:
+         splits: int | None, short_ctx: int | None = None, attn_warps: int = 4) -> torch.Tensor:
     """`decode_logits_b1` with PDL and kinds of kernels left out (`skip`: attention, o, mlp, head, qkv)."""
     from tristream.engine.kernels.decode_fused import qkv_rope_store1
     from tristream.engine.kernels.gemv import fused_gemv
@@ -51,7 +51,7 @@ def step(model: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool
             a = paged_decode_attention(q, kc, vc, attn.block_tables, attn.ctx_lens, attn.cache.block_size,
                                        attn.scale, splits or attn.splits, pdl=True,
                                        counters=attn.counters if (splits or attn.splits) > 1 else None,
-                                       short_ctx=short_ctx).view(1, cfg.q_size)
+                                       short_ctx=short_ctx, num_warps=attn_warps).view(1, cfg.q_size)
         if "o" not in skip:
             r = fused_gemv(a, layer.o.weight, residual=r, pdl=True, block_n=bn, block_k=bk, num_warps=warps)
         if "mlp" not in skip:
@@ -92,9 +92,10 @@ def measure(m: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool,
         ms, _ = graph_ms(lambda s=skip: step(m, h, attn, tile, warps, hc, set(s.split("+")), None))
         row[f"without_{skip}_ms"] = round(ms, 4)
         row[f"cost_{skip}_us_per_step"] = round((full_ms - ms) * 1e3, 1)
-    ms, out = graph_ms(lambda: step(m, h, attn, tile, warps, hc, set(), None, 0))
-    row["short_ctx_off_ms"] = round(ms, 4)
-    row["short_ctx_off_rel_err"] = float((out - ref).norm() / ref.norm())
+    for short, aw in ((0, 4), (0, 8), (128, 4), (256, 4), (256, 8), (512, 8)):
+        ms, out = graph_ms(lambda s=short, w=aw: step(m, h, attn, tile, warps, hc, set(), None, s, w))
+        row[f"short_ctx{short}_warps{aw}_ms"] = round(ms, 4)
+        row[f"short_ctx{short}_warps{aw}_rel_err"] = float((out - ref).norm() / ref.norm())
     for sp in (1, 2, 4, 8, 16):
         ms, out = graph_ms(lambda s=sp: step(m, h, attn, tile, warps, hc, set(), s))
         row[f"splits{sp}_ms"] = round(ms, 4)
