@@ -31,12 +31,16 @@ from bench._common import cuda_graph_ms, write_results  # noqa: E402
 def step(model: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool, skip: set[str],
          splits: int | None, short_ctx: int | None = None, attn_warps: int = 4) -> torch.Tensor:
     """`decode_logits_b1` with PDL and kinds of kernels left out (`skip`: attention, o, mlp, head, qkv)."""
-    from tristream.engine.kernels.decode_fused import qkv_rope_store1
+    from tristream.engine.kernels.decode_fused import proj_tile, qkv_rope_store1
     from tristream.engine.kernels.gemv import fused_gemv
     from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
-    bn, bk = tile if tile is not None else (None, None)
     cfg = model.cfg
+    t_qkv, t_o = proj_tile(tile, cfg.hidden_size), proj_tile(tile, cfg.q_size)
+    t_down = proj_tile(tile, model.layers[0].down.weight.shape[1])
+    bn, bk = t_qkv if t_qkv is not None else (None, None)
+    on, ok = t_o if t_o is not None else (None, None)
+    dn, dk = t_down if t_down is not None else (None, None)
     eps = cfg.rms_norm_eps
     r = h
     q = torch.zeros(1, cfg.num_heads, cfg.head_dim, dtype=h.dtype, device=h.device)
@@ -45,7 +49,7 @@ def step(model: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool
         if "qkv" not in skip:
             q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attn.positions,
                                 model.cos_sin, attn.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                pdl=True, tile=tile, num_warps=warps)
+                                pdl=True, tile=t_qkv, num_warps=warps)
         a = q.view(1, cfg.q_size)
         if "attention" not in skip:
             a = paged_decode_attention(q, kc, vc, attn.block_tables, attn.ctx_lens, attn.cache.block_size,
@@ -53,11 +57,11 @@ def step(model: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool
                                        counters=attn.counters if (splits or attn.splits) > 1 else None,
                                        short_ctx=short_ctx, num_warps=attn_warps).view(1, cfg.q_size)
         if "o" not in skip:
-            r = fused_gemv(a, layer.o.weight, residual=r, pdl=True, block_n=bn, block_k=bk, num_warps=warps)
+            r = fused_gemv(a, layer.o.weight, residual=r, pdl=True, block_n=on, block_k=ok, num_warps=warps)
         if "mlp" not in skip:
             gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=True, block_n=bn,
                             block_k=bk, num_warps=warps)
-            r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=True, block_n=bn, block_k=bk,
+            r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=True, block_n=dn, block_k=dk,
                            num_warps=warps)
     if "head" in skip:
         return r.float()

@@ -39,17 +39,30 @@ def test_b1_variant_logits_and_tokens_equal_the_other_variants(model: LlamaModel
     prompt = list(range(3, 30))
     out: dict[str, list[int]] = {}
     logits: dict[str, torch.Tensor] = {}
-    for kernels in ("cublas", "fused", "b1", "b8", "b1m", "b1_hc", "bw", "b1_mlp", "b1_mlpt"):
+    for kernels in ("cublas", "fused", "b1", "b8", "b1m", "b1_hc", "bw", "b1_mlp", "b1_mlpt", "b8w"):
         eng = _engine(model, kernels)
         dec = eng.runner.decoder
         assert dec is not None and dec.variant_for(1) == kernels
         out[kernels] = eng.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0]
         logits[kernels] = dec.forward(1).float()  # the last step's inputs are still in the buffers
     assert out["b1"] == out["b8"] == out["b1m"] == out["b1_hc"] == out["cublas"] == out["fused"]
-    assert out["b1_mlp"] == out["b1_mlpt"] == out["bw"] == out["cublas"]
+    assert out["b1_mlp"] == out["b1_mlpt"] == out["bw"] == out["b8w"] == out["cublas"]
     ref = logits["cublas"]
-    for k in ("fused", "b1", "b8", "b1m", "b1_hc", "bw", "b1_mlp", "b1_mlpt"):
+    for k in ("fused", "b1", "b8", "b1m", "b1_hc", "bw", "b1_mlp", "b1_mlpt", "b8w"):
         assert float((logits[k] - ref).norm() / ref.norm()) < 1e-5, k
+
+
+def test_proj_tile_widens_only_k_between_1024_and_the_cap() -> None:
+    pytest.importorskip("triton")
+    from tristream.engine.kernels.decode_fused import TILES, proj_tile
+
+    wide = TILES["b8w"][0]
+    assert proj_tile(wide, 576) is None  # one default tile already holds it
+    assert proj_tile(wide, 1024) is None
+    assert proj_tile(wide, 1536) == (8, 2048)  # SmolLM2-135M's down projection: one tile
+    assert proj_tile(wide, 2048) == (8, 2048)
+    assert proj_tile(wide, 8192) == (8, 2048)  # capped: the loop takes the rest
+    assert proj_tile(None, 1536) is None and proj_tile((8, 2048), 576) == (8, 2048)  # other tiles as given
 
 
 def test_unknown_variant_is_refused(model: LlamaModel) -> None:

@@ -60,7 +60,7 @@ class TritonDecodeAttention:
 
 
 FUSED_MAX_ROWS = 16
-B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc",
+B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc", "b8w_pdl_hc",
                "b1_mlp", "b1_mlpt", "b1_pdl_mlp", "b8_pdl_mlp", "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b8_pdl_mlpt")
 """`TILES` name, then "_pdl" (chained with PDL), then "_mlp" / "_mlpt" (the MLP as one kernel
 over a float32 residual stream, `kernels/decode_mlp.py`; "t": through a transposed copy of the

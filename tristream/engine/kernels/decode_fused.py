@@ -153,7 +153,8 @@ def _pdl_launch(pdl: bool) -> dict[str, Any]:
 
 TILES: dict[str, tuple[tuple[int, int] | None, int]] = {"b1": (None, 4), "b8": (None, 8), "b1m": ((32, 256), 4),
                                                        "bw": ((8, 2048), 4), "bw4": ((4, 2048), 4),
-                                                       "bwx": ((8, 4096), 8)}
+                                                       "bwx": ((8, 4096), 8), "b1w": ((0, 2048), 4),
+                                                       "b8w": ((0, 2048), 8)}
 """Batch-1 GEMV tile (rows, K columns; None: the default per shape, 8-16 rows x up to 1024
 columns) and warps per program, per variant name. Which is fastest depends on the GPU and the
 model; the decode graphs time them at capture. On the H200 (bench/results/decode_profile.json)
@@ -162,7 +163,22 @@ the default tile was fastest for SmolLM2-135M and Llama-3.2-1B, 32 x 256 1.4-1.7
 "bw", "bw4": whole 2048-column rows (8 or 4 rows, 4 warps): a program of a K ≤ 2048 projection
 loads all its weights before waiting on its predecessor (PDL); "bwx": 8 x 4096, 8 warps. On the
 H200 "bw" took Llama-3.2-1B's step graph from 0.914 to 0.832 ms (16 x 2048 with 8 warps: 1.061;
-decode_profile_bw.json) and made SmolLM2-135M's slower (0.480 vs 0.434 for "b8_pdl_hc")."""
+decode_profile_bw.json) and made SmolLM2-135M's slower (0.480 vs 0.434 for "b8_pdl_hc").
+"b1w", "b8w" (rows 0: per projection): the default tile, but K up to 2048 columns in one tile,
+so that a projection with 1024 < K ≤ 2048 (SmolLM2-135M's down projection, K = 1536) loads all
+its weights before the PDL wait instead of its second tile after it (`proj_tile`)."""
+
+
+def proj_tile(tile: tuple[int, int] | None, k: int) -> tuple[int, int] | None:
+    """The (rows, K columns) tile of one projection with K input columns under a `TILES` tile: as
+    given, None (the per-shape default), or for rows 0 the default rows of a one-tile-wide K up to
+    the given columns (None where that is the default anyway, K ≤ 1024)."""
+    if tile is None or tile[0] != 0:
+        return tile
+    bk = min(triton.next_power_of_2(k), tile[1])
+    if bk <= 1024:
+        return None
+    return (8, bk)
 
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
@@ -181,8 +197,12 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     (`decode_mlp.py`; "fused_t" reads a transposed copy of the down weights, made once per model):
     4 kernels per layer.
     """
-    bn, bk = tile if tile is not None else (None, None)
     cfg = model.cfg
+    t_qkv, t_o = proj_tile(tile, cfg.hidden_size), proj_tile(tile, cfg.q_size)
+    t_down = proj_tile(tile, model.layers[0].down.weight.shape[1])
+    bn, bk = t_qkv if t_qkv is not None else (None, None)  # the hidden-size input projections
+    on, ok = t_o if t_o is not None else (None, None)
+    dn, dk = t_down if t_down is not None else (None, None)
     eps = cfg.rms_norm_eps
     if mlp not in (None, "fused", "fused_t"):
         raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")
@@ -194,21 +214,21 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
         kc, vc = attention.cache.flat(i)
         q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attention.positions,
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                            pdl=pdl, tile=tile, num_warps=num_warps)
+                            pdl=pdl, tile=t_qkv, num_warps=num_warps)
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
                                    counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
         if mlp is not None:
             # o + residual (float32) into a new r and a copy ra; the MLP reads ra and adds into r
-            r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk, num_warps=num_warps,
+            r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps,
                            out_dtype=torch.float32, out2=ra)
             fused_mlp1(ra, layer.gate_up.weight, layer.post_norm, eps, downs[i], r, down_t=mlp == "fused_t",
                        pdl=pdl, num_warps=num_warps)
             continue
-        r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=bn, block_k=bk, num_warps=num_warps)
+        r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps)
         gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn,
                         block_k=bk, num_warps=num_warps)
-        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=bn, block_k=bk,
+        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=dn, block_k=dk,
                        num_warps=num_warps)
     if head_cublas:
         return model.logits(rms_norm(r, model.norm, eps, out_dtype=model.norm.dtype))
