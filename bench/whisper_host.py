@@ -290,6 +290,30 @@ def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32,
     return res
 
 
+def bench_set_inputs(streams: int = 16, capacity: int = 32, iters: int = 2000) -> dict[str, Any]:
+    """`WhisperRunner._set_inputs` host time (median µs of thread CPU) for one 16-stream pass: drafts of
+    20-29 tokens (`max_draft` = capacity - 1), their frames, store slots; on a CPU runner (a small
+    random model: the table's size depends only on `max_draft`), so no pinned copy or CUDA event."""
+    from tristream.engine.speech.config import WhisperDims, WhisperTokens
+    from tristream.engine.speech.runner import WhisperRunner
+    from tristream.engine.speech.whisper import Whisper
+
+    dims = WhisperDims(d_model=64, encoder_layers=1, decoder_layers=1, heads=4, ffn=128, max_source_positions=250,
+                       max_target_positions=64)
+    r = WhisperRunner(Whisper(dims), WhisperTokens.for_vocab(dims.vocab_size), batch_buckets=(streams,),
+                      audio_buckets_s=(5.0,), max_new_tokens=capacity, max_draft=capacity - 1, chunk=4)
+    r.device_times = True  # only a flag here: the draft frames go into the table as on a GPU
+    rng = np.random.default_rng(0)
+    drafts = [rng.integers(220, 50000, int(rng.integers(20, 30))).tolist() for _ in range(streams)]
+    frames = [sorted(rng.integers(0, 240, len(d) + 1).tolist()) for d in drafts]
+    lengths, slots = [80000] * streams, list(range(streams))
+    out = {"streams": streams, "max_draft": capacity - 1, "iters": iters}
+    out["with_drafts_and_frames"] = time_us(lambda: r._set_inputs(lengths, streams, drafts, slots, frames), iters)
+    out["table_digest"] = hashlib.sha256(r._host_in.numpy().tobytes()).hexdigest()[:16]  # the table it wrote
+    out["without_drafts"] = time_us(lambda: r._set_inputs(lengths, streams, None, slots, None), iters)
+    return out
+
+
 def compare_policies(before_rev: str, rounds: int = 5) -> dict[str, Any]:
     """`bench_policies` for the `tristream` package as of `before_rev` (from `git archive`) and for the
     working tree, in alternating subprocesses on this machine (same harness, this file); both masks."""
@@ -299,8 +323,9 @@ def compare_policies(before_rev: str, rounds: int = 5) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp())
     archive = subprocess.run(["git", "archive", before_rev, "tristream"], cwd=ROOT, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(tmp)], input=archive.stdout, check=True)
-    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; from bench.whisper_host import bench_policies; "
-            "print(json.dumps([bench_policies(rounds=1), bench_policies(rounds=1, speech_mask=True)]))")
+    code = ("import json, sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]; "
+            "from bench.whisper_host import bench_policies, bench_set_inputs; print(json.dumps([bench_policies(rounds=1), "
+            "bench_policies(rounds=1, speech_mask=True), bench_set_inputs()]))")
     runs: dict[str, list[Any]] = {"before": [], "after": []}
     for _ in range(rounds):
         for label, path in (("before", str(tmp)), ("after", str(ROOT))):
@@ -322,6 +347,11 @@ def compare_policies(before_rev: str, rounds: int = 5) -> dict[str, Any]:
                     cell[align][k + "_per_round"] = vals
                 cell[align]["same_events_every_round"] = len({p["events_digest"] for p in per}) == 1
             res[label][mask] = cell
+    for label, rs in runs.items():  # WhisperRunner._set_inputs at the start of the pass (host, GPU idle)
+        res[label]["set_inputs_us"] = {k: round(statistics.median(r[2][k]["median_us"] for r in rs), 1)
+                                       for k in ("with_drafts_and_frames", "without_drafts")}
+        res[label]["set_inputs_us"]["table_digest"] = rs[0][2]["table_digest"]
+    res["identical_set_inputs_table"] = len({res[label]["set_inputs_us"]["table_digest"] for label in runs}) == 1
     res["identical_events"] = all(res["before"][m][a]["events_digest"] == res["after"][m][a]["events_digest"]
                                   for m in ("all_voiced", "speech_mask") for a in ("every", "commit"))
     return res

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import bisect
+import re
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tristream.engine.speech.timing import anchored_token_starts, dtw_reference, snap_words
+from tristream.engine.speech.timing import (
+    anchored_token_starts,
+    dtw_reference,
+    snap_spans,
+    snap_words,
+    voiced_bytes,
+)
 
 
 def snap_reference(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
@@ -58,6 +67,62 @@ def test_snap_words_equals_the_former_loop(t: int, n_words: int, seed: int) -> N
     bounds = [(int(a), int(max(b, a + 1 if seed % 3 else a))) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     for window in (20, 3):
         assert snap_words(bounds, voiced, window=window) == snap_reference(bounds, voiced, window=window)
+
+
+def snap_spans_regex(out: list[tuple[int, int]], v: bytes, window: int = 20, min_gap: int = 2, pos: int = 0
+                     ) -> tuple[list[tuple[int, int]], list[int]]:
+    """`snap_spans` before session 8 (pauses by a regex scan, candidates by four bisections)."""
+    t = len(v)
+    mids = [a for a, _ in out]
+    if not out or t == 0:
+        return out, mids
+    if len(out) > 1:
+        pat = re.compile(b"(?<!\\x00)\\x00{%d,}" % max(min_gap, 1))
+        g0s: list[int] = []
+        g1s: list[int] = []
+        for m in pat.finditer(v, max(pos, 0)):
+            a, b = m.span()
+            g0s.append(a)
+            g1s.append(b)
+        for j in range(len(out) - 1 if g0s else 0):
+            s0, b = out[j][0], out[j + 1][0]
+            e1 = out[j + 1][1]
+            lo = max(bisect.bisect_right(g0s, s0), bisect.bisect_right(g1s, b - window))
+            hi = min(bisect.bisect_left(g0s, b + window), bisect.bisect_left(g1s, e1))
+            best: tuple[int, int] | None = None
+            for k in range(lo, hi):
+                g0, g1 = g0s[k], g1s[k]
+                if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
+                    best = (g0, g1)
+            if best is not None:
+                out[j] = (out[j][0], best[0])
+                out[j + 1] = (best[1], out[j + 1][1])
+                mids[j + 1] = best[1]
+    for j, (a, z) in enumerate(out):
+        a0 = a if a > 0 else 0
+        z0 = z if z < t else t
+        if a0 < z0:
+            f = v.find(1, a0, z0)
+            if f >= 0:
+                out[j] = (a + (f - a0), a + (v.rfind(1, a0, z0) + 1 - a0))
+    return out, mids
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 200), st.integers(0, 25), st.integers(0, 10_000))
+def test_snap_spans_equals_the_regex_version(t: int, n_words: int, seed: int) -> None:
+    """Pauses found with `bytes.find` from any `pos` (inside a run, on its edge, past the end), any
+    `min_gap` and window; spans and resume points equal the former regex scan's."""
+    rng = np.random.default_rng(seed)
+    voiced = speechlike(rng, t) if seed % 3 else rng.random(t) > 0.4
+    v = voiced_bytes(voiced)
+    cuts = np.sort(rng.integers(-2, t + 3, n_words + 1))
+    bounds = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    if seed % 5 == 0 and len(bounds) > 2:  # unsorted bounds too
+        bounds[1], bounds[2] = bounds[2], bounds[1]
+    for window, min_gap in ((20, 2), (3, 1), (8, 3), (20, 0)):
+        pos = int(rng.integers(-3, t + 4))
+        assert snap_spans(list(bounds), v, window, min_gap, pos) == snap_spans_regex(list(bounds), v, window, min_gap, pos)
 
 
 def anchored_reference(align: torch.Tensor, toks: np.ndarray, eot: int, valid: np.ndarray, accepted: np.ndarray,

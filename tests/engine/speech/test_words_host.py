@@ -126,6 +126,42 @@ def test_word_cache_equals_building_every_hypothesis_afresh(seed: int) -> None:
         toks, frames, valid, voiced, t0 = evolve(rng, toks, frames, valid, voiced, t0)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 1_000_000))
+def test_word_cache_with_redecoded_tokens_equals_afresh(seed: int) -> None:
+    """The newest words re-decoded with their frames kept (the id of a token changes, often one
+    that opens a word, into a piece that opens one, continues one or is empty), more audio and
+    tokens appended: the cache keeps the word before the change only where that is exact."""
+    rng = np.random.default_rng(seed)
+    toks, frames, valid, voiced = random_case(seed)
+    voiced = rng.random(max(valid, 1) + 5) > 0.25 if voiced is None else voiced
+    t0 = int(rng.integers(0, 10**12))
+    snapped, plain = WordCache(), WordCache()
+    hits = 0
+    for _ in range(30):
+        want = tokens_to_words(toks, frames, PIECES.__getitem__, EOT, t0, valid, voiced)
+        got = snapped.words_for(toks, frames, PIECES.__getitem__, EOT, t0, valid, voiced)
+        assert got == want and [w.text for w in got] == [w.text for w in want]
+        assert plain.words_for(toks, frames, PIECES.__getitem__, EOT, t0, valid) == \
+            tokens_to_words(toks, frames, PIECES.__getitem__, EOT, t0, valid)
+        n_text = toks.index(EOT) if EOT in toks else len(toks)
+        toks = toks[:n_text]
+        if toks and rng.random() < 0.8:  # re-decode one of the last tokens, same frame
+            j = len(toks) - 1 - int(rng.integers(0, min(3, len(toks))))
+            toks[j] = int(rng.integers(1, 9))
+            hits += 1
+        extra = int(rng.integers(0, 3))
+        toks = toks + rng.integers(1, 9, extra).tolist() + ([EOT] if rng.random() < 0.8 else [])
+        last = frames[len(frames) - 1] if frames else 0
+        frames = frames[:n_text] + [last + int(f) for f in np.cumsum(rng.integers(0, 6, len(toks) - n_text + 1))]
+        if rng.random() < 0.6:
+            valid += int(rng.integers(0, 12))
+            grown = rng.random(max(valid, 1) + 5) > 0.25
+            grown[: min(len(voiced), len(grown))] = voiced[: len(grown)]
+            voiced = grown
+    assert hits
+
+
 class _VoicedRunner(ScriptedRunner):
     """`ScriptedRunner` whose voiced masks follow the script (pauses between words), so that the
     word edges are snapped, and whose frames of older tokens are sometimes re-timed."""

@@ -58,12 +58,35 @@ def _agreed(fresh: list[Word], earlier: list[list[Word]]) -> int:
     """Length of the longest prefix of `fresh` whose keys every hypothesis in `earlier` starts with."""
     k = len(fresh)
     for h in earlier:
-        k = min(k, len(h))
-        for i in range(k):
+        if len(h) < k:
+            k = len(h)
+        # equal words have equal keys: skip the longest equal prefix with list compares (C loops; the
+        # words a stream carries over between hypotheses are the same objects), then compare keys
+        i = _equal_prefix(h, fresh, k)
+        while i < k:
             if h[i].key != fresh[i].key:
                 k = i
                 break
+            i += 1
     return k
+
+
+def _equal_prefix(a: list[Word], b: list[Word], n: int) -> int:
+    """Length of the common prefix of `a[:n]` and `b[:n]` by slice compares, searched down from `n`."""
+    if a[:n] == b[:n]:
+        return n
+    hi, d, lo = n, 1, n - 1  # a[:hi] != b[:hi]
+    while lo > 0 and a[:lo] != b[:lo]:
+        hi = lo
+        d += d
+        lo = n - d if n > d else 0
+    while hi - lo > 1:  # a[:lo] == b[:lo]
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(slots=True)
@@ -92,37 +115,52 @@ class LocalAgreement:
     def committed_end_ns(self) -> int:
         return self.committed[-1].end_ns if self.committed else -(2**62)
 
-    def _fresh(self, hyp: list[Word]) -> list[Word]:
-        """Drop the part of `hyp` that the committed text already covers."""
-        end = self.committed_end_ns
+    def fresh(self, hypothesis: list[Word]) -> list[Word]:
+        """The part of `hypothesis` that the committed text does not cover yet: what `insert` and
+        `pending` work on (`insert_fresh`, `pending_fresh` take it; valid until the state changes)."""
+        committed = self.committed
+        if not committed:
+            after = -(2**62) - self.tolerance_ns
+            return [w for w in hypothesis if w.start_ns > after]
+        end = committed[-1].end_ns
         after = end - self.tolerance_ns
-        words = [w for w in hyp if w.start_ns > after]
-        if words and self.committed and abs(words[0].start_ns - end) < 10 * self.tolerance_ns:
-            tail = [w.key for w in self.committed[-self.max_ngram:]]
+        words = [w for w in hypothesis if w.start_ns > after]
+        if words and abs(words[0].start_ns - end) < 10 * self.tolerance_ns:
+            tail = committed[-self.max_ngram :]
+            first = words[0].key
             for k in range(min(len(tail), len(words), self.max_ngram), 0, -1):
-                if tail[-k:] == [w.key for w in words[:k]]:
-                    words = words[k:]
-                    break
+                # the committed tail's last k words repeat the head's first k (its first word checked first)
+                if tail[-k].key == first and all(a.key == b.key for a, b in zip(tail[-k:], words[:k], strict=True)):
+                    return words[k:]
         return words
 
     def insert(self, hypothesis: list[Word]) -> CommitResult:
         """Take the newest full hypothesis; return newly committed words and the partial."""
-        fresh = self._fresh(hypothesis)
-        self._history.append(fresh)
-        del self._history[: -self.n]
+        return CommitResult(*self.insert_fresh(self.fresh(hypothesis)))
+
+    def insert_fresh(self, fresh: list[Word]) -> tuple[list[Word], list[Word]]:
+        """`insert` of a hypothesis given as its `fresh` part; (newly committed words, partial) as a
+        pair: `StreamingWhisper` repackages them into its event anyway."""
+        history = self._history
+        history.append(fresh)
+        if len(history) > self.n:
+            del history[: -self.n]
         new: list[Word] = []
-        if len(self._history) == self.n:
-            new = fresh[: _agreed(fresh, self._history[:-1])]
-        if new:
-            self.committed.extend(new)
-            k = len(new)
-            self._history = [h[k:] for h in self._history]
-        return CommitResult(new, list(self._history[-1]) if self._history else [])
+        if len(history) == self.n:
+            k = _agreed(fresh, history[:-1])
+            if k:
+                new = fresh[:k]
+                self.committed.extend(new)
+                self._history = [h[k:] for h in history]
+        return new, self._history[-1][:]
 
     def pending(self, hypothesis: list[Word]) -> int:
         """How many words `insert(hypothesis)` would commit, without changing any state (used to
         decide whether an update needs exact word times before it is inserted)."""
-        fresh = self._fresh(hypothesis)
+        return self.pending_fresh(self.fresh(hypothesis))
+
+    def pending_fresh(self, fresh: list[Word]) -> int:
+        """`pending` of a hypothesis given as its `fresh` part."""
         hist = [*self._history[-(self.n - 1):], fresh] if self.n > 1 else [fresh]
         if len(hist) < self.n:
             return 0

@@ -13,8 +13,9 @@ and the timing matrix leave the GPU once per pass; DTW on the host turns it into
 
 from __future__ import annotations
 
+import itertools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -405,13 +406,24 @@ class WhisperRunner:
         if drafts is not None:
             if len(drafts) != m:
                 raise AudioInputError(f"{len(drafts)} drafts for {m} streams; pass one per stream")
-            for i, dr in enumerate(drafts):
-                if len(dr) > d:
-                    self.stats.truncated_drafts += 1
-                dr = [t for t in list(dr)[:d] if t < self.tokens.eot]
-                host[i, 1] = len(dr)
-                host[i, _COLS : _COLS + len(dr)] = dr
-                self.stats.draft_tokens += len(dr)
+            # all rows' tokens (the first `d` of each) as one int64 array by one C-level conversion, and
+            # one masked write: per row, a numpy call costs more than the row's few dozen ints
+            lens = [len(dr) for dr in drafts]
+            rows: Sequence[Iterable[int]] = drafts
+            if max(lens, default=0) > d:
+                self.stats.truncated_drafts += sum(n > d for n in lens)
+                lens = [n if n < d else d for n in lens]
+                rows = [itertools.islice(dr, d) for dr in drafts]
+            flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, sum(lens))
+            take = np.asarray(lens, np.int64)
+            eot = self.tokens.eot
+            if flat.shape[0] and flat.max() >= eot:  # ids >= end-of-text are dropped, the rest close up
+                text = flat < eot
+                flat = flat[text]
+                take = np.bincount(np.repeat(np.arange(m), take)[text], minlength=m)
+            host[:m, 1] = take
+            host[:m, _COLS : _COLS + d][np.arange(d) < take[:, None]] = flat
+            self.stats.draft_tokens += flat.shape[0]
         if draft_frames is not None and self.device_times:
             self._put_draft_frames(host, range(m), draft_frames)
         self.inputs[:bb].copy_(self._host_in[:bb], non_blocking=True)
@@ -437,14 +449,27 @@ class WhisperRunner:
         if len(draft_frames) != len(rows):
             raise AudioInputError(f"{len(draft_frames)} draft frame lists for {len(rows)} streams; pass one per stream")
         lo, cap = _COLS + self.max_draft, self.max_draft + 1
-        for r, fr in zip(rows, draft_frames, strict=True):
-            f = list(fr)[:cap]
-            host[r, 4] = len(f)
-            host[r, lo : lo + len(f)] = f
+        lens = [len(fr) for fr in draft_frames]
+        items: Sequence[Iterable[int]] = draft_frames
+        if max(lens, default=0) > cap:
+            lens = [n if n < cap else cap for n in lens]
+            items = [itertools.islice(fr, cap) for fr in draft_frames]
+        flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, sum(lens))  # as in _set_inputs
+        take = np.asarray(lens, np.int64)
+        into = np.arange(cap) < take[:, None]  # [rows, cap]: where each row's frames go
+        if isinstance(rows, range) and rows.step == 1:  # the callers' case: a block of the table, in place
+            host[rows.start : rows.stop, 4] = take
+            host[rows.start : rows.stop, lo : lo + cap][into] = flat
+        else:
+            at = np.asarray(rows, np.int64)
+            host[at, 4] = take
+            block = host[at, lo : lo + cap]
+            block[into] = flat
+            host[at, lo : lo + cap] = block
 
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
                      draft_frames: Sequence[Sequence[int]] | None, align: torch.Tensor | None = None) -> np.ndarray:
-        valid = np.array([max(1, -(-x // SAMPLES_PER_POSITION)) for x in lengths])
+        valid = np.maximum(1, -(-np.asarray(lengths, np.int64) // SAMPLES_PER_POSITION))
         return anchored_token_starts(self.align if align is None else align, toks, self.tokens.eot, valid, accepted,
                                      draft_frames, self.retime)
 

@@ -41,6 +41,7 @@ from tristream.engine.speech.commit import LocalAgreement, Word
 from tristream.engine.speech.config import FRAME_S, SAMPLE_RATE
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.runner import WhisperRunner
+from tristream.engine.speech.timing import voiced_bytes
 from tristream.engine.speech.words import WordCache
 from tristream.engine.speech.words import tokens_to_words as tokens_to_words  # re-exported: its former home
 
@@ -202,79 +203,100 @@ class StreamingWhisper:
         self.stats.forced_trims += int(forced)
 
     def _pass(self, ids: list[str], force: Collection[str] = ()) -> list[TranscriptEvent]:
-        streams = [self._get(i) for i in ids]
-        lazy = self.align == "commit" and self.runner.word_times
-        drafts = [s.draft for s in streams] if self.runner.max_draft else None
-        frames = [s.draft_frames[: s.timed] if lazy else s.draft_frames for s in streams] \
-            if self.runner.max_draft else None
-        res = self.runner.run_store(self.store, [s.slot for s in streams], drafts, frames, word_times=not lazy)
+        try:
+            streams = [self.streams[i] for i in ids]
+        except KeyError:
+            streams = [self._get(i) for i in ids]  # raises, naming the stream
+        runner = self.runner
+        lazy = self.align == "commit" and runner.word_times
+        drafts = [s.draft for s in streams] if runner.max_draft else None
+        frames = ([s.draft_frames[: s.timed] for s in streams] if lazy else [s.draft_frames for s in streams]) \
+            if runner.max_draft else None
+        res = runner.run_store(self.store, [s.slot for s in streams], drafts, frames, word_times=not lazy)
         self.stats.passes += 1
-        eot = self.runner.tokens.eot
+        eot = runner.tokens.eot
+        text_of = self.text_of
         n = len(streams)
         valid = [-(-s.length // _FRAME_SAMPLES) for s in streams]  # ceil: frames holding audio
         toks: list[list[int]] = res.tokens[:n].tolist()
         fr: list[list[int]] = res.frames[:n].tolist()
-        voiced: list[np.ndarray | None] = [None] * n if res.voiced is None else list(res.voiced[:n])
+        voiced: list[bytes | None] = [None] * n if res.voiced is None else _mask_rows(res.voiced[:n], valid)
+        n_text = [t.index(eot) if eot in t else len(t) for t in toks]  # text tokens before end-of-text
         exact = [not lazy] * n
-        words: list[list[Word]] = []
+        fresh: list[list[Word]] = []  # per stream, LocalAgreement.fresh of its provisional words
         if lazy:
             unsure: list[bool] = []
+            accepted = res.accepted[:n].tolist()
             for k, s in enumerate(streams):
-                keep = min(s.timed, int(res.accepted[k]))  # frames of accepted draft tokens still hold
-                fr[k] = self._provisional(s, toks[k], s.draft_frames[:keep], valid[k])
+                keep = min(s.timed, accepted[k])  # frames of accepted draft tokens still hold
+                fr[k] = self._provisional(s, n_text[k], s.draft_frames[:keep], valid[k])
                 s.timed = keep
-                words.append(s.plain.words_for(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k]))
-                # which re-heard words `_fresh` drops as already committed is decided by time: with
+                fresh.append(s.agreement.fresh(s.plain.words_for(toks[k], fr[k], text_of, eot, s.t0_ns, valid[k])))
+                # which re-heard words `fresh` drops as already committed is decided by time: with
                 # committed audio still in the buffer and nothing timed (after a trim), align
                 unsure.append(keep == 0 and s.agreement.committed_end_ns > s.t0_ns)
             need = [k for k, s in enumerate(streams)
-                    if ids[k] in force or unsure[k] or s.agreement.pending(words[k]) > 0]
+                    if ids[k] in force or unsure[k] or s.agreement.pending_fresh(fresh[k]) > 0]
             if need:
-                ex, vo = self.runner.align_rows(need, [s.draft_frames[: s.timed] for s in (streams[k] for k in need)]
-                                                if self.runner.max_draft else None)
+                ex, vo = runner.align_rows(need, [s.draft_frames[: s.timed] for s in (streams[k] for k in need)]
+                                           if runner.max_draft else None)
+                masks = _mask_rows(vo, [valid[k] for k in need])
                 for i, k in enumerate(need):
-                    fr[k], voiced[k], exact[k] = ex[i].tolist(), vo[i], True
+                    fr[k], voiced[k], exact[k] = ex[i].tolist(), masks[i], True
         out: list[TranscriptEvent] = []
-        for k, (sid, s) in enumerate(zip(ids, streams, strict=True)):
+        for k, s in enumerate(streams):
+            tk, fk = toks[k], fr[k]
             if exact[k]:
-                w = s.snapped.words_for(toks[k], fr[k], self.text_of, eot, s.t0_ns, valid[k], voiced[k])
+                new = s.agreement.fresh(s.snapped.words_for(tk, fk, text_of, eot, s.t0_ns, valid[k], voiced[k]))
             else:
-                w = words[k]
-            s.draft = toks[k][: toks[k].index(eot)] if eot in toks[k] else toks[k]
-            s.draft_frames = fr[k][: len(s.draft) + 1]
+                new = fresh[k]
+            s.draft = tk[: n_text[k]]
+            s.draft_frames = fk[: n_text[k] + 1]
             if exact[k]:
                 s.timed = len(s.draft_frames)
             s.exact = exact[k]
-            self.stats.aligned += int(exact[k])
-            self.stats.unaligned += int(not exact[k])
-            r = s.agreement.insert(w)
+            committed, partial = s.agreement.insert_fresh(new)
             s.new_samples = 0
-            self.stats.updates += 1
-            out.append(TranscriptEvent(sid, r.committed, r.partial))
+            out.append(TranscriptEvent(ids[k], committed, partial))
             if s.length > self.trim_after:
                 if s.agreement.committed and s.agreement.committed_end_ns > s.t0_ns:
                     cut = (s.agreement.committed_end_ns - s.t0_ns) * SAMPLE_RATE // NS
                     self._trim(s, int(cut), forced=False)
                 else:
                     self._trim(s, s.length - self.keep, forced=True)
+        aligned = exact.count(True)
+        self.stats.aligned += aligned
+        self.stats.unaligned += n - aligned
+        self.stats.updates += n
         return out
 
-    def _provisional(self, s: _Stream, toks: list[int], timed: list[int], valid: int) -> list[int]:
-        """Frames for a hypothesis before alignment: `timed` (frames of its accepted draft prefix
-        from an earlier aligned pass), then the remaining tokens and the end row spread evenly from
-        the later of the last timed frame and the committed end to the end of the audio."""
-        eot = self.runner.tokens.eot
-        n_text = toks.index(eot) if eot in toks else len(toks)
+    def _provisional(self, s: _Stream, n_text: int, timed: list[int], valid: int) -> list[int]:
+        """Frames for a hypothesis of `n_text` text tokens before alignment: `timed` (frames of its
+        accepted draft prefix from an earlier aligned pass), then the remaining tokens and the end
+        row spread evenly from the later of the last timed frame and the committed end to the end of
+        the audio."""
         rest = n_text + 1 - len(timed)
         if rest <= 0:
             return timed[: n_text + 1]
-        ce = (s.agreement.committed_end_ns - s.t0_ns) * SAMPLE_RATE // NS // int(FRAME_S * SAMPLE_RATE)
-        lo = min(max(timed[-1] if timed else 0, int(ce), 0), max(valid - 1, 0))
+        lo = timed[-1] if timed else 0
+        committed = s.agreement.committed
+        if committed:  # (nothing committed: the committed end is far before the buffer)
+            ce = (committed[-1].end_ns - s.t0_ns) * SAMPLE_RATE // NS // _FRAME_SAMPLES
+            lo = ce if ce > lo else lo
+        hi = valid - 1 if valid > 1 else 0
+        lo = 0 if lo < 0 else hi if lo > hi else lo
         if rest == 1:
             return [*timed, lo]
-        hi = max(valid - 1, lo)
         step = (hi - lo) / (rest - 1)
         return timed + [int(lo + i * step) for i in range(rest - 1)] + [hi]
+
+
+def _mask_rows(voiced: np.ndarray, valid: list[int]) -> list[bytes | None]:
+    """Row i of a pass's voiced masks `[rows, T]`, cut to its `valid[i]` frames, as `voiced_bytes`
+    (what `WordCache.words_for` reads): one conversion for all rows, then byte slices."""
+    t = voiced.shape[1]
+    flat = voiced_bytes(voiced)
+    return [flat[i * t : i * t + (f if f < t else t)] for i, f in enumerate(valid)]
 
 
 def hf_token_text(tokenizer_json: str) -> Callable[[int], str]:

@@ -11,8 +11,7 @@ first token's jump and ends at the next word's (the last word at the end-of-text
 
 from __future__ import annotations
 
-import bisect
-import re
+from bisect import bisect_right
 from collections.abc import Sequence
 
 import numpy as np
@@ -151,7 +150,31 @@ def anchored_token_starts(align: torch.Tensor, toks: np.ndarray, eot: int, valid
     return frames
 
 
-_PAUSES: dict[int, re.Pattern[bytes]] = {}  # min_gap → maximal runs of that many unvoiced frames or more
+def _pauses(v: bytes, pos: int, min_gap: int) -> tuple[list[int], list[int]]:
+    """Starts and ends of the maximal runs of at least `min_gap` zero bytes in the 0/1 mask `v` that
+    start at or after `pos` (a run begun before `pos` is none of them): the matches of the regex
+    `(?<!\\x00)\\x00{min_gap,}` from `pos`, found with `bytes.find` (no match objects: about half the
+    time for the few pauses after a stream's redone words)."""
+    g0s: list[int] = []
+    g1s: list[int] = []
+    i = pos if pos > 0 else 0
+    find = v.find
+    if 0 < i < len(v) and v[i - 1] == 0 and v[i] == 0:  # inside a run that began before pos
+        i = find(1, i)
+        if i < 0:
+            return g0s, g1s
+    gap = max(min_gap, 1)
+    zeros = b"\x00" * gap
+    while True:  # v[i - 1] is never 0 here, so a run found at or after i is maximal
+        a = find(zeros, i)
+        if a < 0:
+            return g0s, g1s
+        i = find(1, a + gap)
+        g0s.append(a)
+        if i < 0:
+            g1s.append(len(v))
+            return g0s, g1s
+        g1s.append(i)
 
 
 def voiced_bytes(voiced: np.ndarray) -> bytes:
@@ -161,8 +184,12 @@ def voiced_bytes(voiced: np.ndarray) -> bytes:
     return voiced.tobytes()
 
 
-def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 20, min_gap: int = 2
-               ) -> list[tuple[int, int]]:
+SNAP_WINDOW = 20  # frames around a word boundary searched for a pause
+SNAP_MIN_GAP = 2  # unvoiced frames that make a pause
+
+
+def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = SNAP_WINDOW,
+               min_gap: int = SNAP_MIN_GAP) -> list[tuple[int, int]]:
     """Move DTW word edges onto pauses: `bounds` `(start, end)` frames per word, `voiced` `[T]` bool.
 
     DTW hands every frame to some token, so a pause is counted inside the next word (or the last
@@ -172,17 +199,17 @@ def snap_words(bounds: list[tuple[int, int]], voiced: np.ndarray, window: int = 
     its first and last voiced frame. Words without a voiced frame keep their bounds.
 
     Plain Python over the mask's bytes: a few dozen words and pauses per stream, where numpy's
-    per-call cost dominates. Pauses come from one regex scan (runs of ≥ `min_gap` zero bytes), are
-    sorted and disjoint, so each boundary bisects to its candidates; a word's first and last voiced
-    frames are `bytes.find`/`rfind`.
+    per-call cost dominates. Pauses come from one scan (runs of ≥ `min_gap` zero bytes, `bytes.find`),
+    are sorted and disjoint, so each boundary bisects to its candidates; a word's first and last
+    voiced frames are `bytes.find`/`rfind`.
     """
     if not bounds or voiced.shape[0] == 0:
         return list(bounds)
     return snap_spans([(int(a), int(b)) for a, b in bounds], voiced_bytes(voiced), window, min_gap)[0]
 
 
-def snap_spans(out: list[tuple[int, int]], v: bytes, window: int = 20, min_gap: int = 2, pos: int = 0
-               ) -> tuple[list[tuple[int, int]], list[int]]:
+def snap_spans(out: list[tuple[int, int]], v: bytes, window: int = SNAP_WINDOW, min_gap: int = SNAP_MIN_GAP,
+               pos: int = 0) -> tuple[list[tuple[int, int]], list[int]]:
     """`snap_words` on int bounds (changed in place and returned) over a `voiced_bytes` mask; also
     returns each word's start after the boundary before it was moved, before the voiced trim (what
     a later call needs to resume from that word: see `words.WordCache`).
@@ -195,37 +222,37 @@ def snap_spans(out: list[tuple[int, int]], v: bytes, window: int = 20, min_gap: 
     if not out or t == 0:
         return out, mids
     if len(out) > 1:
-        pat = _PAUSES.get(min_gap)
-        if pat is None:
-            pat = _PAUSES[min_gap] = re.compile(b"(?<!\\x00)\\x00{%d,}" % max(min_gap, 1))
-        g0s: list[int] = []
-        g1s: list[int] = []
-        for m in pat.finditer(v, max(pos, 0)):
-            a, b = m.span()
-            g0s.append(a)
-            g1s.append(b)
-        for j in range(len(out) - 1 if g0s else 0):  # no pause anywhere: no boundary moves
-            s0, b = out[j][0], out[j + 1][0]
-            e1 = out[j + 1][1]
-            # candidates: g0 > s0, g1 > b - window, g0 < b + window, g1 < e1 (both edges increase with the index)
-            lo = max(bisect.bisect_right(g0s, s0), bisect.bisect_right(g1s, b - window))
-            hi = min(bisect.bisect_left(g0s, b + window), bisect.bisect_left(g1s, e1))
-            best: tuple[int, int] | None = None
-            for k in range(lo, hi):
+        g0s, g1s = _pauses(v, pos, min_gap)
+        n_gaps = len(g0s)
+        for j in range(len(out) - 1 if n_gaps else 0):  # no pause anywhere: no boundary moves
+            s0 = out[j][0]
+            b, e1 = out[j + 1]
+            # candidates: g0 > s0, g1 > b - window, g0 < b + window, g1 < e1; both edges increase with
+            # the index, so they run from the larger of two bisections until one upper bound fails
+            k = bisect_right(g0s, s0)
+            k1 = bisect_right(g1s, b - window)
+            if k1 > k:
+                k = k1
+            lim = b + window
+            best = -1
+            best_len = best_off = 0
+            while k < n_gaps and g0s[k] < lim and g1s[k] < e1:
                 g0, g1 = g0s[k], g1s[k]
-                if best is None or (g1 - g0, -abs((g0 + g1) // 2 - b)) > (best[1] - best[0], -abs(sum(best) // 2 - b)):
-                    best = (g0, g1)
-            if best is not None:
-                out[j] = (out[j][0], best[0])
-                out[j + 1] = (best[1], out[j + 1][1])
-                mids[j + 1] = best[1]
+                size, off = g1 - g0, abs((g0 + g1) // 2 - b)
+                if best < 0 or size > best_len or (size == best_len and off < best_off):  # longest, then nearest
+                    best, best_len, best_off = k, size, off
+                k += 1
+            if best >= 0:
+                out[j] = (s0, g0s[best])
+                out[j + 1] = (g1s[best], e1)
+                mids[j + 1] = g1s[best]
     for j, (a, z) in enumerate(out):
         a0 = a if a > 0 else 0
         z0 = z if z < t else t
-        if a0 < z0:
-            f = v.find(1, a0, z0)
+        if a0 < z0:  # first and last voiced frame (mostly the word's own edges: index before searching)
+            f = a0 if v[a0] == 1 else v.find(1, a0, z0)
             if f >= 0:
-                out[j] = (a + (f - a0), a + (v.rfind(1, a0, z0) + 1 - a0))
+                out[j] = (a + (f - a0), a + ((z0 if v[z0 - 1] == 1 else v.rfind(1, a0, z0) + 1) - a0))
     return out, mids
 
 
