@@ -4,11 +4,13 @@ One pass takes the audio buffers of many streams, pads them into one `(batch buc
 bucket)` shape, computes log-mel, runs the encoder, fills the static cross-attention K/V,
 prefills the task prompt plus each stream's draft (its previous hypothesis) in parallel, keeps
 the agreeing draft prefix, then greedy-decodes the rest with a static self-attention KV, every
-sequence at its own position. Three kinds of graph per bucket: "encode" (log-mel + encoder + cross
-K/V + prefill + draft acceptance + first token), "steps{n}" (n = 1 … `chunk` decoder steps unrolled,
-argmax on the device; the host reads a done flag and the steps left once per chunk) and "align" (teacher-forced alignment-heads pass → word-timing matrix). All buckets share one
-memory pool and one set of static buffers (sliced per bucket), captured largest first. Tokens
-and the timing matrix leave the GPU once per pass; DTW on the host turns it into token times.
+sequence at its own position. Four kinds of graph per bucket: "encode" (log-mel + encoder + cross
+K/V: audio only, so it runs while the host writes the pass's inputs), "prefill" (prompt + draft
+prefill + draft acceptance + first token), "steps{n}" (n = 1 … `chunk` decoder steps unrolled,
+argmax on the device; the host reads a done flag and the steps left once per chunk) and "align"
+(teacher-forced alignment-heads pass → word-timing matrix, and DTW on the device where Triton
+runs). All buckets share one memory pool and one set of static buffers (sliced per bucket),
+captured largest first. Tokens and token times leave the GPU once per pass.
 """
 
 from __future__ import annotations
@@ -149,6 +151,11 @@ class WhisperRunner:
         self.draft_frames = self.inputs[:, _COLS + max_draft :]  # previous frames of the draft (+ its end row)
         self._in_copied: torch.cuda.Event | None = None
         pin = dev.type == "cuda"
+        # audio-store rows of a `run_store` pass, uploaded before the inputs (the gather feeds "encode")
+        self._slots_dev = torch.zeros(bmax, dtype=torch.long, device=dev)
+        self._slots_host = torch.zeros(bmax, dtype=torch.long, pin_memory=pin)
+        self._slots_copied: torch.cuda.Event | None = None
+        self._draft_frames_arg: Sequence[Sequence[int]] | None = None  # the pass's draft_frames (host DTW)
         self._host_out = torch.zeros(bmax, 2 * max_new_tokens + 3, dtype=torch.long, pin_memory=pin)
         self._host_db = torch.zeros(bmax, tmax_enc, pin_memory=pin)
         self.pos = torch.zeros(bmax, dtype=torch.long, device=dev)  # next input position, per sequence
@@ -203,16 +210,21 @@ class WhisperRunner:
 
     # ---- the captured regions --------------------------------------------------------------
     def _encode(self, bb: int, ab: float) -> None:
-        """Log-mel, encoder, cross K/V, parallel prefill of prompt + draft, draft acceptance, first new token."""
+        """Log-mel, encoder, cross K/V: reads the audio only (not the pass's input table)."""
         audio, cache = self._views(bb, ab)
         m = self.model
-        n_prompt, d = len(self.prompt), self.max_draft
         t = audio.shape[1] // SAMPLES_PER_POSITION
         if self.word_times:  # loudness of every 20 ms frame (snapping word edges onto pauses)
             power = audio.view(bb, t, -1).square().mean(-1)
             self.frame_db[:bb, :t].copy_(10.0 * torch.log10(power + 1e-10))
         enc = m.encode(self.mel(audio).to(self.dtype), fused=self.fused_kernels)
         m.fill_cross(enc, cache)
+
+    def _prefill(self, bb: int, ab: float) -> None:
+        """Parallel prefill of prompt + draft, draft acceptance, first new token."""
+        _, cache = self._views(bb, ab)
+        m = self.model
+        n_prompt, d = len(self.prompt), self.max_draft
         ids = torch.cat([self.prompt_ids.expand(bb, -1), self.draft[:bb]], dim=1)
         pos = torch.arange(n_prompt + d, device=self.device)
         logits = m.decode(ids, pos, cache, vocab_limit=self.tokens.sot, logits_from=n_prompt - 1,
@@ -280,7 +292,7 @@ class WhisperRunner:
         if kind.startswith("steps"):
             n = int(kind[5:])
             return lambda bb, ab: self._steps(bb, ab, n)
-        return {"encode": self._encode, "align": self._align}[kind]
+        return {"encode": self._encode, "prefill": self._prefill, "align": self._align}[kind]
 
     def _step_sizes(self) -> tuple[int, ...]:
         """Step-graph sizes: powers of two below `chunk`, and `chunk` (any count up to it is a sum of them)."""
@@ -292,10 +304,10 @@ class WhisperRunner:
         return tuple(sorted(sizes, reverse=True))
 
     def _kinds(self) -> tuple[str, ...]:
-        """Graph kinds per bucket: encode, `steps{n}` for each step size (a pass never runs a step that
-        no row can use: the last chunk is cut to the steps left), align (with word times)."""
+        """Graph kinds per bucket: encode, prefill, `steps{n}` for each step size (a pass never runs a
+        step that no row can use: the last chunk is cut to the steps left), align (with word times)."""
         steps = tuple(f"steps{n}" for n in self._step_sizes())
-        return ("encode", *steps, "align") if self.word_times else ("encode", *steps)
+        return ("encode", "prefill", *steps, "align") if self.word_times else ("encode", "prefill", *steps)
 
     @torch.inference_mode()
     def _run(self, kind: str, bb: int, ab: float) -> None:
@@ -362,7 +374,10 @@ class WhisperRunner:
         if self.device.type == "cuda":
             src = src.pin_memory()
         self.audio[:bb, :n].copy_(src, non_blocking=True)
-        return self._pass([a.shape[0] for a in audio], bb, ab, drafts, draft_frames, word_times)
+        lengths = [a.shape[0] for a in audio]
+        self._run("encode", bb, ab)  # the GPU starts on the audio while the host writes the inputs
+        self._set_inputs(lengths, bb, drafts, None, draft_frames)
+        return self._pass(lengths, bb, ab, word_times)
 
     @torch.inference_mode()
     def run_store(self, store: AudioStore, slots: list[int], drafts: Sequence[Sequence[int]] | None = None,
@@ -379,9 +394,18 @@ class WhisperRunner:
         lengths = [int(store.lengths[s]) for s in slots]
         ab = self.audio_bucket(max(lengths))
         n = int(round(ab * SAMPLE_RATE))
+        m = len(slots)
+        if self._slots_copied is not None:
+            self._slots_copied.synchronize()  # normally long complete (the last pass ended with a read)
+        self._slots_host[:m].numpy()[:] = slots
+        self._slots_dev[:m].copy_(self._slots_host[:m], non_blocking=True)
+        if self.device.type == "cuda":
+            self._slots_copied = torch.cuda.Event()
+            self._slots_copied.record()
+        self.audio[:m, :n].copy_(store.buf[:, :n].index_select(0, self._slots_dev[:m]))
+        self._run("encode", bb, ab)  # the GPU starts on the audio while the host writes the inputs
         self._set_inputs(lengths, bb, drafts, slots, draft_frames)
-        self.audio[: len(slots), :n].copy_(store.buf[:, :n].index_select(0, self.slots[: len(slots)]))
-        return self._pass(lengths, bb, ab, drafts, draft_frames, word_times, inputs_set=True)
+        return self._pass(lengths, bb, ab, word_times)
 
     @torch.inference_mode()
     def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None,
@@ -392,6 +416,7 @@ class WhisperRunner:
         The twin is rewritten only here; the previous pass's copy out of it is long done (every
         pass ends by reading its tokens, which waits for the whole stream)."""
         d = self.max_draft
+        self._draft_frames_arg = draft_frames
         if self._in_copied is not None:
             self._in_copied.synchronize()  # normally long complete; guards a pass that raised midway
         host = self._host_in[:bb].numpy()
@@ -473,15 +498,12 @@ class WhisperRunner:
         return anchored_token_starts(self.align if align is None else align, toks, self.tokens.eot, valid, accepted,
                                      draft_frames, self.retime)
 
-    def _pass(self, lengths: list[int], bb: int, ab: float, drafts: Sequence[Sequence[int]] | None,
-              draft_frames: Sequence[Sequence[int]] | None = None, word_times: bool | None = None,
-              inputs_set: bool = False) -> PassResult:
+    def _pass(self, lengths: list[int], bb: int, ab: float, word_times: bool | None = None) -> PassResult:
+        """The rest of a pass whose audio is encoded (or queued) and whose inputs are set."""
         timed = self.word_times if word_times is None else word_times and self.word_times
         n_real = len(lengths)
         n = int(round(ab * SAMPLE_RATE))
-        if not inputs_set:
-            self._set_inputs(lengths, bb, drafts, None, draft_frames)
-        self._run("encode", bb, ab)
+        self._run("prefill", bb, ab)
         steps = 0
         # one sync per chunk: the graphs leave `status` = (every real stream has written end-of-text
         # (early_stop) or filled its K columns, most steps a row can still use); read after the
@@ -508,7 +530,8 @@ class WhisperRunner:
         voiced: np.ndarray | None = None
         self._last = (lengths, ab, toks, accepted)
         if timed:
-            frames = packed[:, self.k + 2 :] if on_device else self._token_times(toks, accepted, lengths, draft_frames)
+            frames = (packed[:, self.k + 2 :] if on_device
+                      else self._token_times(toks, accepted, lengths, self._draft_frames_arg))
             assert db is not None
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
             self.stats.align_passes += 1
