@@ -21,7 +21,7 @@ def test_graph_replay_equals_eager_for_every_bucket(dtype: torch.dtype, make_whi
     graphed = WhisperRunner(model, TOKENS, use_graphs=True, **kw)  # type: ignore[arg-type]
     eager = WhisperRunner(model, TOKENS, use_graphs=False, **kw)  # type: ignore[arg-type]
     graphed.capture()
-    assert graphed.stats.captured == 3 * 2 * (2 + 3)  # encode, steps 4/2/1, align per bucket
+    assert graphed.stats.captured == 3 * 2 * (3 + 3)  # encode, prefill, steps 4/2/1, align per bucket
     rng = np.random.default_rng(0)
     for ab in (2.0, 5.0):
         for bb in (1, 2, 4):
