@@ -108,6 +108,45 @@ def nearest_rank_pct(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, int(round(p / 100 * (len(s) - 1))))]
 
 
+def host_speed(reps: int = 7) -> dict[str, float]:
+    """This machine's speed at the host work of a streaming update, as two fixed workloads (median
+    ms of `reps`): `python_ms`, 20,000 small dict/list/attribute operations; `numpy_ms`, 2,000
+    numpy calls on 64-element arrays. Device machines differ call to call (the same host-only
+    Whisper DTW timing ranged 0.39-0.48 ms on four H200 hosts): figures whose host share matters
+    carry this beside them so runs on different machines can be compared."""
+    import statistics
+    import time
+
+    import numpy as np
+
+    def py() -> None:
+        acc: list[dict[str, int]] = []
+        for i in range(5000):
+            d = {"a": i, "b": i + 1}
+            acc.append(d)
+            _ = d["a"] + len(acc)
+        acc.clear()
+
+    a = np.arange(64, dtype=np.float64)
+
+    def nump() -> None:
+        x = a
+        for _ in range(1000):
+            x = np.add(x, 1.0)
+            _ = int(np.argmax(x))
+
+    out = {}
+    for name, fn in (("python_ms", py), ("numpy_ms", nump)):
+        fn()
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            fn()
+            ts.append((time.perf_counter() - t) * 1e3)
+        out[name] = round(statistics.median(ts), 3)
+    return out
+
+
 def cuda_graph_ms(graph: Any, warm: int = 5, reps: int = 50) -> float:
     """Milliseconds per replay of a captured `torch.cuda.CUDAGraph` (CUDA events, after `warm` replays)."""
     import torch

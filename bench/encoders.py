@@ -44,7 +44,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS_DIR, kernel_profile, write_results  # noqa: E402
+from bench._common import RESULTS_DIR, host_speed, kernel_profile, write_results  # noqa: E402
 from tristream.engine.engine import LLMEngine  # noqa: E402
 from tristream.engine.engine_types import EngineConfig  # noqa: E402
 from tristream.engine.sequence import SamplingParams  # noqa: E402
@@ -181,7 +181,7 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
     streams = streams if not smoke else (1, 4)
     update_s = 0.5
     out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s,
-                           "quick": quick}
+                           "quick": quick, "host_speed_before": host_speed()}
     names = {"triton": "", "torch": "_torch_ops", "triton_attn": "_step_attn"}
     bad = set(kernel_paths) - set(names)
     if bad:
@@ -206,6 +206,7 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
                 os.environ["TRISTREAM_WHISPER_STEP_ATTN"] = before
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    out["host_speed_after"] = host_speed()
     return out
 
 
@@ -753,6 +754,9 @@ def print_table(r: dict[str, Any]) -> None:
                   f"{row['ours_graph']['median_ms']:>11.3f} {row['speedup_graph_vs_hf']:>7.1f}x")
     if "whisper" in r:
         w = r["whisper"]
+        if "host_speed_before" in w:
+            print(f"\nhost speed (bench/_common.host_speed, ms; lower is faster): before {w['host_speed_before']}, "
+                  f"after {w.get('host_speed_after')}")
         for size, res in w.items():
             if not isinstance(res, dict) or "per_update" not in res:
                 continue

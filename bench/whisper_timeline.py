@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import host_speed, write_results  # noqa: E402
 from tristream.engine.speech.audio_store import AudioStore  # noqa: E402
 from tristream.engine.speech.config import WhisperTokens, preset  # noqa: E402
 from tristream.engine.speech.runner import WhisperRunner  # noqa: E402
@@ -143,7 +143,8 @@ def main() -> None:
     first = runner.run_store(store, slots)
     drafts = [r[: cap - 4].tolist() for r in first.tokens]
     dfr = [f[: cap - 3].tolist() for f in first.frames]
-    res: dict[str, Any] = {"model": args.model, "streams": n, "buffer_s": 10.0, "tail": 4}
+    res: dict[str, Any] = {"model": args.model, "streams": n, "buffer_s": 10.0, "tail": 4,
+                           "host_speed": host_speed()}
     runner.status = _Status()  # type: ignore[assignment]
     try:
         per_pass = []
