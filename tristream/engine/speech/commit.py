@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 _NORM = re.compile(r"[^\w']+")
 
@@ -62,7 +64,7 @@ def _agreed(fresh: list[Word], earlier: list[list[Word]]) -> int:
             k = len(h)
         # equal words have equal keys: skip the longest equal prefix with list compares (C loops; the
         # words a stream carries over between hypotheses are the same objects), then compare keys
-        i = _equal_prefix(h, fresh, k)
+        i = common_prefix(h, fresh, k)
         while i < k:
             if h[i].key != fresh[i].key:
                 k = i
@@ -71,8 +73,10 @@ def _agreed(fresh: list[Word], earlier: list[list[Word]]) -> int:
     return k
 
 
-def _equal_prefix(a: list[Word], b: list[Word], n: int) -> int:
-    """Length of the common prefix of `a[:n]` and `b[:n]` by slice compares, searched down from `n`."""
+def common_prefix(a: Sequence[Any], b: Sequence[Any], n: int) -> int:
+    """Length of the common prefix of `a[:n]` and `b[:n]` (lists: slice compares run as C loops, no
+    per-item Python). Searched downwards from `n` in doubling steps, then bisected: a stream's next
+    hypothesis (words, tokens, frames) usually differs from its last only in the newest few items."""
     if a[:n] == b[:n]:
         return n
     hi, d, lo = n, 1, n - 1  # a[:hi] != b[:hi]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from tristream.engine.speech.commit import Word
+from tristream.engine.speech.commit import Word, common_prefix
 from tristream.engine.speech.config import FRAME_S
 from tristream.engine.speech.timing import SNAP_MIN_GAP, SNAP_WINDOW, snap_spans, voiced_bytes
 
@@ -105,27 +105,6 @@ def tokens_to_words(token_ids: list[int], frames: list[int], text_of: Callable[[
     return _make(texts, spans, t0_ns)
 
 
-def _common(a: list[int], b: list[int], n: int) -> int:
-    """Length of the common prefix of `a[:n]` and `b[:n]` (slice compares: C loops, no per-item Python).
-
-    Searched downwards from `n` in doubling steps, then bisected: a stream's next hypothesis
-    usually differs from its last only in the newest few tokens."""
-    if a[:n] == b[:n]:
-        return n
-    hi, d, lo = n, 1, n - 1  # a[:hi] != b[:hi]
-    while lo > 0 and a[:lo] != b[:lo]:
-        hi = lo
-        d += d
-        lo = n - d if n > d else 0
-    while hi - lo > 1:  # a[:lo] == b[:lo]
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 class WordCache:
     """One stream's last hypothesis words with what they were built from; `words()` equals
     `tokens_to_words` and rebuilds only the words after the first changed token.
@@ -161,9 +140,9 @@ class WordCache:
         checked that there are old words, the buffer start is the same and the clamp did not drop."""
         old_ids, old_frames = self.ids, self.frames
         m = min(end_text, len(old_ids))  # old_ids: only the old text tokens
-        p = _common(ids, old_ids, m)
+        p = common_prefix(ids, old_ids, m)
         if p:
-            p = _common(frames, old_frames, p)
+            p = common_prefix(frames, old_frames, p)
         opens = self.opens
         w = len(opens) - 1
         while w > 0 and opens[w] >= p:
