@@ -99,3 +99,17 @@ def test_put_draft_frames_rows_and_errors(runner: WhisperRunner) -> None:
         runner._put_draft_frames(tab, [0], [[1], [2]])
     with pytest.raises(AudioInputError, match="1 drafts for 2 streams"):
         runner._set_inputs([16000, 16000], 2, [[1]])
+
+
+def test_pass_refuses_mismatched_drafts_before_queueing_work(runner: WhisperRunner,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """run() checks one draft (and one frame list) per stream before the encode graph is queued
+    (the encode now runs before the inputs are written): a bad call runs no graph."""
+    ran: list[str] = []
+    monkeypatch.setattr(runner, "_run", lambda kind, bb, ab: ran.append(kind))
+    audio = [np.zeros(8000, np.float32), np.zeros(8000, np.float32)]
+    with pytest.raises(AudioInputError, match="1 drafts for 2 streams"):
+        runner.run(audio, drafts=[[1]])
+    with pytest.raises(AudioInputError, match="3 draft frame lists for 2 streams"):
+        runner.run(audio, drafts=[[1], [2]], draft_frames=[[0], [0], [0]])
+    assert ran == []

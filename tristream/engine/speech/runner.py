@@ -362,6 +362,7 @@ class WhisperRunner:
         """
         if not audio:
             raise AudioInputError("run() needs at least one audio buffer")
+        self._check_counts(len(audio), drafts, draft_frames)
         bb = self.batch_bucket(len(audio))
         ab = self.audio_bucket(max(a.shape[0] for a in audio))
         n = int(round(ab * SAMPLE_RATE))
@@ -388,6 +389,7 @@ class WhisperRunner:
         then times just the rows that need it, afterwards."""
         if not slots:
             raise AudioInputError("run_store() needs at least one slot")
+        self._check_counts(len(slots), drafts, draft_frames)
         if store.device.type != self.device.type:
             raise AudioInputError(f"audio store on {store.device}, runner on {self.device}; build them on one device")
         bb = self.batch_bucket(len(slots))
@@ -406,6 +408,15 @@ class WhisperRunner:
         self._run("encode", bb, ab)  # the GPU starts on the audio while the host writes the inputs
         self._set_inputs(lengths, bb, drafts, slots, draft_frames)
         return self._pass(lengths, bb, ab, word_times)
+
+    @staticmethod
+    def _check_counts(m: int, drafts: Sequence[Sequence[int]] | None,
+                      draft_frames: Sequence[Sequence[int]] | None) -> None:
+        """One draft (and one frame list) per stream, checked before any GPU work is queued."""
+        if drafts is not None and len(drafts) != m:
+            raise AudioInputError(f"{len(drafts)} drafts for {m} streams; pass one per stream")
+        if draft_frames is not None and len(draft_frames) != m:
+            raise AudioInputError(f"{len(draft_frames)} draft frame lists for {m} streams; pass one per stream")
 
     @torch.inference_mode()
     def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None,
