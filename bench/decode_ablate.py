@@ -31,16 +31,13 @@ from bench._common import cuda_graph_ms, write_results  # noqa: E402
 def step(model: Any, h: torch.Tensor, attn: Any, tile: Any, warps: int, hc: bool, skip: set[str],
          splits: int | None, short_ctx: int | None = None, attn_warps: int = 4) -> torch.Tensor:
     """`decode_logits_b1` with PDL and kinds of kernels left out (`skip`: attention, o, mlp, head, qkv)."""
-    from tristream.engine.kernels.decode_fused import proj_tile, qkv_rope_store1
+    from tristream.engine.kernels.decode_fused import proj_blocks, qkv_rope_store1
     from tristream.engine.kernels.gemv import fused_gemv
     from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
     cfg = model.cfg
-    t_qkv, t_o = proj_tile(tile, cfg.hidden_size), proj_tile(tile, cfg.q_size)
-    t_down = proj_tile(tile, model.layers[0].down.weight.shape[1])
-    bn, bk = t_qkv if t_qkv is not None else (None, None)
-    on, ok = t_o if t_o is not None else (None, None)
-    dn, dk = t_down if t_down is not None else (None, None)
+    (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
+    t_qkv = None if bn is None or bk is None else (bn, bk)
     eps = cfg.rms_norm_eps
     r = h
     q = torch.zeros(1, cfg.num_heads, cfg.head_dim, dtype=h.dtype, device=h.device)

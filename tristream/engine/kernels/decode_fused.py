@@ -181,6 +181,20 @@ def proj_tile(tile: tuple[int, int] | None, k: int) -> tuple[int, int] | None:
     return (8, bk)
 
 
+Blocks = tuple[int | None, int | None]
+
+
+def proj_blocks(model: Any, tile: tuple[int, int] | None) -> tuple[Blocks, Blocks, Blocks]:
+    """(block_n, block_k) of the hidden-size input projections (QKV, gate|up, head), of O and of
+    down under a `TILES` tile (None, None: the per-shape default), by `proj_tile`."""
+    def blocks(k: int) -> Blocks:
+        t = proj_tile(tile, k)
+        return t if t is not None else (None, None)
+
+    cfg = model.cfg
+    return blocks(cfg.hidden_size), blocks(cfg.q_size), blocks(model.layers[0].down.weight.shape[1])
+
+
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
                      tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
                      mlp: str | None = None) -> torch.Tensor:
@@ -198,11 +212,8 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     4 kernels per layer.
     """
     cfg = model.cfg
-    t_qkv, t_o = proj_tile(tile, cfg.hidden_size), proj_tile(tile, cfg.q_size)
-    t_down = proj_tile(tile, model.layers[0].down.weight.shape[1])
-    bn, bk = t_qkv if t_qkv is not None else (None, None)  # the hidden-size input projections
-    on, ok = t_o if t_o is not None else (None, None)
-    dn, dk = t_down if t_down is not None else (None, None)
+    (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
+    t_qkv = None if bn is None or bk is None else (bn, bk)  # the QKV kernel's tile (rows, K columns)
     eps = cfg.rms_norm_eps
     if mlp not in (None, "fused", "fused_t"):
         raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")

@@ -155,7 +155,6 @@ class WhisperRunner:
         self._slots_dev = torch.zeros(bmax, dtype=torch.long, device=dev)
         self._slots_host = torch.zeros(bmax, dtype=torch.long, pin_memory=pin)
         self._slots_copied: torch.cuda.Event | None = None
-        self._draft_frames_arg: Sequence[Sequence[int]] | None = None  # the pass's draft_frames (host DTW)
         self._host_out = torch.zeros(bmax, 2 * max_new_tokens + 3, dtype=torch.long, pin_memory=pin)
         self._host_db = torch.zeros(bmax, tmax_enc, pin_memory=pin)
         self.pos = torch.zeros(bmax, dtype=torch.long, device=dev)  # next input position, per sequence
@@ -378,7 +377,7 @@ class WhisperRunner:
         lengths = [a.shape[0] for a in audio]
         self._run("encode", bb, ab)  # the GPU starts on the audio while the host writes the inputs
         self._set_inputs(lengths, bb, drafts, None, draft_frames)
-        return self._pass(lengths, bb, ab, word_times)
+        return self._pass(lengths, bb, ab, word_times, draft_frames)
 
     @torch.inference_mode()
     def run_store(self, store: AudioStore, slots: list[int], drafts: Sequence[Sequence[int]] | None = None,
@@ -407,7 +406,7 @@ class WhisperRunner:
         self.audio[:m, :n].copy_(store.buf[:, :n].index_select(0, self._slots_dev[:m]))
         self._run("encode", bb, ab)  # the GPU starts on the audio while the host writes the inputs
         self._set_inputs(lengths, bb, drafts, slots, draft_frames)
-        return self._pass(lengths, bb, ab, word_times)
+        return self._pass(lengths, bb, ab, word_times, draft_frames)
 
     @staticmethod
     def _check_counts(m: int, drafts: Sequence[Sequence[int]] | None,
@@ -427,7 +426,6 @@ class WhisperRunner:
         The twin is rewritten only here; the previous pass's copy out of it is long done (every
         pass ends by reading its tokens, which waits for the whole stream)."""
         d = self.max_draft
-        self._draft_frames_arg = draft_frames
         if self._in_copied is not None:
             self._in_copied.synchronize()  # normally long complete; guards a pass that raised midway
         host = self._host_in[:bb].numpy()
@@ -509,7 +507,8 @@ class WhisperRunner:
         return anchored_token_starts(self.align if align is None else align, toks, self.tokens.eot, valid, accepted,
                                      draft_frames, self.retime)
 
-    def _pass(self, lengths: list[int], bb: int, ab: float, word_times: bool | None = None) -> PassResult:
+    def _pass(self, lengths: list[int], bb: int, ab: float, word_times: bool | None = None,
+              draft_frames: Sequence[Sequence[int]] | None = None) -> PassResult:
         """The rest of a pass whose audio is encoded (or queued) and whose inputs are set."""
         timed = self.word_times if word_times is None else word_times and self.word_times
         n_real = len(lengths)
@@ -541,8 +540,7 @@ class WhisperRunner:
         voiced: np.ndarray | None = None
         self._last = (lengths, ab, toks, accepted)
         if timed:
-            frames = (packed[:, self.k + 2 :] if on_device
-                      else self._token_times(toks, accepted, lengths, self._draft_frames_arg))
+            frames = packed[:, self.k + 2 :] if on_device else self._token_times(toks, accepted, lengths, draft_frames)
             assert db is not None
             voiced = db > (db.max(axis=1, keepdims=True) - self.silence_db)
             self.stats.align_passes += 1
