@@ -123,9 +123,10 @@ def main() -> None:
     model = random_model(args.model)
     eng = _engine(model)
     dec = eng.runner.decoder
-    name, pdl, mlp, hc = parse_b1(args.variant)
-    if not pdl or mlp is not None:
-        raise SystemExit("--variant: a PDL variant without the one-kernel MLP (e.g. b8_pdl_hc, b1_pdl, bw_pdl)")
+    name, pdl, mlp, hc, _ao = parse_b1(args.variant)
+    if not pdl or mlp is not None or _ao:
+        raise SystemExit("--variant: a PDL variant without the one-kernel MLP or attention+O kernel "
+                         "(e.g. b8_pdl_hc, b1_pdl, bw_pdl)")
     tile, warps = TILES[name]
     res: dict[str, Any] = {"model": args.model, "variant": args.variant, "ctx": {}}
     with torch.inference_mode():

@@ -175,14 +175,16 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
     `kernel_paths`: the decoder step with the Triton kernels of speech/kernels.py ("triton", results
     under the size's name), with the torch ops ("torch", under `<size>_torch_ops`) and/or the Triton
     kernels plus the steps' one-query attention ("triton_attn", `<size>_step_attn`), one after
-    the other on the same model: before/after on one machine."""
+    the other on the same model: before/after on one machine; "cudnn_front": the Triton kernels with
+    the encoder's cuDNN convolutions and exact, unfused GELUs (`Whisper.gemm_front = False`, under
+    `<size>_cudnn_front`)."""
     dt = torch.float16 if dev.type == "cuda" else torch.float32
     sizes = models if not smoke else ("smoke",)
     streams = streams if not smoke else (1, 4)
     update_s = 0.5
     out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s,
                            "quick": quick, "host_speed_before": host_speed()}
-    names = {"triton": "", "torch": "_torch_ops", "triton_attn": "_step_attn"}
+    names = {"triton": "", "torch": "_torch_ops", "triton_attn": "_step_attn", "cudnn_front": "_cudnn_front"}
     bad = set(kernel_paths) - set(names)
     if bad:
         raise SystemExit(f"--whisper-kernels: unknown path(s) {sorted(bad)}; use {', '.join(names)}")
@@ -193,7 +195,7 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
         os.environ["TRISTREAM_WHISPER_STEP_ATTN"] = "1" if path == "triton_attn" else "0"
         try:
             out[key] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity, quick,
-                                           fused_kernels=path != "torch")
+                                           fused_kernels=path != "torch", gemm_front=path != "cudnn_front")
         except Exception as e:  # keep what the other size measured; the error is recorded, not dropped
             import traceback
 
@@ -212,7 +214,7 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
 
 def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, streams: tuple[int, ...], iters: int,
                         new_tokens: int, update_s: float, capacity: int, quick: bool = False,
-                        fused_kernels: bool = True) -> dict[str, Any]:
+                        fused_kernels: bool = True, gemm_front: bool = True) -> dict[str, Any]:
     import transformers
 
     rng = np.random.default_rng(0)
@@ -225,6 +227,7 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
         with torch.device(dev):
             hf = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**dims.to_hf())).eval()
         ours = load_whisper(dims, hf.state_dict()).eval()
+        ours.gemm_front = gemm_front
         hf, ours = hf.to(dev, dt), ours.to(dev, dt)
         toks = WhisperTokens.for_vocab(dims.vocab_size)
         res: dict[str, Any] = {}
@@ -234,6 +237,8 @@ def _bench_whisper_size(dims: WhisperDims, dev: torch.device, dt: torch.dtype, s
             r = hf(input_features=mel, decoder_input_ids=ids)
             enc = ours.encode(mel)
             res["rel_err_vs_hf"] = {"encoder": rel(enc, r.encoder_last_hidden_state),
+                                    "encoder_fused": rel(ours.encode(mel, fused=fused_kernels),
+                                                         r.encoder_last_hidden_state),
                                     "logits": rel(ours.decode_full(ids, enc), r.logits)}
             if not quick:
                 res["encoder_30s_batch1"] = {"hf_eager": time_ms(lambda: hf.model.encoder(mel), dev, iters),
@@ -660,7 +665,9 @@ def main() -> None:
     ap.add_argument("--whisper-kernels", default="triton",
                     help="whisper: decoder step paths, comma-separated: triton (speech/kernels.py; results under the "
                          "size), torch (torch ops; under <size>_torch_ops), triton_attn (triton plus the steps' "
-                         "attention as kernels.step_attention; under <size>_step_attn), e.g. triton,triton_attn")
+                         "attention as kernels.step_attention; under <size>_step_attn), cudnn_front (triton with the "
+                         "encoder's cuDNN convolutions and unfused exact GELUs; under <size>_cudnn_front), "
+                         "e.g. triton,cudnn_front")
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     ap.add_argument("--name", default=None, help="results file name (default encoders / encoders_smoke)")
     ap.add_argument("--profile", action="store_true", help="kernel table of one 16-stream Whisper update (GPU)")

@@ -61,21 +61,26 @@ class TritonDecodeAttention:
 
 FUSED_MAX_ROWS = 16
 B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc", "b8w_pdl_hc",
-               "b1_mlp", "b1_mlpt", "b1_pdl_mlp", "b8_pdl_mlp", "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b8_pdl_mlpt")
+               "b1_mlp", "b1_mlpt", "b1_pdl_mlp", "b8_pdl_mlp", "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b8_pdl_mlpt",
+               "b1_ao", "b8w_ao", "b1_pdl_ao", "b8_pdl_ao_hc", "b8w_pdl_ao", "b8w_pdl_ao_hc", "bw_pdl_ao")
 """`TILES` name, then "_pdl" (chained with PDL), then "_mlp" / "_mlpt" (the MLP as one kernel
 over a float32 residual stream, `kernels/decode_mlp.py`; "t": through a transposed copy of the
-down weights), then "_hc" (output projection through cuBLAS)."""
+down weights) or "_ao" (attention + O + residual as one kernel, `kernels/decode_attn_o.py`), then
+"_hc" (output projection through cuBLAS)."""
 
 
-def parse_b1(variant: str) -> tuple[str, bool, str | None, bool]:
-    """A batch-1 variant name → (tile name, PDL, MLP mode for `decode_logits_b1`, cuBLAS head)."""
+def parse_b1(variant: str) -> tuple[str, bool, str | None, bool, bool]:
+    """A batch-1 variant name → (tile name, PDL, MLP mode for `decode_logits_b1`, cuBLAS head,
+    attention+O kernel)."""
     name = variant
     hc = name.endswith("_hc")
     name = name.removesuffix("_hc")
+    ao = name.endswith("_ao")
+    name = name.removesuffix("_ao")
     mlp = "fused_t" if name.endswith("_mlpt") else "fused" if name.endswith("_mlp") else None
     name = name.removesuffix("_mlpt").removesuffix("_mlp")
     pdl = name.endswith("_pdl")
-    return name.removesuffix("_pdl"), pdl, mlp, hc
+    return name.removesuffix("_pdl"), pdl, mlp, hc, ao
 VARIANTS = ("cublas", "fused", *B1_VARIANTS)
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
@@ -165,9 +170,10 @@ class DecodeGraphs:
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
         if v in B1_VARIANTS and b == 1:
-            name, pdl, mlp, hc = parse_b1(v)
+            name, pdl, mlp, hc, ao = parse_b1(v)
             tile, warps = TILES[name]
-            return decode_logits_b1(m, h, attn, pdl=pdl, tile=tile, num_warps=warps, head_cublas=hc, mlp=mlp)
+            return decode_logits_b1(m, h, attn, pdl=pdl, tile=tile, num_warps=warps, head_cublas=hc, mlp=mlp,
+                                    attn_o=ao)
         if v != "cublas":
             return fused_decode_logits(m, h, attn)
         return m.logits(m(h, attn, ops=TritonOps))
@@ -182,8 +188,11 @@ class DecodeGraphs:
             # pair on the H200 (bench/results/mlp_fuse.json: 135M 5.0 vs 5.0 us, 1B 36.1 vs
             # 34.1 us per MLP; in the decode graph 0.48 vs 0.43 ms, 1.07 vs 0.92 ms per step);
             # it stays selectable by name
-            # nor "b1m" (32 x 256 tiles: 1.4-3.6x slower than the default tile on the H200)
-            out += [v for v in B1_VARIANTS if ("_pdl" in v) == pdl and "_mlp" not in v and not v.startswith("b1m")]
+            # nor "b1m" (32 x 256 tiles: 1.4-3.6x slower than the default tile on the H200), nor the
+            # attention+O kernel ("_ao": 135M 0.400 vs 0.383 ms, 1B 1.05 vs 0.81 ms per step graph;
+            # bench/results/decode_profile_ao.json)
+            out += [v for v in B1_VARIANTS if ("_pdl" in v) == pdl and "_mlp" not in v and "_ao" not in v
+                    and not v.startswith("b1m")]
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:

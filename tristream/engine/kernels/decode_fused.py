@@ -30,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tristream.engine.kernels.decode_attn_o import attn_o_b1
 from tristream.engine.kernels.decode_mlp import fused_mlp1
 from tristream.engine.kernels.gemv import fused_gemv, row_rstd
 from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
@@ -197,7 +198,7 @@ def proj_blocks(model: Any, tile: tuple[int, int] | None) -> tuple[Blocks, Block
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
                      tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
-                     mlp: str | None = None) -> torch.Tensor:
+                     mlp: str | None = None, attn_o: bool = False) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -210,6 +211,9 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     `mlp`: "fused" / "fused_t" run the MLP as one kernel over a float32 residual stream
     (`decode_mlp.py`; "fused_t" reads a transposed copy of the down weights, made once per model):
     4 kernels per layer.
+    `attn_o`: attention, O projection and residual add as one kernel (`decode_attn_o.py`; the
+    residual row in fixed point, read by the norm+gate|up kernel): 4 kernels per layer,
+    bitwise reproducible. Needs `attention.counters` and splits ≥ 2; not with `mlp`.
     """
     cfg = model.cfg
     (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
@@ -217,6 +221,12 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     eps = cfg.rms_norm_eps
     if mlp not in (None, "fused", "fused_t"):
         raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")
+    if attn_o and (mlp is not None or getattr(attention, "counters", None) is None or attention.splits < 2):
+        raise ValueError("attn_o needs attention counters and splits >= 2, and does not go with mlp")
+    if attn_o:
+        # one zeroed fixed-point residual row per layer (a single memset at the start of the step)
+        accs = torch.zeros(len(model.layers), cfg.hidden_size, dtype=torch.int64, device=h.device)
+        rmid = torch.empty(1, cfg.hidden_size, dtype=torch.float32, device=h.device)
     if mlp is not None:
         ra = torch.empty(1, cfg.hidden_size, dtype=torch.float32, device=h.device)
         downs = down_transposed(model) if mlp == "fused_t" else [layer.down.weight for layer in model.layers]
@@ -226,6 +236,15 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
         q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attention.positions,
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                             pdl=pdl, tile=t_qkv, num_warps=num_warps)
+        if attn_o:
+            acc = attn_o_b1(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
+                            attention.scale, attention.splits, attention.counters, layer.o.weight, r, accs[i],
+                            pdl=pdl)
+            gu = fused_gemv(acc.view(1, -1), layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
+                            block_n=bn, block_k=bk, num_warps=num_warps, x_copy=rmid)
+            r = fused_gemv(gu, layer.down.weight, residual=rmid, silu=True, pdl=pdl, block_n=dn, block_k=dk,
+                           num_warps=num_warps)
+            continue
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
                                    counters=getattr(attention, "counters", None)).view(1, cfg.q_size)

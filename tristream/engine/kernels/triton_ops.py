@@ -185,9 +185,18 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
 def short_context(q_ptr, kc_ptr, vc_ptr, bt_row, ctx, out_ptr, b, h, scale, NH: tl.constexpr, NKV: tl.constexpr,
                   GROUP: tl.constexpr, HD: tl.constexpr, PAGE: tl.constexpr, SHORT: tl.constexpr,
                   USE_PDL: tl.constexpr):
-    """One query over a whole context of ≤ SHORT positions in one program. The old positions (all
-    but the newest, written by earlier steps) are loaded before the PDL wait and kept in the cache
-    dtype; the newest row (this step's QKV kernel wrote it) and q after it."""
+    """One query over a whole context of ≤ SHORT positions in one program (`short_attend`), stored."""
+    o = short_attend(q_ptr, kc_ptr, vc_ptr, bt_row, ctx, b, h, scale, NH, NKV, GROUP, HD, PAGE, SHORT, USE_PDL)
+    tl.store(out_ptr + (b * NH + h) * HD + tl.arange(0, HD), o.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def short_attend(q_ptr, kc_ptr, vc_ptr, bt_row, ctx, b, h, scale, NH: tl.constexpr, NKV: tl.constexpr,
+                 GROUP: tl.constexpr, HD: tl.constexpr, PAGE: tl.constexpr, SHORT: tl.constexpr,
+                 USE_PDL: tl.constexpr):
+    """One query over a whole context of ≤ SHORT positions → its output [HD] (float32). The old
+    positions (all but the newest, written by earlier steps) are loaded before the PDL wait and
+    kept in the cache dtype; the newest row (this step's QKV kernel wrote it) and q after it."""
     kvh = h // GROUP
     d = tl.arange(0, HD)
     n = tl.arange(0, SHORT)
@@ -213,8 +222,7 @@ def short_context(q_ptr, kc_ptr, vc_ptr, bt_row, ctx, out_ptr, b, h, scale, NH: 
     p = tl.exp(sc - m)
     p_new = tl.exp(sc_new - m)
     acc = tl.sum(p[:, None] * v.to(tl.float32), 0) + p_new * v_new
-    o = acc / tl.maximum(tl.sum(p, 0) + p_new, 1e-30)
-    tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
+    return acc / tl.maximum(tl.sum(p, 0) + p_new, 1e-30)
 
 
 @triton.jit
@@ -223,7 +231,8 @@ def split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_pt
                   PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
                   FUSED_MERGE: tl.constexpr):
     """Split `s` of (row b, head h): its span of the context, then (SPLITS > 1) its partial softmax,
-    merged by a second kernel or (FUSED_MERGE) by the last split to finish."""
+    merged by a second kernel or (FUSED_MERGE) by the last split to finish. Returns 1 where this
+    program stored the head's output (SPLITS == 1, or the merging split), else 0."""
     # Before waiting on the previous kernel (PDL): the context length and block table (host-written
     # before the graph) and the first tile of K/V except the newest position — every other
     # position was written by earlier steps. The newest row (written by this step's QKV kernel)
@@ -253,9 +262,11 @@ def split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_pt
                                  tl.zeros([HD], dtype=tl.float32))
     m_i, l_i, acc = attend_tiles(q, kc_ptr, vc_ptr, bt_row, start + BLOCK_N, end, kvh, m_i, l_i, acc, NKV, HD,
                                  PAGE, BLOCK_N, "")
+    wrote = 0
     if SPLITS == 1:
         o = acc / tl.maximum(l_i, 1e-30)
         tl.store(out_ptr + (b * NH + h) * HD + d, o.to(out_ptr.dtype.element_ty))
+        wrote = 1
     elif FUSED_MERGE:
         # the last split of this (row, head) to finish merges them: no second kernel. Only the
         # splits whose span holds positions take part (a short context leaves the rest empty):
@@ -275,11 +286,13 @@ def split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_pt
                 tl.debug_barrier()
                 merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, n_act, HD, SPLITS, ".cg")
                 tl.atomic_xchg(cnt_ptr + bh, 0, sem="relaxed", scope="gpu")  # ready for the next step
+                wrote = 1
     else:
         idx = (b * NH + h) * SPLITS + s
         tl.store(po_ptr + idx * HD + d, acc)
         tl.store(pm_ptr + idx, m_i)
         tl.store(pl_ptr + idx, l_i)
+    return wrote
 
 
 @triton.jit

@@ -100,6 +100,28 @@ if triton is not None:
         h = _norm(s.to(tl.float32), m, n, w_ptr, b_ptr, offs, eps)
         tl.store(h_ptr + row * sh + offs, h.to(h_ptr.dtype.element_ty), mask=m)
 
+    @triton.jit(do_not_specialize=["rows", "n", "sx", "sy", "ss", "sh", "y_mod", "eps"])
+    def _add_ln_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, s_ptr, h_ptr, rows, n, sx, sy, ss, sh, y_mod,  # type: ignore[no-untyped-def]
+                            eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
+        """`_add_ln_kernel` over ROWS rows per program; y's row is the row index mod `y_mod` (a
+        `[T, D]` table added to every `T`-row block, e.g. positions to each sequence)."""
+        r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        offs = tl.arange(0, BLOCK)
+        cm = offs < n
+        m = (r < rows)[:, None] & cm[None, :]
+        x = tl.load(x_ptr + r[:, None] * sx + offs[None, :], mask=m, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + (r % y_mod)[:, None] * sy + offs[None, :], mask=m, other=0.0).to(tl.float32)
+        s = (x + y).to(s_ptr.dtype.element_ty)  # rounded as torch's add rounds: the residual stream is exact
+        tl.store(s_ptr + r[:, None] * ss + offs[None, :], s, mask=m)
+        sf = s.to(tl.float32)
+        mean = tl.sum(sf, 1) / n
+        c = tl.where(m, sf - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(c * c, 1) / n + eps)
+        w = tl.load(w_ptr + offs, mask=cm, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + offs, mask=cm, other=0.0).to(tl.float32)
+        h = c * rstd[:, None] * w[None, :] + b[None, :]
+        tl.store(h_ptr + r[:, None] * sh + offs[None, :], h.to(h_ptr.dtype.element_ty), mask=m)
+
     @triton.jit(do_not_specialize=["n", "s_len", "st_b", "st_s", "sp_b", "sp_s", "stw", "spw", "eps"])
     def _embed_ln_kernel(t_ptr, p_ptr, tw_ptr, pw_ptr, w_ptr, b_ptr, x_ptr, h_ptr, n, s_len,  # type: ignore[no-untyped-def]
                          st_b, st_s, sp_b, sp_s, stw, spw, eps, BLOCK: tl.constexpr):
@@ -254,17 +276,39 @@ def _ln_warps(block: int) -> int:
     return 1 if block <= 256 else 2 if block <= 1024 else 4
 
 
-def add_layer_norm(x: torch.Tensor, y: torch.Tensor, ln: nn.LayerNorm) -> tuple[torch.Tensor, torch.Tensor]:
-    """`s = x + y`, `h = ln(s)` in one kernel → `(s, h)` (new contiguous tensors shaped as `x`)."""
+ADD_LN_ROWS = (8, 4)
+"""(rows per program, warps) of `add_layer_norm` from `ADD_LN_MIN_ROWS` rows on: one 384-wide row
+per program took 13 µs for Whisper-tiny's 16 × 500 encoder rows on the H200 (8 per encode), about
+twice its bytes' worth (bench/whisper_encode.py)."""
+ADD_LN_MIN_ROWS = 256
+
+
+def add_layer_norm(x: torch.Tensor, y: torch.Tensor, ln: nn.LayerNorm,
+                   rows: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`s = x + y`, `h = ln(s)` in one kernel → `(s, h)` (new contiguous tensors shaped as `x`).
+
+    `y` may also be a `[T, D]` table with `x` `[..., T, D]`: it is added to every T-row block
+    (positional embeddings). rows: (rows per program, warps); None: one row per program below
+    `ADD_LN_MIN_ROWS` rows, else `ADD_LN_ROWS`."""
     x2, y2 = _rows(x), _rows(y)
-    if not enabled(x) or x2 is None or y2 is None or x.shape != y.shape or x.dtype != y.dtype:
+    table = y.dim() == 2 and x.dim() >= 2 and x.shape[-2:] == y.shape and x.shape != y.shape
+    if (not enabled(x) or x2 is None or y2 is None or (x.shape != y.shape and not table) or x.dtype != y.dtype):
+        if table:
+            return add_layer_norm_torch(x, y.expand(x.shape), ln)
         return add_layer_norm_torch(x, y, ln)
     n = x.shape[-1]
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     h = torch.empty_like(s)
     block = triton.next_power_of_2(n)
-    _add_ln_kernel[(x2.shape[0],)](x2, y2, ln.weight, ln.bias, s, h, n, x2.stride(0), y2.stride(0), n, n,
-                                   float(ln.eps), BLOCK=block, num_warps=_ln_warps(block))
+    n_rows = x2.shape[0]
+    if rows is None and n_rows < ADD_LN_MIN_ROWS and not table:
+        _add_ln_kernel[(n_rows,)](x2, y2, ln.weight, ln.bias, s, h, n, x2.stride(0), y2.stride(0), n, n,
+                                  float(ln.eps), BLOCK=block, num_warps=_ln_warps(block))
+        return s, h
+    per, warps = rows or ADD_LN_ROWS
+    _add_ln_rows_kernel[(triton.cdiv(n_rows, per),)](
+        x2, y2, ln.weight, ln.bias, s, h, n_rows, n, x2.stride(0), y2.stride(0), n, n, y2.shape[0], float(ln.eps),
+        ROWS=per, BLOCK=block, num_warps=warps)
     return s, h
 
 
