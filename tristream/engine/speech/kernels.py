@@ -276,10 +276,11 @@ def _ln_warps(block: int) -> int:
     return 1 if block <= 256 else 2 if block <= 1024 else 4
 
 
-ADD_LN_ROWS = (8, 4)
-"""(rows per program, warps) of `add_layer_norm` from `ADD_LN_MIN_ROWS` rows on: one 384-wide row
-per program took 13 µs for Whisper-tiny's 16 × 500 encoder rows on the H200 (8 per encode), about
-twice its bytes' worth (bench/whisper_encode.py)."""
+ADD_LN_ROWS = (4, 2)
+"""(rows per program, warps) of `add_layer_norm` from `ADD_LN_MIN_ROWS` rows on. Whisper-tiny's
+16 × 500 encoder rows (384 wide) on the H200 (bench/results/whisper_encode.json): one row per
+program with 2 warps 11.6 µs, 1 row / 1 warp 10.4, 4 rows / 2 warps 10.4, 8 / 4 11.2, 16 / 8 15.7,
+32 / 8 21.3. The many-rows kernel also takes a position table (the encoder's first norm)."""
 ADD_LN_MIN_ROWS = 256
 
 
