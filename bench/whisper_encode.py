@@ -76,6 +76,9 @@ def bench(model: str, streams: int, seconds: float) -> dict[str, Any]:
         enc = m.encode(mel, fused=True)
         parts: dict[str, Callable[[], object]] = {
             "mel": lambda: mel_mod(audio),
+            "mel_torch_f16": lambda: mel_mod.forward_torch(audio).to(dt),
+            "mel_kernels_f16": lambda: mel_mod(audio, out_dtype=dt),
+            "mel_kernels_f16_transposed": lambda: mel_mod(audio, out_dtype=dt, transpose=True),
             "stft_only": lambda: torch.stft(audio, 400, 160, window=mel_mod.window, return_complex=True),
             "conv1_gelu": lambda: F.gelu(m.conv1(mel)),
             "conv_front_pos": lambda: m.enc_pos[:t].to(dt) + F.gelu(m.conv2(F.gelu(m.conv1(mel)))).transpose(1, 2),
@@ -139,6 +142,7 @@ def bench(model: str, streams: int, seconds: float) -> dict[str, Any]:
         out["graph_ms"] = ms
         tanh = torch._addmm_activation(lay.fc1.bias, h.view(-1, d), lay.fc1.weight.T, use_gelu=True)
         out["gelu_tanh_epilogue_rel_err"] = rel(tanh, g1.view(-1, tanh.shape[1]))
+        out["mel_kernels_vs_torch_max_abs"] = float((mel_mod(audio) - mel_mod.forward_torch(audio)).abs().max())
         out["shapes"] = {"x": list(x.shape), "mel": list(mel.shape), "ffn": dims.ffn}
         out["kernel_profile_encode"] = kernel_profile(
             lambda: (m.encode(mel_mod(audio).to(dt), fused=True), m.fill_cross(enc, cache)), top=30)
