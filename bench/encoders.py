@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -174,9 +173,8 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
     `quick`: only the 10 s buffer, no draft and a 4-token tail, no eager/HF peers, the realistic
     loop with both align policies at one trim; for a re-measure within about a minute.
     `kernel_paths`: the decoder step with the Triton kernels of speech/kernels.py ("triton", results
-    under the size's name), with the torch ops ("torch", under `<size>_torch_ops`) and/or the Triton
-    kernels plus the steps' one-query attention ("triton_attn", `<size>_step_attn`), one after
-    the other on the same model: before/after on one machine; "cudnn_front": the Triton kernels with
+    under the size's name), with the torch ops ("torch", under `<size>_torch_ops`), one after the
+    other on the same model: before/after on one machine; and/or "cudnn_front": the Triton kernels with
     the encoder's cuDNN convolutions and exact, unfused GELUs (`Whisper.gemm_front = False`, under
     `<size>_cudnn_front`)."""
     dt = torch.float16 if dev.type == "cuda" else torch.float32
@@ -185,15 +183,13 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
     update_s = 0.5
     out: dict[str, Any] = {"dtype": str(dt), "new_tokens_per_update": new_tokens, "update_period_s": update_s,
                            "quick": quick, "host_speed_before": host_speed()}
-    names = {"triton": "", "torch": "_torch_ops", "triton_attn": "_step_attn", "cudnn_front": "_cudnn_front"}
+    names = {"triton": "", "torch": "_torch_ops", "cudnn_front": "_cudnn_front"}
     bad = set(kernel_paths) - set(names)
     if bad:
         raise SystemExit(f"--whisper-kernels: unknown path(s) {sorted(bad)}; use {', '.join(names)}")
     for size, path in itertools.product(sizes, kernel_paths):
         dims = preset(size) if size != "smoke" else WhisperDims(64, 2, 2, 4, 128)
         key = size + names[path]
-        before = os.environ.get("TRISTREAM_WHISPER_STEP_ATTN")
-        os.environ["TRISTREAM_WHISPER_STEP_ATTN"] = "1" if path == "triton_attn" else "0"
         try:
             out[key] = _bench_whisper_size(dims, dev, dt, streams, iters, new_tokens, update_s, capacity, quick,
                                            fused_kernels=path != "torch", gemm_front=path != "cudnn_front")
@@ -202,11 +198,6 @@ def bench_whisper(dev: torch.device, smoke: bool, iters: int, new_tokens: int, c
 
             out[key] = {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
             print(f"Whisper-{key} failed: {e}", flush=True)
-        finally:
-            if before is None:
-                os.environ.pop("TRISTREAM_WHISPER_STEP_ATTN", None)
-            else:
-                os.environ["TRISTREAM_WHISPER_STEP_ATTN"] = before
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     out["host_speed_after"] = host_speed()
@@ -669,8 +660,7 @@ def main() -> None:
                     help="whisper: 10 s buffer, no-draft and tail-4 passes only, no eager/HF peers (about a minute)")
     ap.add_argument("--whisper-kernels", default="triton",
                     help="whisper: decoder step paths, comma-separated: triton (speech/kernels.py; results under the "
-                         "size), torch (torch ops; under <size>_torch_ops), triton_attn (triton plus the steps' "
-                         "attention as kernels.step_attention; under <size>_step_attn), cudnn_front (triton with the "
+                         "size), torch (torch ops; under <size>_torch_ops), cudnn_front (triton with the "
                          "encoder's cuDNN convolutions and unfused exact GELUs; under <size>_cudnn_front), "
                          "e.g. triton,cudnn_front")
     ap.add_argument("--out", default=None, help="also copy the JSON here")

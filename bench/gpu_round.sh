@@ -3,7 +3,7 @@
 # every `gpu` test, then the benchmarks of the open engine issues. Each part has its own time
 # limit (a hung part cannot eat the whole call) and its own log; results JSON and logs land in
 # $OUT (the device tool brings that folder back). Parts: gemv tests llm encoders prefill sched
-# decode overlap whisper whisper_attn whisper_encode mega pruning pdl. At most 8 files come back: pick few parts per call.
+# decode overlap whisper whisper_encode mega pruning pdl. At most 8 files come back: pick few parts per call.
 #
 #   run: bash bench/gpu_round.sh                 # all parts: their limits add up to 40 min, over one
 #                                                # call's 28; split them over two calls
@@ -53,12 +53,10 @@ for part in "${parts[@]}"; do
     pdl) step pdl_chain 60 $PY bench/pdl_chain.py ;;
     mega) step decode_mega 180 $PY bench/decode_mega.py --timeout 80 --stage-timeout 25 ;;
     pruning) step pruning 150 $PY bench/encoders.py --only pruning --iters 40 --name encoders_pruning_round ;;
-    whisper_attn) step whisper_attn 150 $PY bench/encoders.py --only whisper --whisper-quick --whisper-models tiny \
-                    --whisper-streams 1,16,64 --whisper-kernels triton,triton_attn --name encoders_whisper_step_attn ;;
     whisper_encode) step whisper_encode 150 $PY bench/whisper_encode.py --name whisper_encode_round ;;
     whisper) for m in tiny small; do step whisper_$m 60 $PY bench/encoders.py --only whisper --whisper-quick \
                --whisper-models $m --iters 16 --profile --name encoders_whisper_round_$m; done ;;
-    *) echo "unknown part $part (gemv tests llm encoders prefill sched decode overlap whisper whisper_attn whisper_encode mega pruning pdl)" | tee -a "$OUT/summary.txt" ;;
+    *) echo "unknown part $part (gemv tests llm encoders prefill sched decode overlap whisper whisper_encode mega pruning pdl)" | tee -a "$OUT/summary.txt" ;;
   esac
   # only this call's results (at most 8 files come back): those written since the call started
   find bench/results -maxdepth 1 -name '*.json' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \; 2>/dev/null

@@ -136,36 +136,9 @@ def test_greedy_step_equals_torch() -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_step_attention_equals_sdpa_on_the_decoder_layouts(dtype: torch.dtype, make_whisper) -> None:  # type: ignore[no-untyped-def]
-    """One query per (row, head) over the self K/V cache (keys up to each row's position, read
-    through the fused qkv view) and over a layer's cross K|V (the flat cross layout): the torch
-    twin's result, and a contiguous [B, 1, H, hd] output seen as [B, H, 1, hd]."""
-    model = make_whisper().to(DEV, dtype)
-    g = torch.Generator().manual_seed(3)
-    b, h, hd, t_max, t_enc = 3, model.dims.heads, model.dims.head_dim, 16, 70  # 70: a partial last tile
-    cache = model.new_cache(b, t_enc, t_max, device=DEV, dtype=dtype)
-    cache.kv.copy_(torch.randn(cache.kv.shape, generator=g).to(DEV, dtype))
-    cache.xkv.copy_(torch.randn(cache.xkv.shape, generator=g).to(DEV, dtype))
-    qkv = torch.randn(b, 1, 3, h, hd, generator=g).to(DEV, dtype)
-    q = qkv[:, :, 0].transpose(1, 2)
-    pos = torch.tensor([[0], [7], [t_max - 1]], device=DEV)
-    got = kernels.step_attention(q, cache.kv[0, 0], cache.kv[0, 1], pos[:, 0], 1)
-    want = kernels.step_attention_torch(q, cache.kv[0, 0], cache.kv[0, 1], pos[:, 0] + 1)
-    torch.testing.assert_close(got, want, **_tol(dtype))
-    assert got.transpose(1, 2).is_contiguous()
-    xk, xv = cache.cross(1)
-    got = kernels.step_attention(q, xk, xv)
-    torch.testing.assert_close(got, kernels.step_attention_torch(q, xk, xv), **_tol(dtype))
-
-
-@pytest.mark.parametrize("step_attn", ["0", "1"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_decoder_with_kernels_equals_torch_ops(dtype: torch.dtype, step_attn: str, make_whisper,  # type: ignore[no-untyped-def]
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decoder_with_kernels_equals_torch_ops(dtype: torch.dtype, make_whisper) -> None:  # type: ignore[no-untyped-def]
     """Prefill (shared positions), one step per sequence at its own position, alignment logits, and
-    the encoder: with the kernels, the torch path's logits and outputs (fp rounding), the same caches.
-    With TRISTREAM_WHISPER_STEP_ATTN=1 the step's attention is `kernels.step_attention`."""
-    monkeypatch.setenv("TRISTREAM_WHISPER_STEP_ATTN", step_attn)
+    the encoder: with the kernels, the torch path's logits and outputs (fp rounding), the same caches."""
     model = make_whisper().to(DEV, dtype)
     g = torch.Generator().manual_seed(7)
     b, p = 3, 6
@@ -187,15 +160,10 @@ def test_decoder_with_kernels_equals_torch_ops(dtype: torch.dtype, step_attn: st
                                              else {"atol": 3e-2, "rtol": 1e-2}))
 
 
-@pytest.mark.parametrize("step_attn", ["0", "1"])
-def test_runner_with_kernels_equals_torch_ops(step_attn: str, make_whisper,  # type: ignore[no-untyped-def]
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_runner_with_kernels_equals_torch_ops(make_whisper) -> None:  # type: ignore[no-untyped-def]
     """Whole passes (no draft, then drafts with a wrong token): the runner with the step kernels gives
-    the torch runner's tokens, accepted drafts and word-time frames (eager here; graphed: GPU tests);
-    also with the steps' attention as `kernels.step_attention`."""
+    the torch runner's tokens, accepted drafts and word-time frames (eager here; graphed: GPU tests)."""
     import numpy as np
-
-    monkeypatch.setenv("TRISTREAM_WHISPER_STEP_ATTN", step_attn)
 
     from tristream.engine.speech.config import WhisperTokens
     from tristream.engine.speech.runner import WhisperRunner

@@ -63,16 +63,6 @@ def write_kv_torch(cache: torch.Tensor, qkv: torch.Tensor, pos: torch.Tensor) ->
     cache[:, seq, head, pos.expand(b, qkv.shape[1])[:, None, :]] = qkv.permute(2, 0, 3, 1, 4)[1:]
 
 
-def step_attention_torch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         n_keys: torch.Tensor | None = None) -> torch.Tensor:
-    """One query per (row, head): q `[B, H, 1, hd]` over k, v `[B, H, T, hd]`, keys `[0, n_keys[b])`
-    (all T when None) → `[B, H, 1, hd]`."""
-    if n_keys is None:
-        return F.scaled_dot_product_attention(q, k, v)
-    keep = torch.arange(k.shape[2], device=k.device)[None, :] < n_keys[:, None]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
-
-
 # ---- kernels ----------------------------------------------------------------------------------
 if triton is not None:
 
@@ -195,70 +185,6 @@ if triton is not None:
             tl.store(pos_ptr + row, tl.minimum(pos + 1, t_max - 1))
         else:
             tl.store(out_ptr + row * so, at)
-
-
-if triton is not None:
-
-    @triton.jit(do_not_specialize=["q_b", "q_h", "k_b", "k_h", "k_t", "v_b", "v_h", "v_t", "o_b", "o_h", "n_s",
-                                   "n_add", "t_len"])
-    def _step_attn_kernel(q_ptr, k_ptr, v_ptr, o_ptr, n_ptr, q_b, q_h, k_b, k_h, k_t, v_b, v_h, v_t, o_b, o_h,  # type: ignore[no-untyped-def]
-                          n_s, n_add, t_len, scale, HD: tl.constexpr, BLOCK_T: tl.constexpr, HAS_N: tl.constexpr):
-        b = tl.program_id(0).to(tl.int64)
-        h = tl.program_id(1).to(tl.int64)
-        d = tl.arange(0, HD)
-        q = tl.load(q_ptr + b * q_b + h * q_h + d).to(tl.float32) * scale
-        n = tl.minimum(tl.load(n_ptr + b * n_s).to(tl.int32) + n_add, t_len) if HAS_N else t_len
-        m_i = tl.full([], -float("inf"), tl.float32)
-        l_i = tl.full([], 0.0, tl.float32)
-        acc = tl.zeros([HD], dtype=tl.float32)
-        kb = k_ptr + b * k_b + h * k_h
-        vb = v_ptr + b * v_b + h * v_h
-        for t0 in range(0, n, BLOCK_T):
-            t = t0 + tl.arange(0, BLOCK_T)
-            m = t < n
-            kt = tl.load(kb + t.to(tl.int64)[:, None] * k_t + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-            vt = tl.load(vb + t.to(tl.int64)[:, None] * v_t + d[None, :], mask=m[:, None], other=0.0).to(tl.float32)
-            sc = tl.where(m, tl.sum(kt * q[None, :], 1), -float("inf"))
-            m_new = tl.maximum(m_i, tl.max(sc, 0))
-            p = tl.exp(sc - m_new)
-            alpha = tl.exp(m_i - m_new)
-            acc = acc * alpha + tl.sum(p[:, None] * vt, 0)
-            l_i = l_i * alpha + tl.sum(p, 0)
-            m_i = m_new
-        o = acc / tl.maximum(l_i, 1e-30)
-        tl.store(o_ptr + b * o_b + h * o_h + d, o.to(o_ptr.dtype.element_ty))
-
-
-STEP_ATTN_BLOCK = 64  # keys per tile of `step_attention`
-
-
-def step_attention_on() -> bool:
-    """Whether decoder steps use `step_attention` (``TRISTREAM_WHISPER_STEP_ATTN=1``; off by default
-    until it is measured against cudnn's attention on a GPU: bench/encoders.py --whisper-kernels
-    triton,triton_attn)."""
-    return os.environ.get("TRISTREAM_WHISPER_STEP_ATTN", "0") == "1"
-
-
-def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_keys: torch.Tensor | None = None,
-                   n_add: int = 0) -> torch.Tensor:
-    """`step_attention_torch` as one Triton kernel, one program per (row, head), online softmax over
-    tiles of `STEP_ATTN_BLOCK` keys (fp32 sums). Strided q/k/v views are read in place (the
-    decoder's fused qkv output, the self K/V cache, the cross K|V layout); the head dim's stride
-    must be 1 and the head dim a power of two, else the torch twin runs. The result is contiguous
-    `[B, 1, H, hd]` seen as `[B, H, 1, hd]` (so `.transpose(1, 2).reshape(B, 1, H·hd)` is a view).
-    `n_keys` (a `[B]` view, any stride) plus `n_add`: each row's key count (the self-attention of a
-    step passes its positions and 1, no extra kernel)."""
-    b, nh, s, hd = q.shape
-    ok = (enabled(q) and s == 1 and hd & (hd - 1) == 0 and q.stride(-1) == 1 and k.stride(-1) == 1
-          and v.stride(-1) == 1 and k.shape[:2] == (b, nh) and v.shape == k.shape)
-    if not ok:
-        return step_attention_torch(q, k, v, None if n_keys is None else n_keys + n_add)
-    out = torch.empty(b, 1, nh, hd, dtype=q.dtype, device=q.device).transpose(1, 2)
-    _step_attn_kernel[(b, nh)](q, k, v, out, n_keys if n_keys is not None else out, q.stride(0), q.stride(1),
-                               k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-                               out.stride(0), out.stride(1), n_keys.stride(0) if n_keys is not None else 0, n_add,
-                               k.shape[2], hd ** -0.5, HD=hd, BLOCK_T=STEP_ATTN_BLOCK, HAS_N=n_keys is not None)
-    return out
 
 
 # ---- wrappers -----------------------------------------------------------------------------------

@@ -128,10 +128,7 @@ class DecoderLayer(nn.Module):
         qkv = self.qkv(h).view(b, s, 3, h_, hd)
         kernels.write_kv(kv_cache, qkv, pos)
         q = qkv[:, :, 0].transpose(1, 2)
-        if s == 1 and kernels.step_attention_on():  # a step: keys 0 … its position
-            a = kernels.step_attention(q, kv_cache[0], kv_cache[1], pos[:, 0], 1)
-        else:
-            a = F.scaled_dot_product_attention(q, kv_cache[0], kv_cache[1], attn_mask=mask)
+        a = F.scaled_dot_product_attention(q, kv_cache[0], kv_cache[1], attn_mask=mask)
         return kernels.add_layer_norm(x, self.out(a.transpose(1, 2).reshape(b, s, d)), self.lnx)
 
     def rest_fused(self, x: torch.Tensor, h: torch.Tensor, xk: torch.Tensor, xv: torch.Tensor,
@@ -140,10 +137,7 @@ class DecoderLayer(nn.Module):
         has them) → `(x, next_ln(x))`."""
         b, s, d = x.shape
         q = self._heads(self.xq(h)) if q is None else q
-        if s == 1 and kernels.step_attention_on():
-            a = kernels.step_attention(q, xk, xv)
-        else:
-            a = F.scaled_dot_product_attention(q, xk, xv)
+        a = F.scaled_dot_product_attention(q, xk, xv)
         x, h = kernels.add_layer_norm(x, self.xout(a.transpose(1, 2).reshape(b, s, d)), self.ln2)
         return kernels.add_layer_norm(x, self.fc2(F.gelu(self.fc1(h))), next_ln)
 
