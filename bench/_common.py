@@ -147,6 +147,24 @@ def host_speed(reps: int = 7) -> dict[str, float]:
     return out
 
 
+def capture_graph(fn: Callable[[], object], warm: int = 3, calls: int = 1) -> Any:
+    """A `torch.cuda.CUDAGraph` of `calls` calls of `fn`, captured after `warm` calls on a side stream
+    (Triton kernels compile and cuBLAS/cuFFT plans are made there, not inside the capture)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warm):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    return g
+
+
 def cuda_graph_ms(graph: Any, warm: int = 5, reps: int = 50) -> float:
     """Milliseconds per replay of a captured `torch.cuda.CUDAGraph` (CUDA events, after `warm` replays)."""
     import torch

@@ -27,7 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import capture_graph, write_results  # noqa: E402
 
 TILES: list[tuple[int | None, int | None, int]] = [
     (None, None, 4), (64, 128, 4), (32, 256, 4), (16, 512, 4), (128, 64, 4), (64, 128, 8), (32, 256, 8), (8, 1024, 8),
@@ -50,16 +50,7 @@ def graph_us(fn: Any, reps: int, rounds: int) -> float:
     """Median microseconds per call of `fn` replayed `reps` times inside one CUDA graph."""
     import torch
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
+    g = capture_graph(fn, warm=3, calls=reps)
     g.replay()
     torch.cuda.synchronize()
     ts = []

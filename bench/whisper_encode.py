@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench._common import cuda_graph_ms, kernel_profile, write_results  # noqa: E402
+from bench._common import capture_graph, cuda_graph_ms, kernel_profile, write_results  # noqa: E402
 from tristream.engine.speech import kernels  # noqa: E402
 from tristream.engine.speech.config import PRESETS, SAMPLE_RATE  # noqa: E402
 from tristream.engine.speech.mel import LogMel  # noqa: E402
@@ -29,16 +29,7 @@ from tristream.engine.speech.whisper import Whisper  # noqa: E402
 
 def graph_ms(fn: Callable[[], object]) -> float:
     """`fn` captured alone (after a warm-up outside the graph), ms per replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return round(cuda_graph_ms(g, warm=5, reps=50), 4)
+    return round(cuda_graph_ms(capture_graph(fn, warm=2), warm=5, reps=50), 4)
 
 
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:

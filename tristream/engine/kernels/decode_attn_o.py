@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tristream.engine.kernels.gemv import FX_ONE
+from tristream.engine.kernels.gemv import FX, FX_ONE
 from tristream.engine.kernels.triton_ops import short_attend, short_ctx_default, split_context
 
 
@@ -48,7 +48,7 @@ def _o_tile_add(o, w, res_ptr, acc_ptr, h, n0, HIDDEN, BLOCK_O: tl.constexpr):
     part = tl.sum(w.to(tl.float32) * o.to(w.dtype).to(tl.float32)[None, :], 1)
     if h == 0:
         part += tl.load(res_ptr + rn, mask=nm, other=0.0).to(tl.float32)
-    tl.atomic_add(acc_ptr + rn, (part * 4294967296.0).to(tl.int64), mask=nm, sem="relaxed")
+    tl.atomic_add(acc_ptr + rn, (part * FX).to(tl.int64), mask=nm, sem="relaxed")
 
 
 @triton.jit

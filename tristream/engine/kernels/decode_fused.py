@@ -221,9 +221,9 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     eps = cfg.rms_norm_eps
     if mlp not in (None, "fused", "fused_t"):
         raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")
-    if attn_o and (mlp is not None or getattr(attention, "counters", None) is None or attention.splits < 2):
-        raise ValueError("attn_o needs attention counters and splits >= 2, and does not go with mlp")
     if attn_o:
+        if mlp is not None or getattr(attention, "counters", None) is None or attention.splits < 2:
+            raise ValueError("attn_o needs attention counters and splits >= 2, and does not go with mlp")
         # one zeroed fixed-point residual row per layer (a single memset at the start of the step)
         accs = torch.zeros(len(model.layers), cfg.hidden_size, dtype=torch.int64, device=h.device)
         rmid = torch.empty(1, cfg.hidden_size, dtype=torch.float32, device=h.device)

@@ -67,13 +67,14 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
 FX_ONE = 4294967296.0
 """Scale of the fixed-point residual (int64, 2**-32 units) that `decode_attn_o` accumulates with
 integer atomics: integer sums do not depend on their order, so the result is bitwise reproducible."""
+FX = tl.constexpr(FX_ONE)  # the same, for the kernels
 
 
 @triton.jit
 def load_x(x_ptr, rk, mask, X_FX: tl.constexpr):
     """x[rk] as stored, or (X_FX) an int64 fixed-point row converted to float32."""
     if X_FX:
-        return tl.load(x_ptr + rk, mask=mask, other=0).to(tl.float32) * (1.0 / 4294967296.0)
+        return tl.load(x_ptr + rk, mask=mask, other=0).to(tl.float32) / FX
     else:
         return tl.load(x_ptr + rk, mask=mask, other=0.0)
 

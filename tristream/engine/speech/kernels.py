@@ -219,10 +219,8 @@ def add_layer_norm(x: torch.Tensor, y: torch.Tensor, ln: nn.LayerNorm,
     `ADD_LN_MIN_ROWS` rows, else `ADD_LN_ROWS`."""
     x2, y2 = _rows(x), _rows(y)
     table = y.dim() == 2 and x.dim() >= 2 and x.shape[-2:] == y.shape and x.shape != y.shape
-    if (not enabled(x) or x2 is None or y2 is None or (x.shape != y.shape and not table) or x.dtype != y.dtype):
-        if table:
-            return add_layer_norm_torch(x, y.expand(x.shape), ln)
-        return add_layer_norm_torch(x, y, ln)
+    if not enabled(x) or x2 is None or y2 is None or (x.shape != y.shape and not table) or x.dtype != y.dtype:
+        return add_layer_norm_torch(x, y, ln)  # `x + y` broadcasts a table too
     n = x.shape[-1]
     s = torch.empty(x.shape, device=x.device, dtype=x.dtype)
     h = torch.empty_like(s)
