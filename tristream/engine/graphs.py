@@ -17,6 +17,7 @@ import torch
 from tristream.engine.kernel_choice import variant_agrees
 from tristream.engine.kernels import triton_ops as K
 from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1, down_transposed
+from tristream.engine.kernels.decode_mega_cuda import decode_logits_mega
 from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
@@ -81,7 +82,7 @@ def parse_b1(variant: str) -> tuple[str, bool, str | None, bool, bool]:
     name = name.removesuffix("_mlpt").removesuffix("_mlp")
     pdl = name.endswith("_pdl")
     return name.removesuffix("_pdl"), pdl, mlp, hc, ao
-VARIANTS = ("cublas", "fused", *B1_VARIANTS)
+VARIANTS = ("cublas", "fused", *B1_VARIANTS, "mega")
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
 (b1, b8, b1m), each with or without PDL (`_pdl`)."""
@@ -169,6 +170,8 @@ class DecodeGraphs:
                                      self.ctx_lens[:b], splits, self.merge_counters)
         h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
+        if v == "mega" and b == 1:  # the whole step as one persistent CUDA kernel (kernels/decode_mega_cuda.py)
+            return decode_logits_mega(m, h, attn)
         if v in B1_VARIANTS and b == 1:
             name, pdl, mlp, hc, ao = parse_b1(v)
             tile, warps = TILES[name]

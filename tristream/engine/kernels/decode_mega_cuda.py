@@ -1,0 +1,542 @@
+"""Batch-1 decode step as one persistent CUDA kernel (compiled at run time with NVRTC).
+
+The multi-kernel batch-1 step (`decode_fused.decode_logits_b1`) pays, per kernel, the dependent
+chain of a launch: wait for the predecessor's grid, read its output from L2, reduce, store, retire
+the grid. For SmolLM2-135M that is 5 kernels × 30 layers at ~2.5 µs each, against ~2 µs of
+weight bytes per layer. Here one launch runs the whole step: one block per SM, 8 warps each, and
+the stages of a layer (norm+QKV+RoPE+KV store, attention, O+residual, norm+gate|up+SiLU,
+down+residual, then the final norm + output projection) are separated by counters in global
+memory instead of kernel boundaries:
+
+* a block that did its share of a stage adds 1 to that stage's counter (release);
+* a block about to start a stage spins until the counter of the stage it reads from is full
+  (acquire), having first issued the loads of its weights for the stage, which are constant, so
+  their HBM latency overlaps the wait; attention issues its loads of the cached keys and values
+  (every position but the newest, which this step's QKV stage writes) before waiting too;
+* only attention blocks (one per query head) wait on the QKV stage; the O stage waits on the
+  attention blocks alone;
+* the last block to finish resets the counters, so the next launch (or graph replay) starts from 0.
+
+Work inside a stage is split into warp units, spread round-robin over all blocks (unit u: block
+u mod grid), each warp reading the activations it needs straight from L2 into registers: the
+row-vector, its RMS statistics and the dot products are warp-shuffle reductions, no shared
+memory, no block barrier. Activations written in the kernel are read with `ld.global.cg` (L2)
+after the acquire.
+
+Limits (checked by `supported`): CUDA, bf16 weights, head_dim 64, hidden / q size / intermediate
+multiples of 64, query heads a multiple of KV heads. Blocks must be co-resident (one per SM, no
+other persistent kernel on the GPU at the same time); the engine only captures it in the decode
+graph of bucket 1, where it competes as variant "mega" with the multi-kernel variants.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+_SRC = r"""
+#define WARPS 8
+#define NT (WARPS * 32)
+typedef unsigned int u32;
+typedef unsigned short u16;
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ float bf_lo(u32 w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf_hi(u32 w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ u32 f2bf(float f) {
+  u32 u = __float_as_uint(f);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return u >> 16;
+}
+__device__ __forceinline__ float rbf(float f) { return __uint_as_float(f2bf(f) << 16); }
+__device__ __forceinline__ u32 ld_acq(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ void red_rel(u32* p, u32 v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ u32 ldcg(const u32* p) {
+  u32 v;
+  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ void wait_ge(const u32* c, u32 target) {
+  if (threadIdx.x == 0) {
+    while (ld_acq(c) < target) { }
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void signal(u32* c) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    red_rel(c, 1u);
+  }
+}
+
+// a bf16 row vector of K elements (written in this kernel) into registers: lane l holds words
+// l + 32 j (elements 2(l + 32 j), +1), as the weight rows are read
+template <int K>
+__device__ __forceinline__ void load_act(const u16* x, float* xs) {
+  const u32* w = (const u32*)x;
+#pragma unroll
+  for (int j = 0; j < K / 64; j++) {
+    u32 v = ldcg(w + (threadIdx.x & 31) + 32 * j);
+    xs[2 * j] = bf_lo(v);
+    xs[2 * j + 1] = bf_hi(v);
+  }
+}
+// RMS-normalise the row in registers, rounded as the multi-kernel path rounds
+template <int K>
+__device__ __forceinline__ void rms_norm(float* xs, const u16* nw) {
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < K / 32; i++) ss += xs[i] * xs[i];
+  ss = warp_sum(ss);
+  float rstd = rsqrtf(ss / K + EPS);
+  const u32* n = (const u32*)nw;
+#pragma unroll
+  for (int j = 0; j < K / 64; j++) {
+    u32 g = __ldg(n + (threadIdx.x & 31) + 32 * j);
+    xs[2 * j] = rbf(rbf(xs[2 * j] * rstd) * bf_lo(g));
+    xs[2 * j + 1] = rbf(rbf(xs[2 * j + 1] * rstd) * bf_hi(g));
+  }
+}
+template <int K>
+__device__ __forceinline__ void load_row(const u16* w, long row, u32* regs) {
+  const u32* p = (const u32*)w + row * (K / 2);
+#pragma unroll
+  for (int j = 0; j < K / 64; j++) regs[j] = __ldg(p + (threadIdx.x & 31) + 32 * j);
+}
+template <int K>
+__device__ __forceinline__ float dot(const u32* regs, const float* xs) {
+  float a = 0.f;
+#pragma unroll
+  for (int j = 0; j < K / 64; j++) a += bf_lo(regs[j]) * xs[2 * j] + bf_hi(regs[j]) * xs[2 * j + 1];
+  return a;
+}
+
+#define UNITS_PER_WARP(U) ((((U) + GRID - 1) / GRID + WARPS - 1) / WARPS)
+
+extern "C" __global__ void __launch_bounds__(NT, 1)
+mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u16* act,
+            const int* positions, const int* slots, const int* block_tables, const int* ctx_lens,
+            const float* cos_sin, const u16* final_norm, const u16* head_w, float* logits, u32* cnt) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int b = blockIdx.x;
+  __shared__ float sm_m[WARPS], sm_l[WARPS], sm_acc[WARPS][64];
+  const int pos = positions[0];
+  const long slot = slots[0];
+  const int ctx = ctx_lens[0];
+
+  for (int L = 0; L < NL; L++) {
+    const long long* P = ptrs + L * 10;
+    const u16* wqkv = (const u16*)P[0];
+    const u16* bqkv = (const u16*)P[1];
+    const u16* n_in = (const u16*)P[2];
+    const u16* wo = (const u16*)P[3];
+    const u16* n_post = (const u16*)P[4];
+    const u16* wgu = (const u16*)P[5];
+    const u16* wd = (const u16*)P[6];
+    u16* kc = (u16*)P[7];
+    u16* vc = (u16*)P[8];
+    const u16* x_in = L == 0 ? h_in : r;
+
+    // ---- stage 0: norm + QKV + RoPE + K/V store; unit = a row pair (d, d + HD/2) of one head
+    {
+      constexpr int U = (NH + 2 * NKV) * (HD / 2);
+      constexpr int KU = UNITS_PER_WARP(U);
+      u32 w1[KU][H / 64], w2[KU][H / 64];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) {
+          int hh = u / (HD / 2), d = u % (HD / 2);
+          load_row<H>(wqkv, hh * HD + d, w1[k]);
+          load_row<H>(wqkv, hh * HD + d + HD / 2, w2[k]);
+        }
+      }
+      if (L > 0) wait_ge(cnt + (L - 1) * 5 + 4, GRID);
+      float xs[H / 32];
+      load_act<H>(x_in, xs);
+      rms_norm<H>(xs, n_in);
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) {
+          int hh = u / (HD / 2), d = u % (HD / 2);
+          float a1 = warp_sum(dot<H>(w1[k], xs)), a2 = warp_sum(dot<H>(w2[k], xs));
+          if (lane == 0) {
+#if HAS_BIAS
+            a1 += __uint_as_float(((u32)bqkv[hh * HD + d]) << 16);
+            a2 += __uint_as_float(((u32)bqkv[hh * HD + d + HD / 2]) << 16);
+#endif
+            float x1 = rbf(a1), x2 = rbf(a2);
+            if (hh < NH + NKV) {
+              float c = cos_sin[pos * HD + d], s = cos_sin[pos * HD + HD / 2 + d];
+              float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+              if (hh < NH) {
+                q[hh * HD + d] = (u16)f2bf(y1);
+                q[hh * HD + d + HD / 2] = (u16)f2bf(y2);
+              } else if (slot >= 0) {
+                u16* dst = kc + (slot * NKV + (hh - NH)) * HD;
+                dst[d] = (u16)f2bf(y1);
+                dst[d + HD / 2] = (u16)f2bf(y2);
+              }
+            } else if (slot >= 0) {
+              u16* dst = vc + (slot * NKV + (hh - NH - NKV)) * HD;
+              dst[d] = (u16)f2bf(x1);
+              dst[d + HD / 2] = (u16)f2bf(x2);
+            }
+          }
+        }
+      }
+      signal(cnt + L * 5 + 0);
+    }
+
+    // ---- stage 1: attention, one block per query head; lane group g = lane / 4 takes a position,
+    // its 4 lanes 16 dims each; online softmax per group, merged over groups, then over warps
+    if (b < NH) {
+      const int kvh = b / (NH / NKV);
+      const int g = lane >> 2, sub = lane & 3;
+      uint4 kp[2], vp[2];
+      int p0 = warp * 8 + g;
+      bool pre = p0 < ctx - 1;
+      if (pre) {
+        long sl = (long)block_tables[p0 / PAGE] * PAGE + p0 % PAGE;
+        const uint4* kr = (const uint4*)(kc + (sl * NKV + kvh) * HD + sub * 16);
+        const uint4* vr = (const uint4*)(vc + (sl * NKV + kvh) * HD + sub * 16);
+        kp[0] = __ldg(kr); kp[1] = __ldg(kr + 1);
+        vp[0] = __ldg(vr); vp[1] = __ldg(vr + 1);
+      }
+      wait_ge(cnt + L * 5 + 0, GRID);
+      float qv[16];
+      {
+        const u32* qw = (const u32*)(q + b * HD + sub * 16);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          u32 v = ldcg(qw + j);
+          qv[2 * j] = bf_lo(v) * (SCALE_LOG2E);
+          qv[2 * j + 1] = bf_hi(v) * (SCALE_LOG2E);
+        }
+      }
+      float m = NEG_INF, l = 0.f, acc[16];
+#pragma unroll
+      for (int i = 0; i < 16; i++) acc[i] = 0.f;
+      for (int p = p0; p < ctx; p += 64) {
+        u32 kw[8], vw[8];
+        if (p == p0 && pre) {
+          kw[0] = kp[0].x; kw[1] = kp[0].y; kw[2] = kp[0].z; kw[3] = kp[0].w;
+          kw[4] = kp[1].x; kw[5] = kp[1].y; kw[6] = kp[1].z; kw[7] = kp[1].w;
+          vw[0] = vp[0].x; vw[1] = vp[0].y; vw[2] = vp[0].z; vw[3] = vp[0].w;
+          vw[4] = vp[1].x; vw[5] = vp[1].y; vw[6] = vp[1].z; vw[7] = vp[1].w;
+        } else {
+          long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
+          const u32* kr = (const u32*)(kc + (sl * NKV + kvh) * HD + sub * 16);
+          const u32* vr = (const u32*)(vc + (sl * NKV + kvh) * HD + sub * 16);
+#pragma unroll
+          for (int j = 0; j < 8; j++) { kw[j] = ldcg(kr + j); vw[j] = ldcg(vr + j); }
+        }
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) s += bf_lo(kw[j]) * qv[2 * j] + bf_hi(kw[j]) * qv[2 * j + 1];
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        float mn = fmaxf(m, s);
+        float a = exp2f(m - mn), e = exp2f(s - mn);
+        l = l * a + e;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+          acc[2 * j] = acc[2 * j] * a + e * bf_lo(vw[j]);
+          acc[2 * j + 1] = acc[2 * j + 1] * a + e * bf_hi(vw[j]);
+        }
+        m = mn;
+      }
+      // merge the 8 lane groups of the warp (groups without a position have m = -inf)
+#pragma unroll
+      for (int o = 4; o < 32; o <<= 1) {
+        float mo = __shfl_xor_sync(0xffffffffu, m, o);
+        float lo = __shfl_xor_sync(0xffffffffu, l, o);
+        float mn = fmaxf(m, mo);
+        float a = mn == NEG_INF ? 0.f : exp2f(m - mn), c = mn == NEG_INF ? 0.f : exp2f(mo - mn);
+        l = l * a + lo * c;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+          float ao = __shfl_xor_sync(0xffffffffu, acc[i], o);
+          acc[i] = acc[i] * a + ao * c;
+        }
+        m = mn;
+      }
+      if (lane < 4) {
+#pragma unroll
+        for (int i = 0; i < 16; i++) sm_acc[warp][sub * 16 + i] = acc[i];
+        if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
+      }
+      __syncthreads();
+      if (warp == 0) {
+        float M = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm_m[w]);
+        float Ls = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+        for (int w = 0; w < WARPS; w++) {
+          float f = sm_m[w] == NEG_INF ? 0.f : exp2f(sm_m[w] - M);
+          Ls += sm_l[w] * f;
+          o0 += sm_acc[w][2 * lane] * f;
+          o1 += sm_acc[w][2 * lane + 1] * f;
+        }
+        float inv = Ls > 0.f ? 1.f / Ls : 0.f;
+        ((u32*)att)[b * (HD / 2) + lane] = f2bf(o0 * inv) | (f2bf(o1 * inv) << 16);
+      }
+      signal(cnt + L * 5 + 1);
+    }
+
+    // ---- stage 2: O projection + residual; unit = one output row
+    {
+      constexpr int U = H;
+      constexpr int KU = UNITS_PER_WARP(U);
+      u32 w[KU][QS / 64];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) load_row<QS>(wo, u, w[k]);
+      }
+      wait_ge(cnt + L * 5 + 1, NH);
+      float xs[QS / 32];
+      load_act<QS>(att, xs);
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) {
+          float a = warp_sum(dot<QS>(w[k], xs));
+          if (lane == 0) {
+            u32 old = ((u32)x_in[u]) << 16;
+            r[u] = (u16)f2bf(rbf(a) + __uint_as_float(old));
+          }
+        }
+      }
+      signal(cnt + L * 5 + 2);
+    }
+
+    // ---- stage 3: norm + gate|up + SiLU·up; unit = intermediate index i (rows i and I + i)
+    {
+      constexpr int U = INTER;
+      constexpr int KU = UNITS_PER_WARP(U);
+      u32 wg[KU][H / 64], wu[KU][H / 64];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) {
+          load_row<H>(wgu, u, wg[k]);
+          load_row<H>(wgu, INTER + u, wu[k]);
+        }
+      }
+      wait_ge(cnt + L * 5 + 2, GRID);
+      float xs[H / 32];
+      load_act<H>(r, xs);
+      rms_norm<H>(xs, n_post);
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) {
+          float gs = rbf(warp_sum(dot<H>(wg[k], xs))), us = rbf(warp_sum(dot<H>(wu[k], xs)));
+          if (lane == 0) act[u] = (u16)f2bf(rbf(gs / (1.f + __expf(-gs))) * us);
+        }
+      }
+      signal(cnt + L * 5 + 3);
+    }
+
+    // ---- stage 4: down projection + residual; unit = one output row
+    {
+      constexpr int U = H;
+      constexpr int KU = UNITS_PER_WARP(U);
+      u32 w[KU][INTER / 64];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) load_row<INTER>(wd, u, w[k]);
+      }
+      wait_ge(cnt + L * 5 + 3, GRID);
+      float xs[INTER / 32];
+      load_act<INTER>(act, xs);
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U) {
+          float a = warp_sum(dot<INTER>(w[k], xs));
+          if (lane == 0) {
+            u32 old = ((u32)r[u]) << 16;
+            r[u] = (u16)f2bf(rbf(a) + __uint_as_float(old));
+          }
+        }
+      }
+      signal(cnt + L * 5 + 4);
+    }
+  }
+
+  // ---- final norm + output projection (float32 logits); 4 rows in flight per warp
+  {
+    constexpr int G = 4;
+    const int gw = b + GRID * warp;  // rows gw + GRID*WARPS*(G*it + k)
+    constexpr int STRIDE = GRID * WARPS;
+    u32 w[G][H / 64];
+#pragma unroll
+    for (int k = 0; k < G; k++) {
+      long row = gw + (long)STRIDE * k;
+      if (row < VOCAB) load_row<H>(head_w, row, w[k]);
+    }
+    wait_ge(cnt + (NL - 1) * 5 + 4, GRID);
+    float xs[H / 32];
+    load_act<H>(r, xs);
+    rms_norm<H>(xs, final_norm);
+    for (long base = gw; base < VOCAB; base += (long)STRIDE * G) {
+      float a[G];
+#pragma unroll
+      for (int k = 0; k < G; k++) a[k] = dot<H>(w[k], xs);
+#pragma unroll
+      for (int k = 0; k < G; k++) {
+        long row = base + (long)STRIDE * (G + k);
+        if (row < VOCAB) load_row<H>(head_w, row, w[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < G; k++) {
+        float s = warp_sum(a[k]);
+        long row = base + (long)STRIDE * k;
+        if (lane == 0 && row < VOCAB) logits[row] = s;
+      }
+    }
+  }
+
+  // ---- the last block out resets the counters for the next launch
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    u32 done = atomicAdd(cnt + NL * 5, 1u);
+    if (done == GRID - 1) {
+      for (int i = 0; i <= NL * 5; i++) cnt[i] = 0u;
+      __threadfence();
+    }
+  }
+}
+"""
+
+_cache: dict[tuple[Any, ...], Any] = {}
+
+
+def supported(model: Any) -> str | None:
+    """None when the model runs here, else why not."""
+    cfg = model.cfg
+    if model.device.type != "cuda":
+        return "needs CUDA"
+    if not hasattr(torch.cuda, "_compile_kernel"):
+        return "this torch has no torch.cuda._compile_kernel (NVRTC)"
+    if model.embed_tokens.dtype != torch.bfloat16:
+        return f"bf16 weights only, not {model.embed_tokens.dtype}"
+    if cfg.head_dim != 64:
+        return f"head_dim 64 only, not {cfg.head_dim}"
+    if cfg.num_heads % cfg.num_kv_heads:
+        return "query heads must be a multiple of KV heads"
+    for name, v in (("hidden", cfg.hidden_size), ("q size", cfg.q_size), ("intermediate", cfg.intermediate_size)):
+        if v % 64:
+            return f"{name} {v} is not a multiple of 64"
+    regs = prefetch_words(cfg, grid_for(model))
+    if regs > MAX_PREFETCH_WORDS:
+        return (f"a warp would hold {regs} weight words per lane ahead of a stage (> {MAX_PREFETCH_WORDS}): "
+                "a model this size spills registers; the multi-kernel variants serve it")
+    return None
+
+
+MAX_PREFETCH_WORDS = 72
+"""Weight words (2 bf16) per lane a warp may load ahead of one stage; SmolLM2-135M needs 36,
+Llama-3.2-1B would need 512 (its gate|up stage alone: 8 units of 2 rows × 32 words)."""
+
+
+def grid_for(model: Any) -> int:
+    return int(torch.cuda.get_device_properties(model.device).multi_processor_count)
+
+
+def prefetch_words(cfg: Any, grid: int) -> int:
+    """The most weight words per lane any stage loads ahead of its wait (see the kernel)."""
+    def ku(units: int) -> int:
+        per_block = (units + grid - 1) // grid
+        return (per_block + 7) // 8
+    h, qs, inter = cfg.hidden_size, cfg.q_size, cfg.intermediate_size
+    return max(ku((cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim // 2) * 2 * h // 64,
+               ku(h) * qs // 64, ku(inter) * 2 * h // 64, ku(h) * inter // 64, 4 * h // 64)
+
+
+def _kernel(model: Any, grid: int, page: int) -> Any:
+    cfg = model.cfg
+    vocab = model.head().weight.shape[0]
+    has_bias = model.layers[0].qkv.bias is not None
+    key = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, vocab,
+           has_bias, float(cfg.rms_norm_eps), grid, page, model.device)
+    k = _cache.get(key)
+    if k is None:
+        scale_log2e = (cfg.head_dim ** -0.5) * 1.4426950408889634
+        defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
+                "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
+                "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f"}
+        src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
+        with torch.cuda.device(model.device):
+            k = torch.cuda._compile_kernel(src, "mega_decode")
+        _cache[key] = k
+    return k
+
+
+class _State:
+    """Per-model buffers of the kernel: the layer pointer table, activations, counters."""
+
+    def __init__(self, model: Any, attention: Any) -> None:
+        cfg, dev = model.cfg, model.device
+        rows = []
+        for i, layer in enumerate(model.layers):
+            kc, vc = attention.cache.flat(i)
+            b = layer.qkv.bias
+            rows.append([layer.qkv.weight.data_ptr(), 0 if b is None else b.data_ptr(), layer.input_norm.data_ptr(),
+                         layer.o.weight.data_ptr(), layer.post_norm.data_ptr(), layer.gate_up.weight.data_ptr(),
+                         layer.down.weight.data_ptr(), kc.data_ptr(), vc.data_ptr(), 0])
+        self.key = [r for row in rows for r in row]
+        self.ptrs = torch.tensor(self.key, dtype=torch.int64, device=dev)
+        bf = torch.bfloat16
+        self.r = torch.zeros(cfg.hidden_size, dtype=bf, device=dev)
+        self.q = torch.zeros(cfg.q_size, dtype=bf, device=dev)
+        self.att = torch.zeros(cfg.q_size, dtype=bf, device=dev)
+        self.act = torch.zeros(cfg.intermediate_size, dtype=bf, device=dev)
+        self.cnt = torch.zeros(cfg.num_layers * 5 + 1, dtype=torch.int32, device=dev)
+        self.grid = grid_for(model)
+        # keep what the table points at alive as long as the table
+        self.refs = (model, attention.cache)
+
+
+def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any) -> torch.Tensor:
+    """Batch-1 decode forward of `h` [1, hidden] (the token's embedding) as one kernel → float32
+    logits [1, vocab]. `attention` carries the step's device inputs as `graphs.TritonDecodeAttention`
+    does (positions, slots, block_tables, ctx_lens, cache)."""
+    why = supported(model)
+    if why is not None:
+        raise ValueError(f"mega kernel: {why}")
+    if h.shape != (1, model.cfg.hidden_size) or h.dtype != torch.bfloat16:
+        raise ValueError(f"mega kernel takes one bf16 row [1, {model.cfg.hidden_size}], got {tuple(h.shape)} {h.dtype}")
+    st: _State | None = getattr(attention.cache, "_mega_state", None)
+    if st is None or st.refs[0] is not model:
+        st = _State(model, attention)
+        attention.cache._mega_state = st
+    kern = _kernel(model, st.grid, attention.cache.block_size)
+    vocab = model.head().weight.shape[0]
+    logits = torch.empty(1, vocab, dtype=torch.float32, device=h.device)
+    h = h.contiguous()
+    kern(grid=(st.grid, 1, 1), block=(256, 1, 1),
+         args=[st.ptrs, h, st.r, st.q, st.att, st.act, attention.positions, attention.slots,
+               attention.block_tables.contiguous(), attention.ctx_lens, model.cos_sin, model.norm,
+               model.head().weight, logits, st.cnt])
+    return logits
