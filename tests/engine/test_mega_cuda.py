@@ -26,7 +26,7 @@ def test_mega_kernel_agrees_with_cublas_and_replays(qwen: bool) -> None:
     in a row (the counters reset themselves), and an engine that decodes with it generates tokens."""
     from tests.engine._tiny import random_llama_cuda
     from tristream.engine.engine import EngineConfig, LLMEngine
-    from tristream.engine.kernels.decode_mega_cuda import supported
+    from tristream.engine.kernels.decode_mega_cuda import stalls, supported
     from tristream.engine.sequence import SamplingParams
 
     model = random_llama_cuda(torch.bfloat16, attention_bias=qwen)
@@ -54,6 +54,7 @@ def test_mega_kernel_agrees_with_cublas_and_replays(qwen: bool) -> None:
             dec.prepare(seqs, 1)
             got = dec.forward(1, "mega").clone()
             torch.cuda.synchronize()
+            assert stalls(eng.runner.cache) is None
             err = float((got - ref).norm() / ref.norm())
             assert variant_agrees(got, ref, err), (length, step, err)
         # graph replay == eager, replay after replay
@@ -65,6 +66,7 @@ def test_mega_kernel_agrees_with_cublas_and_replays(qwen: bool) -> None:
         for _ in range(50):
             graph.replay()
         torch.cuda.synchronize()
+        assert stalls(eng.runner.cache) is None
         assert torch.equal(out, eager), length
         del graph, eng
 

@@ -169,7 +169,7 @@ def test_gemm_front_matches_cudnn_front(dtype: torch.dtype, make_whisper) -> Non
     rng = np.random.default_rng(5)
     bound = 4e-3 if dtype == torch.float16 else 3e-2
     with torch.no_grad():
-        for b, seconds in ((1, 2.0), (3, 5.0), (16, 10.0)):
+        for b, seconds in ((1, 2.0), (3, 4.0), (16, 5.0)):  # the test model's window is 5 s
             wave = torch.from_numpy((0.1 * rng.standard_normal((b, int(seconds * 16000)))).astype(np.float32))
             x = mel(wave.cuda()).to(dtype)
             model.gemm_front = True

@@ -68,9 +68,19 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ void wait_ge(const u32* c, u32 target) {
+// spin (thread 0) until *c >= target; after SPIN_LIMIT polls, or once another block has given up,
+// record where (stall[0..3]: layer*8 + stage + 1, counter, target, block) and go on: a bug or a
+// block that never got an SM becomes an error the host reads (`stalls`), not a hung GPU
+__device__ __forceinline__ void wait_ge(const u32* c, u32 target, u32* stall, u32 tag) {
   if (threadIdx.x == 0) {
-    while (ld_acq(c) < target) { }
+    unsigned long long n = 0;
+    u32 v;
+    while ((v = ld_acq(c)) < target) {
+      if ((++n & 1023u) == 0 && (n > SPIN_LIMIT || ld_acq(stall) != 0u)) {
+        if (atomicCAS(stall, 0u, tag) == 0u) { stall[1] = v; stall[2] = target; stall[3] = blockIdx.x; }
+        break;
+      }
+    }
   }
   __syncthreads();
 }
@@ -129,7 +139,8 @@ __device__ __forceinline__ float dot(const u32* regs, const float* xs) {
 extern "C" __global__ void __launch_bounds__(NT, 1)
 mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u16* act,
             const int* positions, const int* slots, const int* block_tables, const int* ctx_lens,
-            const float* cos_sin, const u16* final_norm, const u16* head_w, float* logits, u32* cnt) {
+            const float* cos_sin, const u16* final_norm, const u16* head_w, float* logits, u32* cnt,
+            u32* stall) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x;
   __shared__ float sm_m[WARPS], sm_l[WARPS], sm_acc[WARPS][64];
@@ -137,6 +148,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
   const long slot = slots[0];
   const int ctx = ctx_lens[0];
 
+#pragma unroll 1
   for (int L = 0; L < NL; L++) {
     const long long* P = ptrs + L * 10;
     const u16* wqkv = (const u16*)P[0];
@@ -164,7 +176,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
           load_row<H>(wqkv, hh * HD + d + HD / 2, w2[k]);
         }
       }
-      if (L > 0) wait_ge(cnt + (L - 1) * 5 + 4, GRID);
+      if (L > 0) wait_ge(cnt + (L - 1) * 5 + 4, GRID, stall, L * 8 + 1);
       float xs[H / 32];
       load_act<H>(x_in, xs);
       rms_norm<H>(xs, n_in);
@@ -217,7 +229,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         kp[0] = __ldg(kr); kp[1] = __ldg(kr + 1);
         vp[0] = __ldg(vr); vp[1] = __ldg(vr + 1);
       }
-      wait_ge(cnt + L * 5 + 0, GRID);
+      wait_ge(cnt + L * 5 + 0, GRID, stall, L * 8 + 2);
       float qv[16];
       {
         const u32* qw = (const u32*)(q + b * HD + sub * 16);
@@ -231,25 +243,32 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       float m = NEG_INF, l = 0.f, acc[16];
 #pragma unroll
       for (int i = 0; i < 16; i++) acc[i] = 0.f;
-      for (int p = p0; p < ctx; p += 64) {
+      // the trip count is the warp's (the group's position differs): every lane reaches the shuffles
+      for (int base = warp * 8; base < ctx; base += 64) {
+        const int p = base + g;
+        const bool valid = p < ctx;
         u32 kw[8], vw[8];
         if (p == p0 && pre) {
           kw[0] = kp[0].x; kw[1] = kp[0].y; kw[2] = kp[0].z; kw[3] = kp[0].w;
           kw[4] = kp[1].x; kw[5] = kp[1].y; kw[6] = kp[1].z; kw[7] = kp[1].w;
           vw[0] = vp[0].x; vw[1] = vp[0].y; vw[2] = vp[0].z; vw[3] = vp[0].w;
           vw[4] = vp[1].x; vw[5] = vp[1].y; vw[6] = vp[1].z; vw[7] = vp[1].w;
-        } else {
+        } else if (valid) {
           long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
           const u32* kr = (const u32*)(kc + (sl * NKV + kvh) * HD + sub * 16);
           const u32* vr = (const u32*)(vc + (sl * NKV + kvh) * HD + sub * 16);
 #pragma unroll
           for (int j = 0; j < 8; j++) { kw[j] = ldcg(kr + j); vw[j] = ldcg(vr + j); }
+        } else {
+#pragma unroll
+          for (int j = 0; j < 8; j++) { kw[j] = 0u; vw[j] = 0u; }
         }
         float s = 0.f;
 #pragma unroll
         for (int j = 0; j < 8; j++) s += bf_lo(kw[j]) * qv[2 * j] + bf_hi(kw[j]) * qv[2 * j + 1];
         s += __shfl_xor_sync(0xffffffffu, s, 1);
         s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (!valid) continue;
         float mn = fmaxf(m, s);
         float a = exp2f(m - mn), e = exp2f(s - mn);
         l = l * a + e;
@@ -309,7 +328,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         int u = b + GRID * (warp + WARPS * k);
         if (u < U) load_row<QS>(wo, u, w[k]);
       }
-      wait_ge(cnt + L * 5 + 1, NH);
+      wait_ge(cnt + L * 5 + 1, NH, stall, L * 8 + 3);
       float xs[QS / 32];
       load_act<QS>(att, xs);
 #pragma unroll
@@ -339,7 +358,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
           load_row<H>(wgu, INTER + u, wu[k]);
         }
       }
-      wait_ge(cnt + L * 5 + 2, GRID);
+      wait_ge(cnt + L * 5 + 2, GRID, stall, L * 8 + 4);
       float xs[H / 32];
       load_act<H>(r, xs);
       rms_norm<H>(xs, n_post);
@@ -364,7 +383,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         int u = b + GRID * (warp + WARPS * k);
         if (u < U) load_row<INTER>(wd, u, w[k]);
       }
-      wait_ge(cnt + L * 5 + 3, GRID);
+      wait_ge(cnt + L * 5 + 3, GRID, stall, L * 8 + 5);
       float xs[INTER / 32];
       load_act<INTER>(act, xs);
 #pragma unroll
@@ -393,7 +412,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       long row = gw + (long)STRIDE * k;
       if (row < VOCAB) load_row<H>(head_w, row, w[k]);
     }
-    wait_ge(cnt + (NL - 1) * 5 + 4, GRID);
+    wait_ge(cnt + (NL - 1) * 5 + 4, GRID, stall, NL * 8 + 6);
     float xs[H / 32];
     load_act<H>(r, xs);
     rms_norm<H>(xs, final_norm);
@@ -485,7 +504,7 @@ def _kernel(model: Any, grid: int, page: int) -> Any:
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f"}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)"}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
@@ -513,6 +532,7 @@ class _State:
         self.att = torch.zeros(cfg.q_size, dtype=bf, device=dev)
         self.act = torch.zeros(cfg.intermediate_size, dtype=bf, device=dev)
         self.cnt = torch.zeros(cfg.num_layers * 5 + 1, dtype=torch.int32, device=dev)
+        self.stall = torch.zeros(4, dtype=torch.int32, device=dev)
         self.grid = grid_for(model)
         # keep what the table points at alive as long as the table
         self.refs = (model, attention.cache)
@@ -538,5 +558,19 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any) -> torch.Ten
     kern(grid=(st.grid, 1, 1), block=(256, 1, 1),
          args=[st.ptrs, h, st.r, st.q, st.att, st.act, attention.positions, attention.slots,
                attention.block_tables.contiguous(), attention.ctx_lens, model.cos_sin, model.norm,
-               model.head().weight, logits, st.cnt])
+               model.head().weight, logits, st.cnt, st.stall])
     return logits
+
+
+def stalls(cache: Any) -> str | None:
+    """None, or where the kernel run(s) on this KV cache gave up waiting since the last call (and
+    reset the record). A stall means wrong logits for that step; it should never happen."""
+    st: _State | None = getattr(cache, "_mega_state", None)
+    if st is None:
+        return None
+    tag, value, target, block = st.stall.tolist()
+    if tag == 0:
+        return None
+    st.stall.zero_()
+    layer, stage = divmod(tag - 1, 8)
+    return f"mega kernel stalled: block {block} waited at layer {layer} stage {stage} for {target}, counter {value}"
