@@ -71,6 +71,16 @@ __device__ __forceinline__ float warp_sum(float v) {
 // spin (thread 0) until *c >= target; after SPIN_LIMIT polls, or once another block has given up,
 // record where (stall[0..3]: layer*8 + stage + 1, counter, target, block) and go on: a bug or a
 // block that never got an SM becomes an error the host reads (`stalls`), not a hung GPU
+#if TIMING
+__device__ __forceinline__ unsigned long long gtime() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+#define STAMP(idx, k) if (threadIdx.x == 0) tbuf[((idx) * GRID + blockIdx.x) * 3 + (k)] = gtime()
+#else
+#define STAMP(idx, k)
+#endif
 __device__ __forceinline__ void wait_ge(const u32* c, u32 target, u32* stall, u32 tag) {
   if (threadIdx.x == 0) {
     unsigned long long n = 0;
@@ -87,8 +97,10 @@ __device__ __forceinline__ void wait_ge(const u32* c, u32 target, u32* stall, u3
 __device__ __forceinline__ void signal(u32* c) {
   __syncthreads();
   if (threadIdx.x == 0) {
+#if FENCE
     __threadfence();
-    red_rel(c, 1u);
+#endif
+    red_rel(c, 1u);  // release at GPU scope, after the block's barrier: its writes come with it
   }
 }
 
@@ -140,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(NT, 1)
 mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u16* act,
             const int* positions, const int* slots, const int* block_tables, const int* ctx_lens,
             const float* cos_sin, const u16* final_norm, const u16* head_w, float* logits, u32* cnt,
-            u32* stall) {
+            u32* stall, unsigned long long* tbuf) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x;
   __shared__ float sm_m[WARPS], sm_l[WARPS], sm_acc[WARPS][64];
@@ -176,7 +188,17 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
           load_row<H>(wqkv, hh * HD + d + HD / 2, w2[k]);
         }
       }
+      STAMP(L * 5 + 0, 0);
+      float cs_c[KU], cs_s[KU];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        int d = u % (HD / 2);
+        cs_c[k] = cos_sin[pos * HD + d];
+        cs_s[k] = cos_sin[pos * HD + HD / 2 + d];
+      }
       if (L > 0) wait_ge(cnt + (L - 1) * 5 + 4, GRID, stall, L * 8 + 1);
+      STAMP(L * 5 + 0, 1);
       float xs[H / 32];
       load_act<H>(x_in, xs);
       rms_norm<H>(xs, n_in);
@@ -193,7 +215,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
 #endif
             float x1 = rbf(a1), x2 = rbf(a2);
             if (hh < NH + NKV) {
-              float c = cos_sin[pos * HD + d], s = cos_sin[pos * HD + HD / 2 + d];
+              float c = cs_c[k], s = cs_s[k];
               float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
               if (hh < NH) {
                 q[hh * HD + d] = (u16)f2bf(y1);
@@ -212,6 +234,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         }
       }
       signal(cnt + L * 5 + 0);
+      STAMP(L * 5 + 0, 2);
     }
 
     // ---- stage 1: attention, one block per query head; lane group g = lane / 4 takes a position,
@@ -229,7 +252,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         kp[0] = __ldg(kr); kp[1] = __ldg(kr + 1);
         vp[0] = __ldg(vr); vp[1] = __ldg(vr + 1);
       }
+      STAMP(L * 5 + 1, 0);
       wait_ge(cnt + L * 5 + 0, GRID, stall, L * 8 + 2);
+      STAMP(L * 5 + 1, 1);
       float qv[16];
       {
         const u32* qw = (const u32*)(q + b * HD + sub * 16);
@@ -316,6 +341,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         ((u32*)att)[b * (HD / 2) + lane] = f2bf(o0 * inv) | (f2bf(o1 * inv) << 16);
       }
       signal(cnt + L * 5 + 1);
+      STAMP(L * 5 + 1, 2);
     }
 
     // ---- stage 2: O projection + residual; unit = one output row
@@ -328,7 +354,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         int u = b + GRID * (warp + WARPS * k);
         if (u < U) load_row<QS>(wo, u, w[k]);
       }
+      STAMP(L * 5 + 2, 0);
       wait_ge(cnt + L * 5 + 1, NH, stall, L * 8 + 3);
+      STAMP(L * 5 + 2, 1);
       float xs[QS / 32];
       load_act<QS>(att, xs);
 #pragma unroll
@@ -343,6 +371,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         }
       }
       signal(cnt + L * 5 + 2);
+      STAMP(L * 5 + 2, 2);
     }
 
     // ---- stage 3: norm + gate|up + SiLU·up; unit = intermediate index i (rows i and I + i)
@@ -358,7 +387,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
           load_row<H>(wgu, INTER + u, wu[k]);
         }
       }
+      STAMP(L * 5 + 3, 0);
       wait_ge(cnt + L * 5 + 2, GRID, stall, L * 8 + 4);
+      STAMP(L * 5 + 3, 1);
       float xs[H / 32];
       load_act<H>(r, xs);
       rms_norm<H>(xs, n_post);
@@ -371,6 +402,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         }
       }
       signal(cnt + L * 5 + 3);
+      STAMP(L * 5 + 3, 2);
     }
 
     // ---- stage 4: down projection + residual; unit = one output row
@@ -383,7 +415,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         int u = b + GRID * (warp + WARPS * k);
         if (u < U) load_row<INTER>(wd, u, w[k]);
       }
+      STAMP(L * 5 + 4, 0);
       wait_ge(cnt + L * 5 + 3, GRID, stall, L * 8 + 5);
+      STAMP(L * 5 + 4, 1);
       float xs[INTER / 32];
       load_act<INTER>(act, xs);
 #pragma unroll
@@ -398,6 +432,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         }
       }
       signal(cnt + L * 5 + 4);
+      STAMP(L * 5 + 4, 2);
     }
   }
 
@@ -412,7 +447,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       long row = gw + (long)STRIDE * k;
       if (row < VOCAB) load_row<H>(head_w, row, w[k]);
     }
+    STAMP(NL * 5, 0);
     wait_ge(cnt + (NL - 1) * 5 + 4, GRID, stall, NL * 8 + 6);
+    STAMP(NL * 5, 1);
     float xs[H / 32];
     load_act<H>(r, xs);
     rms_norm<H>(xs, final_norm);
@@ -436,6 +473,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
 
   // ---- the last block out resets the counters for the next launch
   __syncthreads();
+  STAMP(NL * 5, 2);
   if (threadIdx.x == 0) {
     __threadfence();
     u32 done = atomicAdd(cnt + NL * 5, 1u);
@@ -492,19 +530,19 @@ def prefetch_words(cfg: Any, grid: int) -> int:
                ku(h) * qs // 64, ku(inter) * 2 * h // 64, ku(h) * inter // 64, 4 * h // 64)
 
 
-def _kernel(model: Any, grid: int, page: int) -> Any:
+def _kernel(model: Any, grid: int, page: int, timing: bool = False, fence: bool = False) -> Any:
     cfg = model.cfg
     vocab = model.head().weight.shape[0]
     has_bias = model.layers[0].qkv.bias is not None
     key = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, vocab,
-           has_bias, float(cfg.rms_norm_eps), grid, page, model.device)
+           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing, fence)
     k = _cache.get(key)
     if k is None:
         scale_log2e = (cfg.head_dim ** -0.5) * 1.4426950408889634
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)"}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence)}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
@@ -538,10 +576,16 @@ class _State:
         self.refs = (model, attention.cache)
 
 
-def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any) -> torch.Tensor:
+def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torch.Tensor | None = None,
+                       fence: bool = False) -> torch.Tensor:
     """Batch-1 decode forward of `h` [1, hidden] (the token's embedding) as one kernel → float32
     logits [1, vocab]. `attention` carries the step's device inputs as `graphs.TritonDecodeAttention`
-    does (positions, slots, block_tables, ctx_lens, cache)."""
+    does (positions, slots, block_tables, ctx_lens, cache).
+
+    `timing` (profiling builds only): an int64 tensor of `timing_slots(model)` that receives the
+    GPU global timer (ns) of each block at each stage: before its wait, after it, after its signal
+    (see `bench/decode_mega_cuda.py`). `fence`: a `__threadfence` before each signal (not needed:
+    the signal is a release after the block's barrier)."""
     why = supported(model)
     if why is not None:
         raise ValueError(f"mega kernel: {why}")
@@ -551,15 +595,20 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any) -> torch.Ten
     if st is None or st.refs[0] is not model:
         st = _State(model, attention)
         attention.cache._mega_state = st
-    kern = _kernel(model, st.grid, attention.cache.block_size)
+    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None, fence=fence)
     vocab = model.head().weight.shape[0]
     logits = torch.empty(1, vocab, dtype=torch.float32, device=h.device)
     h = h.contiguous()
     kern(grid=(st.grid, 1, 1), block=(256, 1, 1),
          args=[st.ptrs, h, st.r, st.q, st.att, st.act, attention.positions, attention.slots,
                attention.block_tables.contiguous(), attention.ctx_lens, model.cos_sin, model.norm,
-               model.head().weight, logits, st.cnt, st.stall])
+               model.head().weight, logits, st.cnt, st.stall, timing if timing is not None else st.stall])
     return logits
+
+
+def timing_slots(model: Any) -> int:
+    """Entries of the `timing` tensor: (layers × 5 + 1 stages) × grid × 3."""
+    return (model.cfg.num_layers * 5 + 1) * grid_for(model) * 3
 
 
 def stalls(cache: Any) -> str | None:
