@@ -69,7 +69,7 @@ def _analyse(t: torch.Tensor, nl: int) -> dict[str, Any]:
         work = (sig - exits) / 1e3
         d["work_median"].append(float(work.median()))
         d["work_max"].append(float(work.max()))
-    out = {k: {n: round(statistics.median(v), 3) for n, v in d.items() if v} for k, d in per.items()}
+    out: dict[str, Any] = {k: {n: round(statistics.median(v), 3) for n, v in d.items() if v} for k, d in per.items()}
     stamps = torch.unique(t[t > 0])
     diffs = stamps[1:] - stamps[:-1]
     out["timer_resolution_ns"] = float(diffs[diffs > 0].min()) if len(diffs) else None
