@@ -63,6 +63,27 @@ __device__ __forceinline__ u32 ldcg(const u32* p) {
   asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
+// constant data (weights, cached K/V of earlier steps): volatile asm, so that a load written before
+// a wait is issued before it (the compiler may move a plain or __ldg load past the spin loop)
+__device__ __forceinline__ u32 ldnc(const u32* p) {
+  u32 v;
+  asm volatile("ld.global.nc.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void ldnc4(const u32* p, u32* o) {
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(o[0]), "=r"(o[1]), "=r"(o[2]), "=r"(o[3]) : "l"(p));
+}
+__device__ __forceinline__ float ldnc_f(const float* p) {
+  float v;
+  asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ float ldcg_bf(const u16* p) {
+  unsigned short v;
+  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+  return __uint_as_float(((u32)v) << 16);
+}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -118,16 +139,15 @@ __device__ __forceinline__ void load_act(const u16* x, float* xs) {
 }
 // RMS-normalise the row in registers, rounded as the multi-kernel path rounds
 template <int K>
-__device__ __forceinline__ void rms_norm(float* xs, const u16* nw) {
+__device__ __forceinline__ void rms_norm(float* xs, const u32* nwr) {
   float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < K / 32; i++) ss += xs[i] * xs[i];
   ss = warp_sum(ss);
   float rstd = rsqrtf(ss / K + EPS);
-  const u32* n = (const u32*)nw;
 #pragma unroll
   for (int j = 0; j < K / 64; j++) {
-    u32 g = __ldg(n + (threadIdx.x & 31) + 32 * j);
+    u32 g = nwr[j];
     xs[2 * j] = rbf(rbf(xs[2 * j] * rstd) * bf_lo(g));
     xs[2 * j + 1] = rbf(rbf(xs[2 * j + 1] * rstd) * bf_hi(g));
   }
@@ -136,7 +156,7 @@ template <int K>
 __device__ __forceinline__ void load_row(const u16* w, long row, u32* regs) {
   const u32* p = (const u32*)w + row * (K / 2);
 #pragma unroll
-  for (int j = 0; j < K / 64; j++) regs[j] = __ldg(p + (threadIdx.x & 31) + 32 * j);
+  for (int j = 0; j < K / 64; j++) regs[j] = ldnc(p + (threadIdx.x & 31) + 32 * j);
 }
 template <int K>
 __device__ __forceinline__ float dot(const u32* regs, const float* xs) {
@@ -155,7 +175,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
             u32* stall, unsigned long long* tbuf) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x;
-  __shared__ float sm_m[WARPS], sm_l[WARPS], sm_acc[WARPS][64];
+  __shared__ float sm_m[64], sm_l[64], sm_acc[64][64];
   const int pos = positions[0];
   const long slot = slots[0];
   const int ctx = ctx_lens[0];
@@ -194,14 +214,16 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       for (int k = 0; k < KU; k++) {
         int u = b + GRID * (warp + WARPS * k);
         int d = u % (HD / 2);
-        cs_c[k] = cos_sin[pos * HD + d];
-        cs_s[k] = cos_sin[pos * HD + HD / 2 + d];
+        cs_c[k] = ldnc_f(cos_sin + pos * HD + d);
+        cs_s[k] = ldnc_f(cos_sin + pos * HD + HD / 2 + d);
       }
+      u32 nwr[H / 64];
+      load_row<H>(n_in, 0, nwr);
       if (L > 0) wait_ge(cnt + (L - 1) * 5 + 4, GRID, stall, L * 8 + 1);
       STAMP(L * 5 + 0, 1);
       float xs[H / 32];
       load_act<H>(x_in, xs);
-      rms_norm<H>(xs, n_in);
+      rms_norm<H>(xs, nwr);
 #pragma unroll
       for (int k = 0; k < KU; k++) {
         int u = b + GRID * (warp + WARPS * k);
@@ -237,20 +259,24 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       STAMP(L * 5 + 0, 2);
     }
 
-    // ---- stage 1: attention, one block per query head; lane group g = lane / 4 takes a position,
-    // its 4 lanes 16 dims each; online softmax per group, merged over groups, then over warps
+    // ---- stage 1: attention, one block per query head. Lane group grp = warp * 8 + lane / 4 (64 of
+    // them) takes positions grp + 64 i, its 4 lanes 16 dims each; online softmax per group, the 64
+    // groups merged through shared memory. Cached positions of the first PA rounds (all but the
+    // newest, which stage 0 just wrote) are loaded before the wait.
     if (b < NH) {
       const int kvh = b / (NH / NKV);
-      const int g = lane >> 2, sub = lane & 3;
-      uint4 kp[2], vp[2];
-      int p0 = warp * 8 + g;
-      bool pre = p0 < ctx - 1;
-      if (pre) {
-        long sl = (long)block_tables[p0 / PAGE] * PAGE + p0 % PAGE;
-        const uint4* kr = (const uint4*)(kc + (sl * NKV + kvh) * HD + sub * 16);
-        const uint4* vr = (const uint4*)(vc + (sl * NKV + kvh) * HD + sub * 16);
-        kp[0] = __ldg(kr); kp[1] = __ldg(kr + 1);
-        vp[0] = __ldg(vr); vp[1] = __ldg(vr + 1);
+      const int sub = lane & 3, grp = warp * 8 + (lane >> 2);
+      u32 kpre[PA][8], vpre[PA][8];
+#pragma unroll
+      for (int i = 0; i < PA; i++) {
+        int p = grp + 64 * i;
+        if (p < ctx - 1) {
+          long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
+          const u32* kr = (const u32*)(kc + (sl * NKV + kvh) * HD + sub * 16);
+          const u32* vr = (const u32*)(vc + (sl * NKV + kvh) * HD + sub * 16);
+          ldnc4(kr, kpre[i]); ldnc4(kr + 4, kpre[i] + 4);
+          ldnc4(vr, vpre[i]); ldnc4(vr + 4, vpre[i] + 4);
+        }
       }
       STAMP(L * 5 + 1, 0);
       wait_ge(cnt + L * 5 + 0, GRID, stall, L * 8 + 2);
@@ -268,77 +294,59 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       float m = NEG_INF, l = 0.f, acc[16];
 #pragma unroll
       for (int i = 0; i < 16; i++) acc[i] = 0.f;
-      // the trip count is the warp's (the group's position differs): every lane reaches the shuffles
-      for (int base = warp * 8; base < ctx; base += 64) {
-        const int p = base + g;
-        const bool valid = p < ctx;
-        u32 kw[8], vw[8];
-        if (p == p0 && pre) {
-          kw[0] = kp[0].x; kw[1] = kp[0].y; kw[2] = kp[0].z; kw[3] = kp[0].w;
-          kw[4] = kp[1].x; kw[5] = kp[1].y; kw[6] = kp[1].z; kw[7] = kp[1].w;
-          vw[0] = vp[0].x; vw[1] = vp[0].y; vw[2] = vp[0].z; vw[3] = vp[0].w;
-          vw[4] = vp[1].x; vw[5] = vp[1].y; vw[6] = vp[1].z; vw[7] = vp[1].w;
-        } else if (valid) {
-          long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
-          const u32* kr = (const u32*)(kc + (sl * NKV + kvh) * HD + sub * 16);
-          const u32* vr = (const u32*)(vc + (sl * NKV + kvh) * HD + sub * 16);
+      // the trip count is the block's: every lane reaches the shuffles
+      for (int base = 0; base < ctx; base += 64 * PA) {
 #pragma unroll
-          for (int j = 0; j < 8; j++) { kw[j] = ldcg(kr + j); vw[j] = ldcg(vr + j); }
-        } else {
+        for (int i = 0; i < PA; i++) {
+          const int p = base + grp + 64 * i;
+          const bool valid = p < ctx;
+          u32 kw[8], vw[8];
+          if (base == 0 && p < ctx - 1) {
 #pragma unroll
-          for (int j = 0; j < 8; j++) { kw[j] = 0u; vw[j] = 0u; }
+            for (int j = 0; j < 8; j++) { kw[j] = kpre[i][j]; vw[j] = vpre[i][j]; }
+          } else if (valid) {
+            long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
+            const u32* kr = (const u32*)(kc + (sl * NKV + kvh) * HD + sub * 16);
+            const u32* vr = (const u32*)(vc + (sl * NKV + kvh) * HD + sub * 16);
+#pragma unroll
+            for (int j = 0; j < 8; j++) { kw[j] = ldcg(kr + j); vw[j] = ldcg(vr + j); }
+          } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) { kw[j] = 0u; vw[j] = 0u; }
+          }
+          float s = 0.f;
+#pragma unroll
+          for (int j = 0; j < 8; j++) s += bf_lo(kw[j]) * qv[2 * j] + bf_hi(kw[j]) * qv[2 * j + 1];
+          s += __shfl_xor_sync(0xffffffffu, s, 1);
+          s += __shfl_xor_sync(0xffffffffu, s, 2);
+          if (valid) {
+            float mn = fmaxf(m, s);
+            float a = exp2f(m - mn), e = exp2f(s - mn);
+            l = l * a + e;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+              acc[2 * j] = acc[2 * j] * a + e * bf_lo(vw[j]);
+              acc[2 * j + 1] = acc[2 * j + 1] * a + e * bf_hi(vw[j]);
+            }
+            m = mn;
+          }
         }
-        float s = 0.f;
-#pragma unroll
-        for (int j = 0; j < 8; j++) s += bf_lo(kw[j]) * qv[2 * j] + bf_hi(kw[j]) * qv[2 * j + 1];
-        s += __shfl_xor_sync(0xffffffffu, s, 1);
-        s += __shfl_xor_sync(0xffffffffu, s, 2);
-        if (!valid) continue;
-        float mn = fmaxf(m, s);
-        float a = exp2f(m - mn), e = exp2f(s - mn);
-        l = l * a + e;
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-          acc[2 * j] = acc[2 * j] * a + e * bf_lo(vw[j]);
-          acc[2 * j + 1] = acc[2 * j + 1] * a + e * bf_hi(vw[j]);
-        }
-        m = mn;
       }
-      // merge the 8 lane groups of the warp (groups without a position have m = -inf)
+      if (sub == 0) { sm_m[grp] = m; sm_l[grp] = l; }
 #pragma unroll
-      for (int o = 4; o < 32; o <<= 1) {
-        float mo = __shfl_xor_sync(0xffffffffu, m, o);
-        float lo = __shfl_xor_sync(0xffffffffu, l, o);
-        float mn = fmaxf(m, mo);
-        float a = mn == NEG_INF ? 0.f : exp2f(m - mn), c = mn == NEG_INF ? 0.f : exp2f(mo - mn);
-        l = l * a + lo * c;
-#pragma unroll
-        for (int i = 0; i < 16; i++) {
-          float ao = __shfl_xor_sync(0xffffffffu, acc[i], o);
-          acc[i] = acc[i] * a + ao * c;
-        }
-        m = mn;
-      }
-      if (lane < 4) {
-#pragma unroll
-        for (int i = 0; i < 16; i++) sm_acc[warp][sub * 16 + i] = acc[i];
-        if (lane == 0) { sm_m[warp] = m; sm_l[warp] = l; }
-      }
+      for (int i = 0; i < 16; i++) sm_acc[grp][sub * 16 + i] = acc[i];
       __syncthreads();
-      if (warp == 0) {
+      if (threadIdx.x < HD) {
+        const int d = threadIdx.x;
         float M = NEG_INF;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) M = fmaxf(M, sm_m[w]);
-        float Ls = 0.f, o0 = 0.f, o1 = 0.f;
-#pragma unroll
-        for (int w = 0; w < WARPS; w++) {
+        for (int w = 0; w < 64; w++) M = fmaxf(M, sm_m[w]);
+        float Ls = 0.f, o = 0.f;
+        for (int w = 0; w < 64; w++) {
           float f = sm_m[w] == NEG_INF ? 0.f : exp2f(sm_m[w] - M);
           Ls += sm_l[w] * f;
-          o0 += sm_acc[w][2 * lane] * f;
-          o1 += sm_acc[w][2 * lane + 1] * f;
+          o += sm_acc[w][d] * f;
         }
-        float inv = Ls > 0.f ? 1.f / Ls : 0.f;
-        ((u32*)att)[b * (HD / 2) + lane] = f2bf(o0 * inv) | (f2bf(o1 * inv) << 16);
+        att[b * HD + d] = (u16)f2bf(Ls > 0.f ? o / Ls : 0.f);
       }
       signal(cnt + L * 5 + 1);
       STAMP(L * 5 + 1, 2);
@@ -357,17 +365,19 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       STAMP(L * 5 + 2, 0);
       wait_ge(cnt + L * 5 + 1, NH, stall, L * 8 + 3);
       STAMP(L * 5 + 2, 1);
-      float xs[QS / 32];
+      float xs[QS / 32], res[KU];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {  // the residual rows, read while the dot products run
+        int u = b + GRID * (warp + WARPS * k);
+        res[k] = (lane == 0 && u < U) ? ldcg_bf(x_in + u) : 0.f;
+      }
       load_act<QS>(att, xs);
 #pragma unroll
       for (int k = 0; k < KU; k++) {
         int u = b + GRID * (warp + WARPS * k);
         if (u < U) {
           float a = warp_sum(dot<QS>(w[k], xs));
-          if (lane == 0) {
-            u32 old = ((u32)x_in[u]) << 16;
-            r[u] = (u16)f2bf(rbf(a) + __uint_as_float(old));
-          }
+          if (lane == 0) r[u] = (u16)f2bf(rbf(a) + res[k]);
         }
       }
       signal(cnt + L * 5 + 2);
@@ -388,11 +398,13 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         }
       }
       STAMP(L * 5 + 3, 0);
+      u32 nwr[H / 64];
+      load_row<H>(n_post, 0, nwr);
       wait_ge(cnt + L * 5 + 2, GRID, stall, L * 8 + 4);
       STAMP(L * 5 + 3, 1);
       float xs[H / 32];
       load_act<H>(r, xs);
-      rms_norm<H>(xs, n_post);
+      rms_norm<H>(xs, nwr);
 #pragma unroll
       for (int k = 0; k < KU; k++) {
         int u = b + GRID * (warp + WARPS * k);
@@ -418,17 +430,19 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       STAMP(L * 5 + 4, 0);
       wait_ge(cnt + L * 5 + 3, GRID, stall, L * 8 + 5);
       STAMP(L * 5 + 4, 1);
-      float xs[INTER / 32];
+      float xs[INTER / 32], res[KU];
+#pragma unroll
+      for (int k = 0; k < KU; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        res[k] = (lane == 0 && u < U) ? ldcg_bf(r + u) : 0.f;
+      }
       load_act<INTER>(act, xs);
 #pragma unroll
       for (int k = 0; k < KU; k++) {
         int u = b + GRID * (warp + WARPS * k);
         if (u < U) {
           float a = warp_sum(dot<INTER>(w[k], xs));
-          if (lane == 0) {
-            u32 old = ((u32)r[u]) << 16;
-            r[u] = (u16)f2bf(rbf(a) + __uint_as_float(old));
-          }
+          if (lane == 0) r[u] = (u16)f2bf(rbf(a) + res[k]);
         }
       }
       signal(cnt + L * 5 + 4);
@@ -448,11 +462,13 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       if (row < VOCAB) load_row<H>(head_w, row, w[k]);
     }
     STAMP(NL * 5, 0);
+    u32 nwr[H / 64];
+    load_row<H>(final_norm, 0, nwr);
     wait_ge(cnt + (NL - 1) * 5 + 4, GRID, stall, NL * 8 + 6);
     STAMP(NL * 5, 1);
     float xs[H / 32];
     load_act<H>(r, xs);
-    rms_norm<H>(xs, final_norm);
+    rms_norm<H>(xs, nwr);
     for (long base = gw; base < VOCAB; base += (long)STRIDE * G) {
       float a[G];
 #pragma unroll
@@ -542,7 +558,7 @@ def _kernel(model: Any, grid: int, page: int, timing: bool = False, fence: bool 
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence)}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence), "PA": 2}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
