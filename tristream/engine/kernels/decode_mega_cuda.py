@@ -336,17 +336,27 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
 #pragma unroll
       for (int i = 0; i < 16; i++) sm_acc[grp][sub * 16 + i] = acc[i];
       __syncthreads();
-      if (threadIdx.x < HD) {
-        const int d = threadIdx.x;
+      {  // thread (part, d): dim d over groups 16 part .. 16 part + 15; then the 4 parts per dim
+        const int d = threadIdx.x & 63, part = threadIdx.x >> 6;
         float M = NEG_INF;
+#pragma unroll
         for (int w = 0; w < 64; w++) M = fmaxf(M, sm_m[w]);
         float Ls = 0.f, o = 0.f;
-        for (int w = 0; w < 64; w++) {
+#pragma unroll
+        for (int w = 16 * part; w < 16 * part + 16; w++) {
           float f = sm_m[w] == NEG_INF ? 0.f : exp2f(sm_m[w] - M);
           Ls += sm_l[w] * f;
           o += sm_acc[w][d] * f;
         }
-        att[b * HD + d] = (u16)f2bf(Ls > 0.f ? o / Ls : 0.f);
+        __syncthreads();  // the partial sums reuse the groups' rows
+        sm_acc[part][d] = o;
+        if (d == 0) sm_l[part] = Ls;
+        __syncthreads();
+        if (threadIdx.x < HD) {
+          float lt = sm_l[0] + sm_l[1] + sm_l[2] + sm_l[3];
+          float ot = sm_acc[0][d] + sm_acc[1][d] + sm_acc[2][d] + sm_acc[3][d];
+          att[b * HD + d] = (u16)f2bf(lt > 0.f ? ot / lt : 0.f);
+        }
       }
       signal(cnt + L * 5 + 1);
       STAMP(L * 5 + 1, 2);
@@ -558,7 +568,7 @@ def _kernel(model: Any, grid: int, page: int, timing: bool = False, fence: bool 
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence), "PA": 2}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence), "PA": 3}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
