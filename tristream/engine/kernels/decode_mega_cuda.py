@@ -84,6 +84,13 @@ __device__ __forceinline__ float ldcg_bf(const u16* p) {
   asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
   return __uint_as_float(((u32)v) << 16);
 }
+// bring a row into L2 ahead of time (TMA bulk prefetch: no registers, no completion to wait for)
+__device__ __forceinline__ void l2_row(const u16* p, u32 bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void l2_line(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+}
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -193,6 +200,51 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
     u16* kc = (u16*)P[7];
     u16* vc = (u16*)P[8];
     const u16* x_in = L == 0 ? h_in : r;
+
+#if L2_AHEAD
+    // the next layer's weight rows of this warp's units, and (attention blocks) its cached K/V of
+    // this head, into L2 now: the register loads issued before each wait then hit L2, not HBM
+    if (L + 1 < NL) {
+      const long long* P1 = ptrs + (L + 1) * 10;
+      constexpr int U0 = (NH + 2 * NKV) * (HD / 2), K0 = UNITS_PER_WARP(U0);
+      constexpr int K2 = UNITS_PER_WARP(H), K3 = UNITS_PER_WARP(INTER);
+#pragma unroll
+      for (int k = 0; k < K0 && k < 8; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < U0) {
+          int hh = u / (HD / 2), d = u % (HD / 2);
+          if (lane == 2 * k) l2_row((const u16*)P1[0] + (long)(hh * HD + d) * H, H * 2);
+          if (lane == 2 * k + 1) l2_row((const u16*)P1[0] + (long)(hh * HD + d + HD / 2) * H, H * 2);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < K2 && k < 4; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < H) {
+          if (lane == 16 + k) l2_row((const u16*)P1[3] + (long)u * QS, QS * 2);
+          if (lane == 20 + k) l2_row((const u16*)P1[6] + (long)u * INTER, INTER * 2);
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < K3 && k < 4; k++) {
+        int u = b + GRID * (warp + WARPS * k);
+        if (u < INTER) {
+          if (lane == 24 + 2 * k) l2_row((const u16*)P1[5] + (long)u * H, H * 2);
+          if (lane == 25 + 2 * k) l2_row((const u16*)P1[5] + (long)(INTER + u) * H, H * 2);
+        }
+      }
+      if (b < NH) {
+        const u16* kc1 = (const u16*)P1[7];
+        const u16* vc1 = (const u16*)P1[8];
+        const int kvh = b / (NH / NKV);
+        for (int p = threadIdx.x; p < ctx - 1; p += NT) {
+          long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
+          l2_line(kc1 + (sl * NKV + kvh) * HD);
+          l2_line(vc1 + (sl * NKV + kvh) * HD);
+        }
+      }
+    }
+#endif
 
     // ---- stage 0: norm + QKV + RoPE + K/V store; unit = a row pair (d, d + HD/2) of one head
     {
@@ -556,19 +608,20 @@ def prefetch_words(cfg: Any, grid: int) -> int:
                ku(h) * qs // 64, ku(inter) * 2 * h // 64, ku(h) * inter // 64, 4 * h // 64)
 
 
-def _kernel(model: Any, grid: int, page: int, timing: bool = False, fence: bool = False) -> Any:
+def _kernel(model: Any, grid: int, page: int, timing: bool = False, fence: bool = False,
+            l2_ahead: bool = True) -> Any:
     cfg = model.cfg
     vocab = model.head().weight.shape[0]
     has_bias = model.layers[0].qkv.bias is not None
     key = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, vocab,
-           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing, fence)
+           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing, fence, l2_ahead)
     k = _cache.get(key)
     if k is None:
         scale_log2e = (cfg.head_dim ** -0.5) * 1.4426950408889634
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence), "PA": 3}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence), "PA": 3, "L2_AHEAD": int(l2_ahead)}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
@@ -603,7 +656,7 @@ class _State:
 
 
 def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torch.Tensor | None = None,
-                       fence: bool = False) -> torch.Tensor:
+                       fence: bool = False, l2_ahead: bool = True) -> torch.Tensor:
     """Batch-1 decode forward of `h` [1, hidden] (the token's embedding) as one kernel → float32
     logits [1, vocab]. `attention` carries the step's device inputs as `graphs.TritonDecodeAttention`
     does (positions, slots, block_tables, ctx_lens, cache).
@@ -611,7 +664,8 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
     `timing` (profiling builds only): an int64 tensor of `timing_slots(model)` that receives the
     GPU global timer (ns) of each block at each stage: before its wait, after it, after its signal
     (see `bench/decode_mega_cuda.py`). `fence`: a `__threadfence` before each signal (not needed:
-    the signal is a release after the block's barrier)."""
+    the signal is a release after the block's barrier). `l2_ahead`: at the start of each layer, bulk
+    prefetches of the next layer's weight rows (and cached K/V) into L2."""
     why = supported(model)
     if why is not None:
         raise ValueError(f"mega kernel: {why}")
@@ -621,7 +675,8 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
     if st is None or st.refs[0] is not model:
         st = _State(model, attention)
         attention.cache._mega_state = st
-    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None, fence=fence)
+    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None, fence=fence,
+                   l2_ahead=l2_ahead)
     vocab = model.head().weight.shape[0]
     logits = torch.empty(1, vocab, dtype=torch.float32, device=h.device)
     h = h.contiguous()
