@@ -3,14 +3,13 @@
 One engine (random bf16 weights, a 128-token prompt, steady decode), then in the same run:
 
 * graph replay ms of the chosen multi-kernel variant (`b8w_pdl_hc` for SmolLM2-135M) and of the
-  mega kernel (as built; without the next layer's L2 prefetch; with a `__threadfence` before each
-  signal), with their logits' error against the cuBLAS path;
-* a timing build of the mega kernel: every block stamps the GPU global timer before its wait,
-  after it and after its signal, at every stage. Per stage kind (qkv, attn, o, gate_up, down,
-  head), medians over layers of: the stage's span on the critical path (last signal of the stage
-  minus last signal of the one before), the hand-off (from the last producer's signal to the
-  first / median / last waiting block leaving its wait) and the work of a block (leaving the wait
-  to its signal).
+  mega kernel, with their logits' error against the cuBLAS path;
+* a timing build of the mega kernel: the first warp of every block stamps the GPU global timer
+  before it polls for its inputs, once they are there and after its stores, at every stage. Per
+  stage kind (qkv, attn, o, gate_up, down, head), medians over layers of: the stage's span on the
+  critical path (last store of the stage minus last store of the one before), the hand-off (from
+  that last store of the stage before to the first / median / last warp having its inputs) and the
+  work of a warp (inputs there to its stores done).
 
     python3 bench/decode_mega_cuda.py --model smollm2-135m     # writes bench/results/decode_mega_cuda.json
 """
@@ -33,7 +32,7 @@ from bench._common import capture_graph, cuda_graph_ms, write_results  # noqa: E
 KINDS = ("qkv", "attn", "o", "gate_up", "down")
 
 
-def _forward(dec: Any, timing: torch.Tensor | None, fence: bool, l2_ahead: bool = True) -> torch.Tensor:
+def _forward(dec: Any, timing: torch.Tensor | None) -> torch.Tensor:
     from tristream.engine import graphs
     from tristream.engine.kernels import triton_ops as K
     from tristream.engine.kernels.decode_mega_cuda import decode_logits_mega
@@ -42,7 +41,7 @@ def _forward(dec: Any, timing: torch.Tensor | None, fence: bool, l2_ahead: bool 
     splits = K.choose_splits(1, m.cfg.num_heads, dec.num_sms)
     attn = graphs.TritonDecodeAttention(m, dec.cache, dec.positions[:1], dec.slots[:1], dec.block_tables[:1],
                                         dec.ctx_lens[:1], splits, dec.merge_counters)
-    return decode_logits_mega(m, m.embed(dec.ids[:1]), attn, timing=timing, fence=fence, l2_ahead=l2_ahead)
+    return decode_logits_mega(m, m.embed(dec.ids[:1]), attn, timing=timing)
 
 
 def _analyse(t: torch.Tensor, nl: int) -> dict[str, Any]:
@@ -106,15 +105,14 @@ def main() -> None:
 
         for v in ("cublas", args.multi):
             record(v, dec.forward(1, v).clone(), dec._time_variant(1, v))
-        for name, fence, l2 in (("mega", False, True), ("mega_no_l2_ahead", False, False), ("mega_fence", True, True)):
-            got = _forward(dec, None, fence, l2).clone()
-            g = capture_graph(lambda f=fence, a=l2: _forward(dec, None, f, a))  # type: ignore[misc]
-            record(name, got, cuda_graph_ms(g, reps=100))
-            del g
-            assert stalls(dec.cache) is None, stalls(dec.cache)
+        got = _forward(dec, None).clone()
+        g = capture_graph(lambda: _forward(dec, None))
+        record("mega", got, cuda_graph_ms(g, reps=100))
+        del g
+        assert stalls(dec.cache) is None, stalls(dec.cache)
         tbuf = torch.zeros(timing_slots(model), dtype=torch.int64, device="cuda")
-        got = _forward(dec, tbuf, False).clone()
-        g = capture_graph(lambda: _forward(dec, tbuf, False))
+        got = _forward(dec, tbuf).clone()
+        g = capture_graph(lambda: _forward(dec, tbuf))
         record("mega_timing", got, cuda_graph_ms(g, reps=100))
         runs = []
         for _ in range(5):

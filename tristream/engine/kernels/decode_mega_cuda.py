@@ -3,30 +3,34 @@
 The multi-kernel batch-1 step (`decode_fused.decode_logits_b1`) pays, per kernel, the dependent
 chain of a launch: wait for the predecessor's grid, read its output from L2, reduce, store, retire
 the grid. For SmolLM2-135M that is 5 kernels × 30 layers at ~2.5 µs each, against ~2 µs of
-weight bytes per layer. Here one launch runs the whole step: one block per SM, 8 warps each, and
-the stages of a layer (norm+QKV+RoPE+KV store, attention, O+residual, norm+gate|up+SiLU,
-down+residual, then the final norm + output projection) are separated by counters in global
-memory instead of kernel boundaries:
+weight bytes per layer. Here one launch runs the whole step: one block per SM, 8 warps each. The
+stages of a layer (norm+QKV+RoPE+KV store, attention, O+residual, norm+gate|up+SiLU,
+down+residual, then the final norm + output projection) hand their outputs on through tagged
+words instead of kernel boundaries or barriers:
 
-* a block that did its share of a stage adds 1 to that stage's counter (release);
-* a block about to start a stage spins until the counter of the stage it reads from is full
-  (acquire), having first issued the loads of its weights for the stage, which are constant, so
-  their HBM latency overlaps the wait; attention issues its loads of the cached keys and values
-  (every position but the newest, which this step's QKV stage writes) before waiting too;
-* only attention blocks (one per query head) wait on the QKV stage; the O stage waits on the
-  attention blocks alone;
-* the last block to finish resets the counters, so the next launch (or graph replay) starts from 0.
+* every activation element is a 32-bit word, its bf16 value in the high half and a 16-bit tag in
+  the low half: (launch epoch, layer, stage). A producer stores it (relaxed, to L2); a consumer
+  warp reads the whole row it needs, and reads again until every word carries the tag it expects.
+  Value and tag arrive in one access, so there is no fence, no counter and no block barrier: each
+  warp goes as soon as its own inputs are there (NCCL's LL protocol, for one GPU);
+* each warp loads its weights for a stage (constant) before it polls, so their HBM latency
+  overlaps the wait; attention loads the cached keys and values of earlier positions before it
+  polls too (the newest k and v come tagged, with q, from the QKV stage);
+* a buffer is written again (next layer, next stage) only by warps whose inputs already depend on
+  every reader of its previous contents, so a reader never sees a newer tag than it waits for;
+* the last block out advances the epoch (the next launch's tags).
 
-Work inside a stage is split into warp units, spread round-robin over all blocks (unit u: block
-u mod grid), each warp reading the activations it needs straight from L2 into registers: the
-row-vector, its RMS statistics and the dot products are warp-shuffle reductions, no shared
-memory, no block barrier. Activations written in the kernel are read with `ld.global.cg` (L2)
-after the acquire.
+Work inside a stage is split into warp units spread round-robin over all blocks (unit u: block
+u mod grid): the row-vector's RMS statistics and the dot products are warp-shuffle reductions.
+Attention takes one block per query head and merges its 64 lane groups in shared memory.
+
+A spin that goes on too long (a bug, or a block that never got an SM) gives up and records where;
+`stalls()` reads it (the step's logits are then wrong; the tests check it stays empty).
 
 Limits (checked by `supported`): CUDA, bf16 weights, head_dim 64, hidden / q size / intermediate
-multiples of 64, query heads a multiple of KV heads. Blocks must be co-resident (one per SM, no
-other persistent kernel on the GPU at the same time); the engine only captures it in the decode
-graph of bucket 1, where it competes as variant "mega" with the multi-kernel variants.
+multiples of 64, query heads a multiple of KV heads, a small model (`MAX_PREFETCH_WORDS`). Blocks
+must be co-resident (one per SM, no other persistent kernel on the GPU at the same time). The engine
+runs it as the batch-1 decode variant "mega", by name (`EngineConfig.decode_kernels="mega"`).
 """
 
 from __future__ import annotations
@@ -50,19 +54,6 @@ __device__ __forceinline__ u32 f2bf(float f) {
   return u >> 16;
 }
 __device__ __forceinline__ float rbf(float f) { return __uint_as_float(f2bf(f) << 16); }
-__device__ __forceinline__ u32 ld_acq(const u32* p) {
-  u32 v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-__device__ __forceinline__ void red_rel(u32* p, u32 v) {
-  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
-}
-__device__ __forceinline__ u32 ldcg(const u32* p) {
-  u32 v;
-  asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 // constant data (weights, cached K/V of earlier steps): volatile asm, so that a load written before
 // a wait is issued before it (the compiler may move a plain or __ldg load past the spin loop)
 __device__ __forceinline__ u32 ldnc(const u32* p) {
@@ -79,26 +70,34 @@ __device__ __forceinline__ float ldnc_f(const float* p) {
   asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
   return v;
 }
-__device__ __forceinline__ float ldcg_bf(const u16* p) {
-  unsigned short v;
-  asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
-  return __uint_as_float(((u32)v) << 16);
+// tagged words (value << 16 | tag) written in this kernel: read from L2, written to L2; a word's
+// value and tag arrive together (one 32-bit access), so no fence or flag is needed
+__device__ __forceinline__ uint2 ld2(const u32* p) {
+  uint2 v;
+  asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+  return v;
 }
-// bring a row into L2 ahead of time (TMA bulk prefetch: no registers, no completion to wait for)
-__device__ __forceinline__ void l2_row(const u16* p, u32 bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+__device__ __forceinline__ u32 ld1(const u32* p) {
+  u32 v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
 }
-__device__ __forceinline__ void l2_line(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" :: "l"(p));
+__device__ __forceinline__ void st1(u32* p, u32 v) {
+  asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ u32 ld_acq(const u32* p) {
+  u32 v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+__device__ __forceinline__ u32 tagged(float v, u32 tag) { return (f2bf(v) << 16) | tag; }
+__device__ __forceinline__ bool has(u32 w, u32 tag) { return (w & 0xffffu) == tag; }
+__device__ __forceinline__ float val(u32 w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-// spin (thread 0) until *c >= target; after SPIN_LIMIT polls, or once another block has given up,
-// record where (stall[0..3]: layer*8 + stage + 1, counter, target, block) and go on: a bug or a
-// block that never got an SM becomes an error the host reads (`stalls`), not a hung GPU
 #if TIMING
 __device__ __forceinline__ unsigned long long gtime() {
   unsigned long long t;
@@ -109,42 +108,60 @@ __device__ __forceinline__ unsigned long long gtime() {
 #else
 #define STAMP(idx, k)
 #endif
-__device__ __forceinline__ void wait_ge(const u32* c, u32 target, u32* stall, u32 tag) {
-  if (threadIdx.x == 0) {
-    unsigned long long n = 0;
-    u32 v;
-    while ((v = ld_acq(c)) < target) {
-      if ((++n & 1023u) == 0 && (n > SPIN_LIMIT || ld_acq(stall) != 0u)) {
-        if (atomicCAS(stall, 0u, tag) == 0u) { stall[1] = v; stall[2] = target; stall[3] = blockIdx.x; }
-        break;
-      }
+
+// a spin of a warp has gone on too long (a bug, or a block that never got an SM): record where
+// (stall[0..3]: layer * 8 + stage + 1, the tag waited for, the word seen, block) and give up; once
+// one warp gave up, every other gives up at its next check. The host reads it (`stalls`).
+__device__ __noinline__ bool give_up(unsigned long long n, u32* stall, u32 where, u32 tag, u32 seen) {
+  if (n > SPIN_LIMIT || ld_acq(stall) != 0u) {
+    if ((threadIdx.x & 31) == 0 && atomicCAS(stall, 0u, where) == 0u) {
+      stall[1] = tag; stall[2] = seen; stall[3] = blockIdx.x;
     }
+    return true;
   }
-  __syncthreads();
-}
-__device__ __forceinline__ void signal(u32* c) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-#if FENCE
-    __threadfence();
-#endif
-    red_rel(c, 1u);  // release at GPU scope, after the block's barrier: its writes come with it
-  }
+  return false;
 }
 
-// a bf16 row vector of K elements (written in this kernel) into registers: lane l holds words
-// l + 32 j (elements 2(l + 32 j), +1), as the weight rows are read
+// poll a tagged row vector of K elements until every word carries `tag`: lane l gets elements
+// 2(l + 32 j), +1 (as the weight rows are read, one u32 of two bf16 per j)
 template <int K>
-__device__ __forceinline__ void load_act(const u16* x, float* xs) {
+__device__ __forceinline__ void poll_row(const u32* buf, u32 tag, float* xs, u32* stall, u32 where) {
+  const int lane = threadIdx.x & 31;
+  for (unsigned long long n = 1;; n++) {
+    bool ok = true;
+    u32 seen = tag;
+#pragma unroll
+    for (int j = 0; j < K / 64; j++) {
+      uint2 v = ld2(buf + 2 * (lane + 32 * j));
+      bool g = has(v.x, tag) & has(v.y, tag);
+      if (!g) seen = v.x;
+      ok &= g;
+      xs[2 * j] = val(v.x);
+      xs[2 * j + 1] = val(v.y);
+    }
+    if (__all_sync(0xffffffffu, ok)) return;
+    if ((n & 255u) == 0 && give_up(n, stall, where, tag, seen)) return;
+  }
+}
+// one tagged word (lane 0 only)
+__device__ __forceinline__ float poll_one(const u32* p, u32 tag, u32* stall, u32 where) {
+  for (unsigned long long n = 1;; n++) {
+    u32 w = ld1(p);
+    if (has(w, tag)) return val(w);
+    if ((n & 255u) == 0 && give_up(n, stall, where, tag, w)) return val(w);
+  }
+}
+// an untagged bf16 row written before the kernel (the embedding): same lane layout
+template <int K>
+__device__ __forceinline__ void load_plain(const u16* x, float* xs) {
   const u32* w = (const u32*)x;
 #pragma unroll
   for (int j = 0; j < K / 64; j++) {
-    u32 v = ldcg(w + (threadIdx.x & 31) + 32 * j);
+    u32 v = ldnc(w + (threadIdx.x & 31) + 32 * j);
     xs[2 * j] = bf_lo(v);
     xs[2 * j + 1] = bf_hi(v);
   }
 }
-// RMS-normalise the row in registers, rounded as the multi-kernel path rounds
 template <int K>
 __device__ __forceinline__ void rms_norm(float* xs, const u32* nwr) {
   float ss = 0.f;
@@ -176,9 +193,9 @@ __device__ __forceinline__ float dot(const u32* regs, const float* xs) {
 #define UNITS_PER_WARP(U) ((((U) + GRID - 1) / GRID + WARPS - 1) / WARPS)
 
 extern "C" __global__ void __launch_bounds__(NT, 1)
-mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u16* act,
+mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u32* kvn, u32* att, u32* act,
             const int* positions, const int* slots, const int* block_tables, const int* ctx_lens,
-            const float* cos_sin, const u16* final_norm, const u16* head_w, float* logits, u32* cnt,
+            const float* cos_sin, const u16* final_norm, const u16* head_w, float* logits, u32* ctl,
             u32* stall, unsigned long long* tbuf) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int b = blockIdx.x;
@@ -186,6 +203,8 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
   const int pos = positions[0];
   const long slot = slots[0];
   const int ctx = ctx_lens[0];
+  const u32 epoch = ctl[0];
+#define TAG(L, s) ((epoch * (u32)(NL * 5 + 1) + (u32)((L) * 5 + (s)) + 1u) & 0xffffu)
 
 #pragma unroll 1
   for (int L = 0; L < NL; L++) {
@@ -199,122 +218,86 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
     const u16* wd = (const u16*)P[6];
     u16* kc = (u16*)P[7];
     u16* vc = (u16*)P[8];
-    const u16* x_in = L == 0 ? h_in : r;
+    const u32 t_in = TAG(L - 1, 4), t_qkv = TAG(L, 0), t_att = TAG(L, 1), t_o = TAG(L, 2), t_gu = TAG(L, 3),
+              t_out = TAG(L, 4);
 
-#if L2_AHEAD
-    // the next layer's weight rows of this warp's units, and (attention blocks) its cached K/V of
-    // this head, into L2 now: the register loads issued before each wait then hit L2, not HBM
-    if (L + 1 < NL) {
-      const long long* P1 = ptrs + (L + 1) * 10;
-      constexpr int U0 = (NH + 2 * NKV) * (HD / 2), K0 = UNITS_PER_WARP(U0);
-      constexpr int K2 = UNITS_PER_WARP(H), K3 = UNITS_PER_WARP(INTER);
-#pragma unroll
-      for (int k = 0; k < K0 && k < 8; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U0) {
-          int hh = u / (HD / 2), d = u % (HD / 2);
-          if (lane == 2 * k) l2_row((const u16*)P1[0] + (long)(hh * HD + d) * H, H * 2);
-          if (lane == 2 * k + 1) l2_row((const u16*)P1[0] + (long)(hh * HD + d + HD / 2) * H, H * 2);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < K2 && k < 4; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < H) {
-          if (lane == 16 + k) l2_row((const u16*)P1[3] + (long)u * QS, QS * 2);
-          if (lane == 20 + k) l2_row((const u16*)P1[6] + (long)u * INTER, INTER * 2);
-        }
-      }
-#pragma unroll
-      for (int k = 0; k < K3 && k < 4; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < INTER) {
-          if (lane == 24 + 2 * k) l2_row((const u16*)P1[5] + (long)u * H, H * 2);
-          if (lane == 25 + 2 * k) l2_row((const u16*)P1[5] + (long)(INTER + u) * H, H * 2);
-        }
-      }
-      if (b < NH) {
-        const u16* kc1 = (const u16*)P1[7];
-        const u16* vc1 = (const u16*)P1[8];
-        const int kvh = b / (NH / NKV);
-        for (int p = threadIdx.x; p < ctx - 1; p += NT) {
-          long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
-          l2_line(kc1 + (sl * NKV + kvh) * HD);
-          l2_line(vc1 + (sl * NKV + kvh) * HD);
-        }
-      }
-    }
-#endif
-
-    // ---- stage 0: norm + QKV + RoPE + K/V store; unit = a row pair (d, d + HD/2) of one head
+    // ---- stage 0: norm + QKV + RoPE + K/V store; unit = a row pair (d, d + HD/2) of one head.
+    // q goes to qb, the new k and v to the cache and to kvn (tagged, for this step's attention)
     {
       constexpr int U = (NH + 2 * NKV) * (HD / 2);
       constexpr int KU = UNITS_PER_WARP(U);
-      u32 w1[KU][H / 64], w2[KU][H / 64];
+      const int u0 = b + GRID * warp;
+      if (u0 < U) {
+        u32 w1[KU][H / 64], w2[KU][H / 64];
+        float cs_c[KU], cs_s[KU];
 #pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) {
-          int hh = u / (HD / 2), d = u % (HD / 2);
-          load_row<H>(wqkv, hh * HD + d, w1[k]);
-          load_row<H>(wqkv, hh * HD + d + HD / 2, w2[k]);
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) {
+            int hh = u / (HD / 2), d = u % (HD / 2);
+            load_row<H>(wqkv, hh * HD + d, w1[k]);
+            load_row<H>(wqkv, hh * HD + d + HD / 2, w2[k]);
+            cs_c[k] = ldnc_f(cos_sin + pos * HD + d);
+            cs_s[k] = ldnc_f(cos_sin + pos * HD + HD / 2 + d);
+          }
         }
-      }
-      STAMP(L * 5 + 0, 0);
-      float cs_c[KU], cs_s[KU];
+        u32 nwr[H / 64];
+        load_row<H>(n_in, 0, nwr);
+        STAMP(L * 5 + 0, 0);
+        float xs[H / 32];
+        if (L == 0) load_plain<H>(h_in, xs);
+        else poll_row<H>(xr, t_in, xs, stall, L * 8 + 1);
+        STAMP(L * 5 + 0, 1);
+        rms_norm<H>(xs, nwr);
 #pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        int d = u % (HD / 2);
-        cs_c[k] = ldnc_f(cos_sin + pos * HD + d);
-        cs_s[k] = ldnc_f(cos_sin + pos * HD + HD / 2 + d);
-      }
-      u32 nwr[H / 64];
-      load_row<H>(n_in, 0, nwr);
-      if (L > 0) wait_ge(cnt + (L - 1) * 5 + 4, GRID, stall, L * 8 + 1);
-      STAMP(L * 5 + 0, 1);
-      float xs[H / 32];
-      load_act<H>(x_in, xs);
-      rms_norm<H>(xs, nwr);
-#pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) {
-          int hh = u / (HD / 2), d = u % (HD / 2);
-          float a1 = warp_sum(dot<H>(w1[k], xs)), a2 = warp_sum(dot<H>(w2[k], xs));
-          if (lane == 0) {
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) {
+            int hh = u / (HD / 2), d = u % (HD / 2);
+            float a1 = warp_sum(dot<H>(w1[k], xs)), a2 = warp_sum(dot<H>(w2[k], xs));
+            if (lane == 0) {
 #if HAS_BIAS
-            a1 += __uint_as_float(((u32)bqkv[hh * HD + d]) << 16);
-            a2 += __uint_as_float(((u32)bqkv[hh * HD + d + HD / 2]) << 16);
+              a1 += __uint_as_float(((u32)bqkv[hh * HD + d]) << 16);
+              a2 += __uint_as_float(((u32)bqkv[hh * HD + d + HD / 2]) << 16);
 #endif
-            float x1 = rbf(a1), x2 = rbf(a2);
-            if (hh < NH + NKV) {
-              float c = cs_c[k], s = cs_s[k];
-              float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
-              if (hh < NH) {
-                q[hh * HD + d] = (u16)f2bf(y1);
-                q[hh * HD + d + HD / 2] = (u16)f2bf(y2);
-              } else if (slot >= 0) {
-                u16* dst = kc + (slot * NKV + (hh - NH)) * HD;
-                dst[d] = (u16)f2bf(y1);
-                dst[d + HD / 2] = (u16)f2bf(y2);
+              float x1 = rbf(a1), x2 = rbf(a2);
+              if (hh < NH + NKV) {
+                float c = cs_c[k], s = cs_s[k];
+                float y1 = x1 * c - x2 * s, y2 = x2 * c + x1 * s;
+                if (hh < NH) {
+                  st1(qb + hh * HD + d, tagged(y1, t_qkv));
+                  st1(qb + hh * HD + d + HD / 2, tagged(y2, t_qkv));
+                } else {
+                  int kh = hh - NH;
+                  if (slot >= 0) {
+                    u16* dst = kc + (slot * NKV + kh) * HD;
+                    dst[d] = (u16)f2bf(y1);
+                    dst[d + HD / 2] = (u16)f2bf(y2);
+                  }
+                  st1(kvn + kh * HD + d, tagged(y1, t_qkv));
+                  st1(kvn + kh * HD + d + HD / 2, tagged(y2, t_qkv));
+                }
+              } else {
+                int vh = hh - NH - NKV;
+                if (slot >= 0) {
+                  u16* dst = vc + (slot * NKV + vh) * HD;
+                  dst[d] = (u16)f2bf(x1);
+                  dst[d + HD / 2] = (u16)f2bf(x2);
+                }
+                st1(kvn + (NKV + vh) * HD + d, tagged(x1, t_qkv));
+                st1(kvn + (NKV + vh) * HD + d + HD / 2, tagged(x2, t_qkv));
               }
-            } else if (slot >= 0) {
-              u16* dst = vc + (slot * NKV + (hh - NH - NKV)) * HD;
-              dst[d] = (u16)f2bf(x1);
-              dst[d + HD / 2] = (u16)f2bf(x2);
             }
           }
         }
+        STAMP(L * 5 + 0, 2);
       }
-      signal(cnt + L * 5 + 0);
-      STAMP(L * 5 + 0, 2);
     }
 
     // ---- stage 1: attention, one block per query head. Lane group grp = warp * 8 + lane / 4 (64 of
     // them) takes positions grp + 64 i, its 4 lanes 16 dims each; online softmax per group, the 64
     // groups merged through shared memory. Cached positions of the first PA rounds (all but the
-    // newest, which stage 0 just wrote) are loaded before the wait.
+    // newest, which comes from kvn) are loaded before the poll.
     if (b < NH) {
       const int kvh = b / (NH / NKV);
       const int sub = lane & 3, grp = warp * 8 + (lane >> 2);
@@ -331,18 +314,33 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         }
       }
       STAMP(L * 5 + 1, 0);
-      wait_ge(cnt + L * 5 + 0, GRID, stall, L * 8 + 2);
-      STAMP(L * 5 + 1, 1);
+      // this head's q and its KV head's new k, v: 16 dims per lane (as 8 words of two bf16)
       float qv[16];
+      u32 kn[8], vn[8];
       {
-        const u32* qw = (const u32*)(q + b * HD + sub * 16);
+        const u32* qsrc = qb + b * HD + sub * 16;
+        const u32* ksrc = kvn + kvh * HD + sub * 16;
+        const u32* vsrc = kvn + (NKV + kvh) * HD + sub * 16;
+        for (unsigned long long n = 1;; n++) {
+          bool ok = true;
+          u32 seen = t_qkv;
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-          u32 v = ldcg(qw + j);
-          qv[2 * j] = bf_lo(v) * (SCALE_LOG2E);
-          qv[2 * j + 1] = bf_hi(v) * (SCALE_LOG2E);
+          for (int j = 0; j < 8; j++) {
+            uint2 a = ld2(qsrc + 2 * j), kk = ld2(ksrc + 2 * j), vv = ld2(vsrc + 2 * j);
+            bool g = has(a.x, t_qkv) & has(a.y, t_qkv) & has(kk.x, t_qkv) & has(kk.y, t_qkv) &
+                     has(vv.x, t_qkv) & has(vv.y, t_qkv);
+            if (!g) seen = a.x;
+            ok &= g;
+            qv[2 * j] = val(a.x) * (SCALE_LOG2E);
+            qv[2 * j + 1] = val(a.y) * (SCALE_LOG2E);
+            kn[j] = (kk.x >> 16) | (kk.y & 0xffff0000u);
+            vn[j] = (vv.x >> 16) | (vv.y & 0xffff0000u);
+          }
+          if (__all_sync(0xffffffffu, ok)) break;
+          if ((n & 255u) == 0 && give_up(n, stall, L * 8 + 2, t_qkv, seen)) break;
         }
       }
+      STAMP(L * 5 + 1, 1);
       float m = NEG_INF, l = 0.f, acc[16];
 #pragma unroll
       for (int i = 0; i < 16; i++) acc[i] = 0.f;
@@ -353,15 +351,18 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
           const int p = base + grp + 64 * i;
           const bool valid = p < ctx;
           u32 kw[8], vw[8];
-          if (base == 0 && p < ctx - 1) {
+          if (p == ctx - 1) {
+#pragma unroll
+            for (int j = 0; j < 8; j++) { kw[j] = kn[j]; vw[j] = vn[j]; }
+          } else if (base == 0 && valid) {
 #pragma unroll
             for (int j = 0; j < 8; j++) { kw[j] = kpre[i][j]; vw[j] = vpre[i][j]; }
           } else if (valid) {
             long sl = (long)block_tables[p / PAGE] * PAGE + p % PAGE;
             const u32* kr = (const u32*)(kc + (sl * NKV + kvh) * HD + sub * 16);
             const u32* vr = (const u32*)(vc + (sl * NKV + kvh) * HD + sub * 16);
-#pragma unroll
-            for (int j = 0; j < 8; j++) { kw[j] = ldcg(kr + j); vw[j] = ldcg(vr + j); }
+            ldnc4(kr, kw); ldnc4(kr + 4, kw + 4);
+            ldnc4(vr, vw); ldnc4(vr + 4, vw + 4);
           } else {
 #pragma unroll
             for (int j = 0; j < 8; j++) { kw[j] = 0u; vw[j] = 0u; }
@@ -407,10 +408,10 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
         if (threadIdx.x < HD) {
           float lt = sm_l[0] + sm_l[1] + sm_l[2] + sm_l[3];
           float ot = sm_acc[0][d] + sm_acc[1][d] + sm_acc[2][d] + sm_acc[3][d];
-          att[b * HD + d] = (u16)f2bf(lt > 0.f ? ot / lt : 0.f);
+          st1(att + b * HD + d, tagged(lt > 0.f ? ot / lt : 0.f, t_att));
         }
+        __syncthreads();  // shared memory is reused by the next layer's attention
       }
-      signal(cnt + L * 5 + 1);
       STAMP(L * 5 + 1, 2);
     }
 
@@ -418,97 +419,102 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
     {
       constexpr int U = H;
       constexpr int KU = UNITS_PER_WARP(U);
-      u32 w[KU][QS / 64];
+      const int u0 = b + GRID * warp;
+      if (u0 < U) {
+        u32 w[KU][QS / 64];
 #pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) load_row<QS>(wo, u, w[k]);
-      }
-      STAMP(L * 5 + 2, 0);
-      wait_ge(cnt + L * 5 + 1, NH, stall, L * 8 + 3);
-      STAMP(L * 5 + 2, 1);
-      float xs[QS / 32], res[KU];
-#pragma unroll
-      for (int k = 0; k < KU; k++) {  // the residual rows, read while the dot products run
-        int u = b + GRID * (warp + WARPS * k);
-        res[k] = (lane == 0 && u < U) ? ldcg_bf(x_in + u) : 0.f;
-      }
-      load_act<QS>(att, xs);
-#pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) {
-          float a = warp_sum(dot<QS>(w[k], xs));
-          if (lane == 0) r[u] = (u16)f2bf(rbf(a) + res[k]);
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) load_row<QS>(wo, u, w[k]);
         }
+        STAMP(L * 5 + 2, 0);
+        float xs[QS / 32], res[KU];
+        poll_row<QS>(att, t_att, xs, stall, L * 8 + 3);
+        STAMP(L * 5 + 2, 1);
+#pragma unroll
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          res[k] = 0.f;
+          if (lane == 0 && u < U)
+            res[k] = L == 0 ? __uint_as_float(((u32)h_in[u]) << 16) : poll_one(xr + u, t_in, stall, L * 8 + 3);
+        }
+#pragma unroll
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) {
+            float a = warp_sum(dot<QS>(w[k], xs));
+            if (lane == 0) st1(r1 + u, tagged(rbf(a) + res[k], t_o));
+          }
+        }
+        STAMP(L * 5 + 2, 2);
       }
-      signal(cnt + L * 5 + 2);
-      STAMP(L * 5 + 2, 2);
     }
 
     // ---- stage 3: norm + gate|up + SiLU·up; unit = intermediate index i (rows i and I + i)
     {
       constexpr int U = INTER;
       constexpr int KU = UNITS_PER_WARP(U);
-      u32 wg[KU][H / 64], wu[KU][H / 64];
+      const int u0 = b + GRID * warp;
+      if (u0 < U) {
+        u32 wg[KU][H / 64], wu[KU][H / 64];
 #pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) {
-          load_row<H>(wgu, u, wg[k]);
-          load_row<H>(wgu, INTER + u, wu[k]);
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) {
+            load_row<H>(wgu, u, wg[k]);
+            load_row<H>(wgu, INTER + u, wu[k]);
+          }
         }
-      }
-      STAMP(L * 5 + 3, 0);
-      u32 nwr[H / 64];
-      load_row<H>(n_post, 0, nwr);
-      wait_ge(cnt + L * 5 + 2, GRID, stall, L * 8 + 4);
-      STAMP(L * 5 + 3, 1);
-      float xs[H / 32];
-      load_act<H>(r, xs);
-      rms_norm<H>(xs, nwr);
+        u32 nwr[H / 64];
+        load_row<H>(n_post, 0, nwr);
+        STAMP(L * 5 + 3, 0);
+        float xs[H / 32];
+        poll_row<H>(r1, t_o, xs, stall, L * 8 + 4);
+        STAMP(L * 5 + 3, 1);
+        rms_norm<H>(xs, nwr);
 #pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) {
-          float gs = rbf(warp_sum(dot<H>(wg[k], xs))), us = rbf(warp_sum(dot<H>(wu[k], xs)));
-          if (lane == 0) act[u] = (u16)f2bf(rbf(gs / (1.f + __expf(-gs))) * us);
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) {
+            float gs = rbf(warp_sum(dot<H>(wg[k], xs))), us = rbf(warp_sum(dot<H>(wu[k], xs)));
+            if (lane == 0) st1(act + u, tagged(rbf(gs / (1.f + __expf(-gs))) * us, t_gu));
+          }
         }
+        STAMP(L * 5 + 3, 2);
       }
-      signal(cnt + L * 5 + 3);
-      STAMP(L * 5 + 3, 2);
     }
 
     // ---- stage 4: down projection + residual; unit = one output row
     {
       constexpr int U = H;
       constexpr int KU = UNITS_PER_WARP(U);
-      u32 w[KU][INTER / 64];
+      const int u0 = b + GRID * warp;
+      if (u0 < U) {
+        u32 w[KU][INTER / 64];
 #pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) load_row<INTER>(wd, u, w[k]);
-      }
-      STAMP(L * 5 + 4, 0);
-      wait_ge(cnt + L * 5 + 3, GRID, stall, L * 8 + 5);
-      STAMP(L * 5 + 4, 1);
-      float xs[INTER / 32], res[KU];
-#pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        res[k] = (lane == 0 && u < U) ? ldcg_bf(r + u) : 0.f;
-      }
-      load_act<INTER>(act, xs);
-#pragma unroll
-      for (int k = 0; k < KU; k++) {
-        int u = b + GRID * (warp + WARPS * k);
-        if (u < U) {
-          float a = warp_sum(dot<INTER>(w[k], xs));
-          if (lane == 0) r[u] = (u16)f2bf(rbf(a) + res[k]);
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) load_row<INTER>(wd, u, w[k]);
         }
+        STAMP(L * 5 + 4, 0);
+        float xs[INTER / 32], res[KU];
+        poll_row<INTER>(act, t_gu, xs, stall, L * 8 + 5);
+        STAMP(L * 5 + 4, 1);
+#pragma unroll
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          res[k] = (lane == 0 && u < U) ? poll_one(r1 + u, t_o, stall, L * 8 + 5) : 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < KU; k++) {
+          int u = u0 + GRID * WARPS * k;
+          if (u < U) {
+            float a = warp_sum(dot<INTER>(w[k], xs));
+            if (lane == 0) st1(xr + u, tagged(rbf(a) + res[k], t_out));
+          }
+        }
+        STAMP(L * 5 + 4, 2);
       }
-      signal(cnt + L * 5 + 4);
-      STAMP(L * 5 + 4, 2);
     }
   }
 
@@ -523,13 +529,12 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
       long row = gw + (long)STRIDE * k;
       if (row < VOCAB) load_row<H>(head_w, row, w[k]);
     }
-    STAMP(NL * 5, 0);
     u32 nwr[H / 64];
     load_row<H>(final_norm, 0, nwr);
-    wait_ge(cnt + (NL - 1) * 5 + 4, GRID, stall, NL * 8 + 6);
-    STAMP(NL * 5, 1);
+    STAMP(NL * 5, 0);
     float xs[H / 32];
-    load_act<H>(r, xs);
+    poll_row<H>(xr, TAG(NL - 1, 4), xs, stall, NL * 8 + 6);
+    STAMP(NL * 5, 1);
     rms_norm<H>(xs, nwr);
     for (long base = gw; base < VOCAB; base += (long)STRIDE * G) {
       float a[G];
@@ -549,14 +554,15 @@ mega_decode(const long long* ptrs, const u16* h_in, u16* r, u16* q, u16* att, u1
     }
   }
 
-  // ---- the last block out resets the counters for the next launch
+  // ---- the last block out advances the epoch (the tags of the next launch)
   __syncthreads();
   STAMP(NL * 5, 2);
   if (threadIdx.x == 0) {
     __threadfence();
-    u32 done = atomicAdd(cnt + NL * 5, 1u);
+    u32 done = atomicAdd(ctl + 1, 1u);
     if (done == GRID - 1) {
-      for (int i = 0; i <= NL * 5; i++) cnt[i] = 0u;
+      ctl[1] = 0u;
+      ctl[0] = epoch + 1u;
       __threadfence();
     }
   }
@@ -608,20 +614,19 @@ def prefetch_words(cfg: Any, grid: int) -> int:
                ku(h) * qs // 64, ku(inter) * 2 * h // 64, ku(h) * inter // 64, 4 * h // 64)
 
 
-def _kernel(model: Any, grid: int, page: int, timing: bool = False, fence: bool = False,
-            l2_ahead: bool = True) -> Any:
+def _kernel(model: Any, grid: int, page: int, timing: bool = False) -> Any:
     cfg = model.cfg
     vocab = model.head().weight.shape[0]
     has_bias = model.layers[0].qkv.bias is not None
     key = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, vocab,
-           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing, fence, l2_ahead)
+           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing)
     k = _cache.get(key)
     if k is None:
         scale_log2e = (cfg.head_dim ** -0.5) * 1.4426950408889634
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "FENCE": int(fence), "PA": 3, "L2_AHEAD": int(l2_ahead)}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "PA": 3}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
@@ -643,29 +648,26 @@ class _State:
                          layer.down.weight.data_ptr(), kc.data_ptr(), vc.data_ptr(), 0])
         self.key = [r for row in rows for r in row]
         self.ptrs = torch.tensor(self.key, dtype=torch.int64, device=dev)
-        bf = torch.bfloat16
-        self.r = torch.zeros(cfg.hidden_size, dtype=bf, device=dev)
-        self.q = torch.zeros(cfg.q_size, dtype=bf, device=dev)
-        self.att = torch.zeros(cfg.q_size, dtype=bf, device=dev)
-        self.act = torch.zeros(cfg.intermediate_size, dtype=bf, device=dev)
-        self.cnt = torch.zeros(cfg.num_layers * 5 + 1, dtype=torch.int32, device=dev)
+        words = {"xr": cfg.hidden_size, "r1": cfg.hidden_size, "qb": cfg.q_size,
+                 "kvn": 2 * cfg.num_kv_heads * cfg.head_dim, "att": cfg.q_size, "act": cfg.intermediate_size}
+        # tagged activation words (value << 16 | tag), zero: tag 0, which no launch waits for
+        self.bufs = [torch.zeros(n, dtype=torch.int32, device=dev) for n in words.values()]
+        self.ctl = torch.zeros(2, dtype=torch.int32, device=dev)  # launch epoch, blocks finished
         self.stall = torch.zeros(4, dtype=torch.int32, device=dev)
         self.grid = grid_for(model)
         # keep what the table points at alive as long as the table
         self.refs = (model, attention.cache)
 
 
-def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torch.Tensor | None = None,
-                       fence: bool = False, l2_ahead: bool = True) -> torch.Tensor:
+def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """Batch-1 decode forward of `h` [1, hidden] (the token's embedding) as one kernel → float32
     logits [1, vocab]. `attention` carries the step's device inputs as `graphs.TritonDecodeAttention`
     does (positions, slots, block_tables, ctx_lens, cache).
 
-    `timing` (profiling builds only): an int64 tensor of `timing_slots(model)` that receives the
-    GPU global timer (ns) of each block at each stage: before its wait, after it, after its signal
-    (see `bench/decode_mega_cuda.py`). `fence`: a `__threadfence` before each signal (not needed:
-    the signal is a release after the block's barrier). `l2_ahead`: at the start of each layer, bulk
-    prefetches of the next layer's weight rows (and cached K/V) into L2."""
+    `timing` (a profiling build): an int64 tensor of `timing_slots(model)` that receives the GPU
+    global timer (ns) of each block's first warp at each stage: before its poll, after it, after its
+    stores (see `bench/decode_mega_cuda.py`)."""
     why = supported(model)
     if why is not None:
         raise ValueError(f"mega kernel: {why}")
@@ -675,15 +677,14 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
     if st is None or st.refs[0] is not model:
         st = _State(model, attention)
         attention.cache._mega_state = st
-    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None, fence=fence,
-                   l2_ahead=l2_ahead)
+    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None)
     vocab = model.head().weight.shape[0]
     logits = torch.empty(1, vocab, dtype=torch.float32, device=h.device)
     h = h.contiguous()
     kern(grid=(st.grid, 1, 1), block=(256, 1, 1),
-         args=[st.ptrs, h, st.r, st.q, st.att, st.act, attention.positions, attention.slots,
-               attention.block_tables.contiguous(), attention.ctx_lens, model.cos_sin, model.norm,
-               model.head().weight, logits, st.cnt, st.stall, timing if timing is not None else st.stall])
+         args=[st.ptrs, h, *st.bufs, attention.positions, attention.slots, attention.block_tables.contiguous(),
+               attention.ctx_lens, model.cos_sin, model.norm, model.head().weight, logits, st.ctl, st.stall,
+               timing if timing is not None else st.stall])
     return logits
 
 
@@ -698,9 +699,10 @@ def stalls(cache: Any) -> str | None:
     st: _State | None = getattr(cache, "_mega_state", None)
     if st is None:
         return None
-    tag, value, target, block = st.stall.tolist()
-    if tag == 0:
+    where, tag, seen, block = st.stall.tolist()
+    if where == 0:
         return None
     st.stall.zero_()
-    layer, stage = divmod(tag - 1, 8)
-    return f"mega kernel stalled: block {block} waited at layer {layer} stage {stage} for {target}, counter {value}"
+    layer, stage = divmod(where - 1, 8)
+    return (f"mega kernel stalled: block {block} waited at layer {layer} stage {stage} for tag {tag}, "
+            f"saw word {seen & 0xFFFFFFFF:#010x}")
