@@ -127,10 +127,11 @@ __device__ __noinline__ bool give_up(unsigned long long n, u32* stall, u32 where
 template <int K>
 __device__ __forceinline__ void poll_row(const u32* buf, u32 tag, float* xs, u32* stall, u32 where) {
   const int lane = threadIdx.x & 31;
-  // first spin on the warp's first 256 bytes only (one request per round: a thousand warps
-  // re-reading whole rows flood L2 and delay the very stores they wait for), then read it all
+  // first spin on the row's last 256 bytes only (one request per round: a thousand warps
+  // re-reading whole rows flood L2 and delay the very stores they wait for; units are dealt out
+  // in order, so the last elements come from a warp's last unit), then read it all
   for (unsigned long long n = 1;; n++) {
-    uint2 v = ld2(buf + 2 * lane);
+    uint2 v = ld2(buf + 2 * (lane + 32 * (K / 64 - 1)));
     bool ok = has(v.x, tag) & has(v.y, tag);
     if (__all_sync(0xffffffffu, ok)) break;
     if ((n & 255u) == 0 && give_up(n, stall, where, tag, v.x)) break;
@@ -330,7 +331,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
         const u32* ksrc = kvn + kvh * HD + sub * 16;
         const u32* vsrc = kvn + (NKV + kvh) * HD + sub * 16;
         for (unsigned long long n = 1;; n++) {  // spin on one word per lane first (see poll_row)
-          u32 w = ld1((lane & 1 ? ksrc : qsrc) + (lane >> 1));
+          u32 w = ld1((lane & 1 ? vsrc : ksrc) + (lane >> 1));  // k/v rows: the later units
           if (__all_sync(0xffffffffu, has(w, t_qkv))) break;
           if ((n & 255u) == 0 && give_up(n, stall, L * 8 + 2, t_qkv, w)) break;
         }
