@@ -152,6 +152,25 @@ __device__ __forceinline__ void poll_row(const u32* buf, u32 tag, float* xs, u32
     if ((n & 255u) == 0 && give_up(n, stall, where, tag, seen)) return;
   }
 }
+// the block's polling: warp 0 alone spins on the row's last 256 bytes (`span`); the block's other
+// `nwarps - 1` warps that take part in the stage sleep at the stage's named barrier until it is there. A
+// thousand warps polling L2 measured 2-7 us hand-offs; one per block brings it to what a counter
+// costs. Each warp then reads (and checks) the whole row itself.
+template <int BAR>  // a named barrier per stage: a warp with no unit in one stage may reach the next one's
+__device__ __forceinline__ void block_gate(const u32* span, u32 tag, int nwarps, u32* stall, u32 where) {
+  if (threadIdx.x < 32) {
+    const int lane = threadIdx.x;
+    for (unsigned long long n = 1;; n++) {
+      uint2 v = ld2(span + 2 * lane);
+      if (__all_sync(0xffffffffu, has(v.x, tag) & has(v.y, tag))) break;
+      if ((n & 255u) == 0 && give_up(n, stall, where, tag, v.x)) break;
+    }
+  }
+  if (nwarps > 1) asm volatile("bar.sync %0, %1;" :: "n"(BAR), "r"(nwarps * 32) : "memory");
+}
+#define GATE_WARPS(U) min(WARPS, ((U) - b + GRID - 1) / GRID)
+#define LAST_SPAN(buf, K) ((buf) + 2 * 32 * ((K) / 64 - 1))
+
 // one tagged word (lane 0 only)
 __device__ __forceinline__ float poll_one(const u32* p, u32 tag, u32* stall, u32 where) {
   for (unsigned long long n = 1;; n++) {
@@ -254,8 +273,12 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
         load_row<H>(n_in, 0, nwr);
         STAMP(L * 5 + 0, 0);
         float xs[H / 32];
-        if (L == 0) load_plain<H>(h_in, xs);
-        else poll_row<H>(xr, t_in, xs, stall, L * 8 + 1);
+        if (L == 0) {
+          load_plain<H>(h_in, xs);
+        } else {
+          block_gate<1>(LAST_SPAN(xr, H), t_in, GATE_WARPS(U), stall, L * 8 + 1);
+          poll_row<H>(xr, t_in, xs, stall, L * 8 + 1);
+        }
         STAMP(L * 5 + 0, 1);
         rms_norm<H>(xs, nwr);
 #pragma unroll
@@ -443,6 +466,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
         }
         STAMP(L * 5 + 2, 0);
         float xs[QS / 32], res[KU];
+        block_gate<2>(LAST_SPAN(att, QS), t_att, GATE_WARPS(U), stall, L * 8 + 3);
         poll_row<QS>(att, t_att, xs, stall, L * 8 + 3);
         STAMP(L * 5 + 2, 1);
 #pragma unroll
@@ -483,6 +507,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
         load_row<H>(n_post, 0, nwr);
         STAMP(L * 5 + 3, 0);
         float xs[H / 32];
+        block_gate<3>(LAST_SPAN(r1, H), t_o, GATE_WARPS(U), stall, L * 8 + 4);
         poll_row<H>(r1, t_o, xs, stall, L * 8 + 4);
         STAMP(L * 5 + 3, 1);
         rms_norm<H>(xs, nwr);
@@ -512,6 +537,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
         }
         STAMP(L * 5 + 4, 0);
         float xs[INTER / 32], res[KU];
+        block_gate<4>(LAST_SPAN(act, INTER), t_gu, GATE_WARPS(U), stall, L * 8 + 5);
         poll_row<INTER>(act, t_gu, xs, stall, L * 8 + 5);
         STAMP(L * 5 + 4, 1);
 #pragma unroll
@@ -547,6 +573,7 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
     load_row<H>(final_norm, 0, nwr);
     STAMP(NL * 5, 0);
     float xs[H / 32];
+    block_gate<5>(LAST_SPAN(xr, H), TAG(NL - 1, 4), WARPS, stall, NL * 8 + 6);
     poll_row<H>(xr, TAG(NL - 1, 4), xs, stall, NL * 8 + 6);
     STAMP(NL * 5, 1);
     rms_norm<H>(xs, nwr);
@@ -602,6 +629,10 @@ def supported(model: Any) -> str | None:
     for name, v in (("hidden", cfg.hidden_size), ("q size", cfg.q_size), ("intermediate", cfg.intermediate_size)):
         if v % 64:
             return f"{name} {v} is not a multiple of 64"
+    if cfg.intermediate_size < 8 * grid_for(model):
+        # every warp of every block then takes part in the gate|up stage, whose barrier keeps the
+        # block's warps within one layer of each other (the named barriers of the stages rely on it)
+        return f"intermediate {cfg.intermediate_size} < 8 warps x {grid_for(model)} SMs"
     regs = prefetch_words(cfg, grid_for(model))
     if regs > MAX_PREFETCH_WORDS:
         return (f"a warp would hold {regs} weight words per lane ahead of a stage (> {MAX_PREFETCH_WORDS}): "
