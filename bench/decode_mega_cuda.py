@@ -32,7 +32,7 @@ from bench._common import capture_graph, cuda_graph_ms, write_results  # noqa: E
 KINDS = ("qkv", "attn", "o", "gate_up", "down")
 
 
-def _forward(dec: Any, timing: torch.Tensor | None) -> torch.Tensor:
+def _forward(dec: Any, timing: torch.Tensor | None, store_fence: bool = False) -> torch.Tensor:
     from tristream.engine import graphs
     from tristream.engine.kernels import triton_ops as K
     from tristream.engine.kernels.decode_mega_cuda import decode_logits_mega
@@ -41,7 +41,7 @@ def _forward(dec: Any, timing: torch.Tensor | None) -> torch.Tensor:
     splits = K.choose_splits(1, m.cfg.num_heads, dec.num_sms)
     attn = graphs.TritonDecodeAttention(m, dec.cache, dec.positions[:1], dec.slots[:1], dec.block_tables[:1],
                                         dec.ctx_lens[:1], splits, dec.merge_counters)
-    return decode_logits_mega(m, m.embed(dec.ids[:1]), attn, timing=timing)
+    return decode_logits_mega(m, m.embed(dec.ids[:1]), attn, timing=timing, store_fence=store_fence)
 
 
 def _analyse(t: torch.Tensor, nl: int) -> dict[str, Any]:
@@ -105,10 +105,11 @@ def main() -> None:
 
         for v in ("cublas", args.multi):
             record(v, dec.forward(1, v).clone(), dec._time_variant(1, v))
-        got = _forward(dec, None).clone()
-        g = capture_graph(lambda: _forward(dec, None))
-        record("mega", got, cuda_graph_ms(g, reps=100))
-        del g
+        for name, sf in (("mega", False), ("mega_store_fence", True)):
+            got = _forward(dec, None, sf).clone()
+            g = capture_graph(lambda f=sf: _forward(dec, None, f))  # type: ignore[misc]
+            record(name, got, cuda_graph_ms(g, reps=100))
+            del g
         assert stalls(dec.cache) is None, stalls(dec.cache)
         tbuf = torch.zeros(timing_slots(model), dtype=torch.int64, device="cuda")
         got = _forward(dec, tbuf).clone()

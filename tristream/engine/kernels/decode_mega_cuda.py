@@ -322,6 +322,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
             }
           }
         }
+#if STORE_FENCE
+        if (lane == 0) __threadfence();  // push this warp's tagged stores out to L2 now
+#endif
         STAMP(L * 5 + 0, 2);
       }
     }
@@ -449,6 +452,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
         }
         __syncthreads();  // shared memory is reused by the next layer's attention
       }
+#if STORE_FENCE
+      if (threadIdx.x < HD) __threadfence();
+#endif
       STAMP(L * 5 + 1, 2);
     }
 
@@ -484,6 +490,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
             if (lane == 0) st1(r1 + u, tagged(rbf(a) + res[k], t_o));
           }
         }
+#if STORE_FENCE
+        if (lane == 0) __threadfence();  // push this warp's tagged stores out to L2 now
+#endif
         STAMP(L * 5 + 2, 2);
       }
     }
@@ -519,6 +528,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
             if (lane == 0) st1(act + u, tagged(rbf(gs / (1.f + __expf(-gs))) * us, t_gu));
           }
         }
+#if STORE_FENCE
+        if (lane == 0) __threadfence();  // push this warp's tagged stores out to L2 now
+#endif
         STAMP(L * 5 + 3, 2);
       }
     }
@@ -553,6 +565,9 @@ mega_decode(const long long* ptrs, const u16* h_in, u32* xr, u32* r1, u32* qb, u
             if (lane == 0) st1(xr + u, tagged(rbf(a) + res[k], t_out));
           }
         }
+#if STORE_FENCE
+        if (lane == 0) __threadfence();  // push this warp's tagged stores out to L2 now
+#endif
         STAMP(L * 5 + 4, 2);
       }
     }
@@ -659,19 +674,19 @@ def prefetch_words(cfg: Any, grid: int) -> int:
                ku(h) * qs // 64, ku(inter) * 2 * h // 64, ku(h) * inter // 64, 4 * h // 64)
 
 
-def _kernel(model: Any, grid: int, page: int, timing: bool = False) -> Any:
+def _kernel(model: Any, grid: int, page: int, timing: bool = False, store_fence: bool = False) -> Any:
     cfg = model.cfg
     vocab = model.head().weight.shape[0]
     has_bias = model.layers[0].qkv.bias is not None
     key = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.intermediate_size, vocab,
-           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing)
+           has_bias, float(cfg.rms_norm_eps), grid, page, model.device, timing, store_fence)
     k = _cache.get(key)
     if k is None:
         scale_log2e = (cfg.head_dim ** -0.5) * 1.4426950408889634
         defs = {"NL": cfg.num_layers, "H": cfg.hidden_size, "NH": cfg.num_heads, "NKV": cfg.num_kv_heads,
                 "HD": cfg.head_dim, "QS": cfg.q_size, "INTER": cfg.intermediate_size, "VOCAB": vocab,
                 "HAS_BIAS": int(has_bias), "EPS": f"{float(cfg.rms_norm_eps):.9e}f", "GRID": grid, "PAGE": page,
-                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "PA": 3}
+                "SCALE_LOG2E": f"{scale_log2e:.9e}f", "SPIN_LIMIT": "(1ull << 22)", "TIMING": int(timing), "PA": 3, "STORE_FENCE": int(store_fence)}
         src = "".join(f"#define {n} {v}\n" for n, v in defs.items()) + _SRC
         with torch.cuda.device(model.device):
             k = torch.cuda._compile_kernel(src, "mega_decode")
@@ -704,15 +719,16 @@ class _State:
         self.refs = (model, attention.cache)
 
 
-def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torch.Tensor | None = None
-                       ) -> torch.Tensor:
+def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torch.Tensor | None = None,
+                       store_fence: bool = False) -> torch.Tensor:
     """Batch-1 decode forward of `h` [1, hidden] (the token's embedding) as one kernel → float32
     logits [1, vocab]. `attention` carries the step's device inputs as `graphs.TritonDecodeAttention`
     does (positions, slots, block_tables, ctx_lens, cache).
 
     `timing` (a profiling build): an int64 tensor of `timing_slots(model)` that receives the GPU
     global timer (ns) of each block's first warp at each stage: before its poll, after it, after its
-    stores (see `bench/decode_mega_cuda.py`)."""
+    stores (see `bench/decode_mega_cuda.py`). `store_fence`: a `__threadfence` after each warp's stores
+    of a stage (measured in the bench)."""
     why = supported(model)
     if why is not None:
         raise ValueError(f"mega kernel: {why}")
@@ -722,7 +738,7 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
     if st is None or st.refs[0] is not model:
         st = _State(model, attention)
         attention.cache._mega_state = st
-    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None)
+    kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None, store_fence=store_fence)
     vocab = model.head().weight.shape[0]
     logits = torch.empty(1, vocab, dtype=torch.float32, device=h.device)
     h = h.contiguous()
