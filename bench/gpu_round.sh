@@ -51,7 +51,7 @@ for part in "${parts[@]}"; do
     overlap) step step_overlap 120 $PY bench/step_overlap.py --kernels b1_pdl --batches 1 --steps 200 \
                --name step_overlap_round ;;
     pdl) step pdl_chain 60 $PY bench/pdl_chain.py ;;
-    mega) step decode_mega 180 $PY bench/decode_mega.py --timeout 80 --stage-timeout 25 ;;
+    mega) step decode_mega_cuda 120 $PY bench/decode_mega_cuda.py --model smollm2-135m ;;
     pruning) step pruning 150 $PY bench/encoders.py --only pruning --iters 40 --name encoders_pruning_round ;;
     whisper_encode) step whisper_encode 150 $PY bench/whisper_encode.py --name whisper_encode_round ;;
     whisper) for m in tiny small; do step whisper_$m 60 $PY bench/encoders.py --only whisper --whisper-quick \
