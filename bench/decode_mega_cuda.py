@@ -4,12 +4,13 @@ One engine (random bf16 weights, a 128-token prompt, steady decode), then in the
 
 * graph replay ms of the chosen multi-kernel variant (`b8w_pdl_hc` for SmolLM2-135M) and of the
   mega kernel, with their logits' error against the cuBLAS path;
-* a timing build of the mega kernel: the first warp of every block stamps the GPU global timer
-  before it polls for its inputs, once they are there and after its stores, at every stage. Per
-  stage kind (qkv, attn, o, gate_up, down, head), medians over layers of: the stage's span on the
+* a timing build of the mega kernel: every warp stamps the GPU global timer before it polls for
+  its inputs, once they are there and after its stores, at every stage it takes part in. Per stage
+  kind (qkv, attn, o, gate_up, down, head), medians over layers of: the stage's span on the
   critical path (last store of the stage minus last store of the one before), the hand-off (from
-  that last store of the stage before to the first / median / last warp having its inputs) and the
-  work of a warp (inputs there to its stores done).
+  that last store of the stage before to the first / median / last warp having its inputs), the
+  work of a warp (inputs there to its stores done), and which warp stored last and why (it started
+  late, waited long or worked long); see `_analyse`.
 
     python3 bench/decode_mega_cuda.py --model smollm2-135m     # writes bench/results/decode_mega_cuda.json
 """
@@ -45,21 +46,28 @@ def _forward(dec: Any, timing: torch.Tensor | None, store_fence: bool = False) -
 
 
 def _analyse(t: torch.Tensor, nl: int) -> dict[str, Any]:
-    """t: [nl*5 + 1, grid, 3] int64 ns (0: the block did not take part)."""
+    """t: [nl*5 + 1, grid*8 warps, 3] int64 ns (0: the warp did not take part).
+
+    Per stage kind, medians over layers (µs): `span` (last store of the stage minus last store of
+    the stage before), `handoff_*` (that last store before to the first / median / last warp having
+    its inputs), `work_*` (inputs there to its stores done), and about the warp whose stores came
+    last: `last_warp` (its index in the block), `last_start_late` (its poll start after the
+    stage's median poll start), `last_wait` and `last_work`; `store_p90` (90th percentile of the
+    stores after the stage's first store)."""
     t = t.double()
     last_signal = []
     for i in range(nl * 5 + 1):
         s = t[i, :, 2]
         last_signal.append(float(s[s > 0].max()))
-    per: dict[str, dict[str, list[float]]] = {k: {"span": [], "handoff_first": [], "handoff_median": [],
-                                                   "handoff_last": [], "work_median": [], "work_max": []}
-                                              for k in (*KINDS, "head")}
+    names = ("span", "handoff_first", "handoff_median", "handoff_last", "work_median", "work_max",
+             "last_warp", "last_start_late", "last_wait", "last_work", "store_p90")
+    per: dict[str, dict[str, list[float]]] = {k: {n: [] for n in names} for k in (*KINDS, "head")}
     for i in range(1, nl * 5 + 1):
         kind = "head" if i == nl * 5 else KINDS[i % 5]
         rows = t[i]
         took = rows[:, 1] > 0
-        exits, sig = rows[took, 1], rows[took, 2]
-        prev = last_signal[i - 1] if kind != "o" else last_signal[i - 1]
+        start, exits, sig = rows[took, 0], rows[took, 1], rows[took, 2]
+        prev = last_signal[i - 1]
         d = per[kind]
         d["span"].append((last_signal[i] - last_signal[i - 1]) / 1e3)
         d["handoff_first"].append((float(exits.min()) - prev) / 1e3)
@@ -68,6 +76,12 @@ def _analyse(t: torch.Tensor, nl: int) -> dict[str, Any]:
         work = (sig - exits) / 1e3
         d["work_median"].append(float(work.median()))
         d["work_max"].append(float(work.max()))
+        j = int(sig.argmax())
+        d["last_warp"].append(float(took.nonzero()[j].item() % 8))
+        d["last_start_late"].append((float(start[j]) - float(start.median())) / 1e3)
+        d["last_wait"].append((float(exits[j]) - float(start[j])) / 1e3)
+        d["last_work"].append(float(work[j]))
+        d["store_p90"].append((float(sig.quantile(0.9)) - float(sig.min())) / 1e3)
     out: dict[str, Any] = {k: {n: round(statistics.median(v), 3) for n, v in d.items() if v} for k, d in per.items()}
     stamps = torch.unique(t[t > 0])
     diffs = stamps[1:] - stamps[:-1]
@@ -120,7 +134,7 @@ def main() -> None:
             tbuf.zero_()
             g.replay()
             torch.cuda.synchronize()
-            runs.append(_analyse(tbuf.view(model.cfg.num_layers * 5 + 1, -1, 3).cpu(), model.cfg.num_layers))
+            runs.append(_analyse(tbuf.view(model.cfg.num_layers * 5 + 1, -1, 3).cpu(), model.cfg.num_layers))  # [stage, warp, 3]
         assert stalls(dec.cache) is None, stalls(dec.cache)
         res["stages_us"] = runs[-1]
         res["step_us_runs"] = [r["step_us"] for r in runs]

@@ -104,7 +104,9 @@ __device__ __forceinline__ unsigned long long gtime() {
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
   return t;
 }
-#define STAMP(idx, k) if (threadIdx.x == 0) tbuf[((idx) * GRID + blockIdx.x) * 3 + (k)] = gtime()
+// per warp (lane 0): tbuf[stage][block][warp][k]
+#define STAMP(idx, k) \
+  if ((threadIdx.x & 31) == 0) tbuf[(((idx) * GRID + blockIdx.x) * WARPS + (threadIdx.x >> 5)) * 3 + (k)] = gtime()
 #else
 #define STAMP(idx, k)
 #endif
@@ -726,7 +728,7 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
     does (positions, slots, block_tables, ctx_lens, cache).
 
     `timing` (a profiling build): an int64 tensor of `timing_slots(model)` that receives the GPU
-    global timer (ns) of each block's first warp at each stage: before its poll, after it, after its
+    global timer (ns) of each warp at each stage it takes part in: before its poll, after it, after its
     stores (see `bench/decode_mega_cuda.py`). `store_fence`: a `__threadfence` after each warp's stores
     of a stage (measured in the bench)."""
     why = supported(model)
@@ -750,8 +752,8 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
 
 
 def timing_slots(model: Any) -> int:
-    """Entries of the `timing` tensor: (layers × 5 + 1 stages) × grid × 3."""
-    return (model.cfg.num_layers * 5 + 1) * grid_for(model) * 3
+    """Entries of the `timing` tensor: (layers × 5 + 1 stages) × grid × 8 warps × 3."""
+    return (model.cfg.num_layers * 5 + 1) * grid_for(model) * 8 * 3
 
 
 def stalls(cache: Any) -> str | None:
