@@ -36,8 +36,8 @@ def test_conversation_end_to_end_with_real_models(models, say) -> None:
                                             config=SessionConfig(max_tokens=16), timeout_s=90))
     recs = session.records
     assert len(recs) == 2, session.stats()
-    assert {"capital", "france"} <= _words(recs[0].user_text)
-    assert {"see", "me"} <= _words(recs[1].user_text)
+    assert {"capital", "france"} <= _words(recs[0].user_text), recs[0].user_text  # pytest elides set reprs
+    assert {"see", "me"} <= _words(recs[1].user_text), recs[1].user_text
     for r in recs:
         assert r.answer.strip(), r
         assert r.scene is not None and r.scene.startswith("camera:")
