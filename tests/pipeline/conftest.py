@@ -20,23 +20,23 @@ def models():
 def say(models):
     """Synthesise a 16 kHz clip of `text` (trimmed to its speech) with a deterministic voice.
 
-    Not the session's own piper voice: it samples VITS noise on every call (livelier answers),
+    Not the session voice's `synthesize`: piper samples VITS noise on every call (livelier answers),
     so the same text is a different clip in every run, and Whisper base hears 5-8% of the
     renditions of "What is the capital of France?" as "... capital of friends?" (whatever the
     CPU load: the pipeline's text is a function of the clip alone). Test input must be the
-    same every run: piper without noise (as the other suites' fixtures), or espeak-ng, which
-    is deterministic by itself.
+    same every run: piper's `synthesize_exact` (no noise, as the demo's input), or espeak-ng,
+    which is deterministic by itself.
     """
     from tristream.stages.base import resample
     from tristream.stages.synth import energy_edges
-    from tristream.stages.tts import PiperTTS
 
-    tts = PiperTTS(deterministic=True) if getattr(models.tts, "name", "") == "piper" else models.tts
+    tts = models.tts
+    synth = getattr(tts, "synthesize_exact", tts.synthesize)
     cache: dict[str, np.ndarray] = {}
 
     def _say(text: str) -> np.ndarray:
         if text not in cache:
-            pcm = resample(np.asarray(tts.synthesize(text), dtype=np.float32), tts.sample_rate, 16_000)
+            pcm = resample(np.asarray(synth(text), dtype=np.float32), tts.sample_rate, 16_000)
             a, b = energy_edges(pcm, 16_000)
             cache[text] = pcm[a:b]
         return cache[text]

@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -130,13 +130,22 @@ class PiperTTS:
             noise_w_scale=0.0 if deterministic else None,
             length_scale=length_scale,
         )
+        self._exact = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, length_scale=length_scale)
         self.sample_rate = int(voice.config.sample_rate)
         self._lock = threading.Lock()
 
     def synthesize(self, text: str) -> np.ndarray:
         """Audio for `text` (all its sentences concatenated), mono float32 at 22.05 kHz."""
+        return self._synthesize(text, self._config)
+
+    def synthesize_exact(self, text: str) -> np.ndarray:
+        """As `synthesize`, but without the voice's random variation whatever `deterministic` was:
+        the same text gives the same samples (the demo's and the tests' spoken input)."""
+        return self._synthesize(text, self._exact)
+
+    def _synthesize(self, text: str, config: Any) -> np.ndarray:
         with self._lock:  # the phonemiser (espeak) is process-global state
-            parts = [c.audio_float_array for c in self._voice.synthesize(text, self._config)]
+            parts = [c.audio_float_array for c in self._voice.synthesize(text, config)]
         if not parts:
             return np.zeros(0, dtype=np.float32)
         return np.concatenate(parts).astype(np.float32, copy=False)
