@@ -9,10 +9,11 @@ down+residual, then the final norm + output projection) hand their outputs on th
 words instead of kernel boundaries or barriers:
 
 * every activation element is a 32-bit word, its bf16 value in the high half and a 16-bit tag in
-  the low half: (launch epoch, layer, stage). A producer stores it (relaxed, to L2); a consumer
-  warp reads the whole row it needs, and reads again until every word carries the tag it expects.
-  Value and tag arrive in one access, so there is no fence, no counter and no block barrier: each
-  warp goes as soon as its own inputs are there (NCCL's LL protocol, for one GPU);
+  the low half: (launch epoch, layer, stage). A producer stores it (relaxed, to L2). In each block
+  one warp polls the end of the row a stage needs while the stage's other warps sleep at a named
+  barrier (`block_gate`); then every warp reads the whole row and reads again until every word
+  carries the tag it expects. Value and tag arrive in one access, so there is no fence and no
+  counter (NCCL's LL protocol, for one GPU);
 * each warp loads its weights for a stage (constant) before it polls, so their HBM latency
   overlaps the wait; attention loads the cached keys and values of earlier positions before it
   polls too (the newest k and v come tagged, with q, from the QKV stage);
