@@ -23,7 +23,7 @@ def test_mega_kernel_agrees_with_cublas_and_replays(qwen: bool) -> None:
     """Logits of the one-kernel step against the cuBLAS path at every step of a growing context
     (prompts of 1-400 tokens: one to many key/value pages, positions past the 64 a block takes per
     pass), with and without QKV biases; its graph replays equal its eager run bit for bit, many times
-    in a row (the counters reset themselves), and an engine that decodes with it generates tokens."""
+    in a row (the launch epoch, and with it the tags waited for, advances), and an engine that decodes with it generates tokens."""
     from tests.engine._tiny import random_llama_cuda
     from tristream.engine.engine import EngineConfig, LLMEngine
     from tristream.engine.kernels.decode_mega_cuda import stalls, supported

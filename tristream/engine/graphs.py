@@ -85,7 +85,8 @@ def parse_b1(variant: str) -> tuple[str, bool, str | None, bool, bool]:
 VARIANTS = ("cublas", "fused", *B1_VARIANTS, "mega")
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
-(b1, b8, b1m), each with or without PDL (`_pdl`)."""
+(b1, b8, b1m), each with or without PDL (`_pdl`), and "mega", the whole step as one persistent CUDA
+kernel (`kernels/decode_mega_cuda.py`; by name only, slower than the PDL chain so far)."""
 
 
 def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention) -> torch.Tensor:

@@ -130,7 +130,8 @@ class PiperTTS:
             noise_w_scale=0.0 if deterministic else None,
             length_scale=length_scale,
         )
-        self._exact = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0, length_scale=length_scale)
+        self._exact = self._config if deterministic else SynthesisConfig(
+            noise_scale=0.0, noise_w_scale=0.0, length_scale=length_scale)
         self.sample_rate = int(voice.config.sample_rate)
         self._lock = threading.Lock()
 

@@ -647,11 +647,12 @@ def supported(model: Any) -> str | None:
     for name, v in (("hidden", cfg.hidden_size), ("q size", cfg.q_size), ("intermediate", cfg.intermediate_size)):
         if v % 64:
             return f"{name} {v} is not a multiple of 64"
-    if cfg.intermediate_size < 8 * grid_for(model):
+    grid = grid_for(model)
+    if cfg.intermediate_size < 8 * grid:
         # every warp of every block then takes part in the gate|up stage, whose barrier keeps the
         # block's warps within one layer of each other (the named barriers of the stages rely on it)
-        return f"intermediate {cfg.intermediate_size} < 8 warps x {grid_for(model)} SMs"
-    regs = prefetch_words(cfg, grid_for(model))
+        return f"intermediate {cfg.intermediate_size} < 8 warps x {grid} SMs"
+    regs = prefetch_words(cfg, grid)
     if regs > MAX_PREFETCH_WORDS:
         return (f"a warp would hold {regs} weight words per lane ahead of a stage (> {MAX_PREFETCH_WORDS}): "
                 "a model this size spills registers; the multi-kernel variants serve it")
@@ -698,7 +699,7 @@ def _kernel(model: Any, grid: int, page: int, timing: bool = False, store_fence:
 
 
 class _State:
-    """Per-model buffers of the kernel: the layer pointer table, activations, counters."""
+    """Per-model buffers of the kernel: the layer pointer table, tagged activations, epoch, stall record."""
 
     def __init__(self, model: Any, attention: Any) -> None:
         cfg, dev = model.cfg, model.device
@@ -709,8 +710,7 @@ class _State:
             rows.append([layer.qkv.weight.data_ptr(), 0 if b is None else b.data_ptr(), layer.input_norm.data_ptr(),
                          layer.o.weight.data_ptr(), layer.post_norm.data_ptr(), layer.gate_up.weight.data_ptr(),
                          layer.down.weight.data_ptr(), kc.data_ptr(), vc.data_ptr(), 0])
-        self.key = [r for row in rows for r in row]
-        self.ptrs = torch.tensor(self.key, dtype=torch.int64, device=dev)
+        self.ptrs = torch.tensor([r for row in rows for r in row], dtype=torch.int64, device=dev)
         words = {"xr": cfg.hidden_size, "r1": cfg.hidden_size, "qb": cfg.q_size,
                  "kvn": 2 * cfg.num_kv_heads * cfg.head_dim, "att": cfg.q_size, "act": cfg.intermediate_size}
         # tagged activation words (value << 16 | tag), zero: tag 0, which no launch waits for
@@ -732,13 +732,13 @@ def decode_logits_mega(model: Any, h: torch.Tensor, attention: Any, timing: torc
     global timer (ns) of each warp at each stage it takes part in: before its poll, after it, after its
     stores (see `bench/decode_mega_cuda.py`). `store_fence`: a `__threadfence` after each warp's stores
     of a stage (measured in the bench)."""
-    why = supported(model)
-    if why is not None:
-        raise ValueError(f"mega kernel: {why}")
     if h.shape != (1, model.cfg.hidden_size) or h.dtype != torch.bfloat16:
         raise ValueError(f"mega kernel takes one bf16 row [1, {model.cfg.hidden_size}], got {tuple(h.shape)} {h.dtype}")
     st: _State | None = getattr(attention.cache, "_mega_state", None)
-    if st is None or st.refs[0] is not model:
+    if st is None or st.refs[0] is not model:  # checked once per model and cache, not every step
+        why = supported(model)
+        if why is not None:
+            raise ValueError(f"mega kernel: {why}")
         st = _State(model, attention)
         attention.cache._mega_state = st
     kern = _kernel(model, st.grid, attention.cache.block_size, timing=timing is not None, store_fence=store_fence)
