@@ -29,6 +29,7 @@ import triton
 import triton.language as tl
 
 from tristream.engine.kernels.gemv import FX, FX_ONE
+from tristream.engine.kernels.pdl import pdl_mode, pdl_start
 from tristream.engine.kernels.triton_ops import short_attend, short_ctx_default, split_context
 
 
@@ -56,6 +57,7 @@ def _attn_o_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, w_ptr, res_ptr, acc_p
                    cnt_ptr, scale, HIDDEN, NB, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr,
                    HD: tl.constexpr, PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
                    SHORT: tl.constexpr, BLOCK_O: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     h = tl.program_id(0)
     j = tl.program_id(1)
     ctx = tl.load(ctx_ptr)
@@ -112,7 +114,7 @@ def attn_o_b1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, blo
     _attn_o_kernel[(nh, max(nb, splits))](
         q, k_cache, v_cache, block_tables, ctx_lens, o_weight, residual, acc, a, po, pm, pl, counters, scale,
         hidden, nb, NH=nh, NKV=k_cache.shape[1], GROUP=nh // k_cache.shape[1], HD=hd, PAGE=page, BLOCK_N=64,
-        SPLITS=splits, SHORT=short, BLOCK_O=block_o, USE_PDL=pdl, num_warps=num_warps,
+        SPLITS=splits, SHORT=short, BLOCK_O=block_o, USE_PDL=pdl_mode(pdl), num_warps=num_warps,
         **({"launch_pdl": True} if pdl else {}),
     )
     return acc

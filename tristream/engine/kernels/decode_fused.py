@@ -33,6 +33,7 @@ import triton.language as tl
 from tristream.engine.kernels.decode_attn_o import attn_o_b1
 from tristream.engine.kernels.decode_mlp import fused_mlp1
 from tristream.engine.kernels.gemv import fused_gemv, row_rstd
+from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
 from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
 
@@ -41,6 +42,7 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
                             K, eps, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
                             PAIR: tl.constexpr, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
                             BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     h = tl.program_id(0)  # q heads, then k heads, then v heads
     j = tl.program_id(1)  # which PAIR-row slice of the half head
     r1 = h * HD + j * PAIR + tl.arange(0, PAIR)  # rows of the first half
@@ -51,9 +53,7 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
     # the first K tile of both weight slices: constant, so loaded before waiting on the predecessor
     w1 = tl.load(w_ptr + r1[:, None] * K + rk0[None, :], mask=k0mask[None, :], other=0.0)
     w2 = tl.load(w_ptr + r2[:, None] * K + rk0[None, :], mask=k0mask[None, :], other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     if NORM:
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     xv = tl.load(x_ptr + rk0, mask=k0mask, other=0.0)
@@ -143,7 +143,7 @@ def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         x, w, bias if bias is not None else dummy, norm_weight if norm_weight is not None else dummy,
         positions, cos_sin, slots, q, k_cache, v_cache, k, eps,
         NH=nh, NKV=nkv, HD=hd, HALF=half, PAIR=pair, NORM=norm_weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_K=block_k, USE_PDL=pdl, num_warps=num_warps, **_pdl_launch(pdl),
+        BLOCK_K=block_k, USE_PDL=pdl_mode(pdl), num_warps=num_warps, **_pdl_launch(pdl),
     )
     return q
 

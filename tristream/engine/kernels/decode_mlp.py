@@ -41,11 +41,13 @@ import triton
 import triton.language as tl
 
 from tristream.engine.kernels.gemv import row_rstd
+from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
 
 
 @triton.jit
 def _mlp1_kernel(x_ptr, gu_ptr, nw_ptr, dw_ptr, out_ptr, H, INTER, eps, R: tl.constexpr, BLOCK_K: tl.constexpr,
                  BLOCK_N: tl.constexpr, DOWN_T: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     rr = pid * R + tl.arange(0, R)  # this program's intermediate rows (INTER % R == 0)
     dt = gu_ptr.dtype.element_ty
@@ -54,9 +56,7 @@ def _mlp1_kernel(x_ptr, gu_ptr, nw_ptr, dw_ptr, out_ptr, H, INTER, eps, R: tl.co
     # the first K tile of the gate and up rows: constant, so loaded before waiting (PDL)
     wg0 = tl.load(gu_ptr + rr[:, None] * H + rk0[None, :], mask=k0mask[None, :], other=0.0)
     wu0 = tl.load(gu_ptr + (rr + INTER)[:, None] * H + rk0[None, :], mask=k0mask[None, :], other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     rstd = row_rstd(x_ptr, H, eps, BLOCK_K)
     g = tl.zeros([R], dtype=tl.float32)
     u = tl.zeros([R], dtype=tl.float32)
@@ -125,5 +125,5 @@ def fused_mlp1(x: torch.Tensor, gate_up: torch.Tensor, norm_weight: torch.Tensor
     bn = block_n or min(triton.next_power_of_2(h), max(64, 8192 // r))
     _mlp1_kernel[(inter // r,)](
         x, gate_up, norm_weight, down, out, h, inter, eps, R=r, BLOCK_K=bk, BLOCK_N=bn, DOWN_T=down_t,
-        USE_PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
+        USE_PDL=pdl_mode(pdl), num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
     )

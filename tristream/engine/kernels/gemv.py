@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
+
 
 @triton.jit
 def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x_stride, eps,
@@ -101,6 +103,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
     float32 output keeps an unrounded residual stream), optionally stored twice (`OUT2`).
     X_FX: x is an int64 fixed-point row (`FX_ONE` units); X_COPY: program 0 also stores x, as
     read, into `xc_ptr` (float32)."""
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
@@ -110,9 +113,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
     # slower on the H200 (b1: SmolLM2-135M 0.63 -> 0.83 ms per step, Llama-3.2-1B 0.97 -> 1.32).
     rk0 = tl.arange(0, BLOCK_K)
     w0 = tl.load(w_ptr + rn[:, None] * K + rk0[None, :], mask=nmask[:, None] & (rk0 < K)[None, :], other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     if NORM:
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K, X_FX)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
@@ -184,7 +185,7 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
             norm_weight if norm_weight is not None else dummy, out, out2 if out2 is not None else dummy,
             x_copy if x_copy is not None else dummy, n, k, eps,
             NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            OUT2=out2 is not None, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl, X_FX=x.dtype == torch.int64,
+            OUT2=out2 is not None, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), X_FX=x.dtype == torch.int64,
             X_COPY=x_copy is not None, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
         )
         return out

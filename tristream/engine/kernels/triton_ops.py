@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
+
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, N, eps,
@@ -162,6 +164,7 @@ def _paged_decode_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr
                          scale, NH: tl.constexpr, NKV: tl.constexpr, GROUP: tl.constexpr, HD: tl.constexpr,
                          PAGE: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, USE_PDL: tl.constexpr,
                          FUSED_MERGE: tl.constexpr, SHORT: tl.constexpr):
+    pdl_start(USE_PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     s = tl.program_id(2)
@@ -207,9 +210,7 @@ def short_attend(q_ptr, kc_ptr, vc_ptr, bt_row, ctx, b, h, scale, NH: tl.constex
     v = tl.load(vc_ptr + off, mask=old[:, None], other=0.0)
     last = tl.maximum(ctx - 1, 0)
     new_off = ((tl.load(bt_row + last // PAGE).to(tl.int64) * PAGE + last % PAGE) * NKV + kvh) * HD + d
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     has_new = ctx > 0
     k_new = tl.load(kc_ptr + new_off, mask=(d < HD) & has_new, other=0.0).to(tl.float32)
     v_new = tl.load(vc_ptr + new_off, mask=(d < HD) & has_new, other=0.0).to(tl.float32)
@@ -251,9 +252,7 @@ def split_context(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, out_ptr, po_ptr, pm_pt
     old = valid & (n < ctx - 1)
     k = tl.load(kc_ptr + off, mask=old[:, None], other=0.0)
     v = tl.load(vc_ptr + off, mask=old[:, None], other=0.0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     newest = valid & (n == ctx - 1)
     k = k.to(tl.float32) + tl.load(kc_ptr + off, mask=newest[:, None], other=0.0).to(tl.float32)
     v = v.to(tl.float32) + tl.load(vc_ptr + off, mask=newest[:, None], other=0.0).to(tl.float32)
@@ -317,10 +316,9 @@ def merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, n_act, HD: tl.constexpr, SPLI
 @triton.jit
 def _merge_splits_kernel(po_ptr, pm_ptr, pl_ptr, out_ptr, HD: tl.constexpr, SPLITS: tl.constexpr,
                          USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     bh = tl.program_id(0)
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+    pdl_wait(USE_PDL)
     merge_one(po_ptr, pm_ptr, pl_ptr, out_ptr, bh, SPLITS, HD, SPLITS, "")
 
 
@@ -370,9 +368,9 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     _paged_decode_kernel[(b, nh, splits)](
         q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, counters if fused else out,
         block_tables.stride(0), scale,
-        NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits, USE_PDL=pdl,
+        NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits, USE_PDL=pdl_mode(pdl),
         FUSED_MERGE=fused, SHORT=short, num_warps=num_warps, **launch,
     )
     if splits > 1 and not fused:
-        _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits, USE_PDL=pdl, **launch)
+        _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits, USE_PDL=pdl_mode(pdl), **launch)
     return out
