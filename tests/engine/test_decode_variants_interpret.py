@@ -62,7 +62,9 @@ def test_proj_tile_widens_only_k_between_1024_and_the_cap() -> None:
     assert proj_tile(wide, 1536) == (8, 2048)  # SmolLM2-135M's down projection: one tile
     assert proj_tile(wide, 2048) == (8, 2048)
     assert proj_tile(wide, 8192) == (8, 2048)  # capped: the loop takes the rest
-    assert proj_tile(None, 1536) is None and proj_tile((8, 2048), 576) == (8, 2048)  # other tiles as given
+    assert proj_tile(None, 1536) is None and proj_tile((8, 2048), 2048) == (8, 2048)  # other tiles as given,
+    assert proj_tile((8, 2048), 576) == (8, 1024)  # no wider than K needs
+    assert proj_tile((16, 256), 576) == (16, 256)
 
 
 def test_unknown_variant_is_refused(model: LlamaModel) -> None:

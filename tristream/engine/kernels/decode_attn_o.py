@@ -82,7 +82,7 @@ def _attn_o_kernel(q_ptr, kc_ptr, vc_ptr, bt_ptr, ctx_ptr, w_ptr, res_ptr, acc_p
 
 def attn_o_b1(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
               ctx_lens: torch.Tensor, page: int, scale: float, splits: int, counters: torch.Tensor,
-              o_weight: torch.Tensor, residual: torch.Tensor, acc: torch.Tensor, pdl: bool = False,
+              o_weight: torch.Tensor, residual: torch.Tensor, acc: torch.Tensor, pdl: bool | int = False,
               short_ctx: int | None = None, block_o: int = 64, num_warps: int = 4) -> torch.Tensor:
     """Batch 1: `acc += residual + O · attention(q)` in fixed point (module doc); returns `acc`.
 

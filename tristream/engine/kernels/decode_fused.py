@@ -41,7 +41,7 @@ from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_ptr, q_out_ptr, kc_ptr, vc_ptr,
                             K, eps, NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, HALF: tl.constexpr,
                             PAIR: tl.constexpr, NORM: tl.constexpr, HAS_BIAS: tl.constexpr,
-                            BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
+                            BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr, LATE_NORM: tl.constexpr):
     pdl_start(USE_PDL)
     h = tl.program_id(0)  # q heads, then k heads, then v heads
     j = tl.program_id(1)  # which PAIR-row slice of the half head
@@ -54,12 +54,18 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
     w1 = tl.load(w_ptr + r1[:, None] * K + rk0[None, :], mask=k0mask[None, :], other=0.0)
     w2 = tl.load(w_ptr + r2[:, None] * K + rk0[None, :], mask=k0mask[None, :], other=0.0)
     pdl_wait(USE_PDL)
-    if NORM:
+    if NORM and not LATE_NORM:
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     xv = tl.load(x_ptr + rk0, mask=k0mask, other=0.0)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     if NORM:
         nw = tl.load(nw_ptr + rk0, mask=k0mask, other=0.0)
-        xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+        if LATE_NORM:  # one pass: the RMS scale multiplies the sums (`fused_gemv`'s late_norm)
+            xf = xv.to(tl.float32)
+            ss += xf * xf
+            xv = xf * nw.to(tl.float32)
+        else:
+            xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
     acc1 = tl.sum(w1.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
     acc2 = tl.sum(w2.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -68,11 +74,20 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
         xv = tl.load(x_ptr + rk, mask=kmask, other=0.0)
         if NORM:
             nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
-            xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+            if LATE_NORM:
+                xf = xv.to(tl.float32)
+                ss += xf * xf
+                xv = xf * nw.to(tl.float32)
+            else:
+                xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
         w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
         w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
         acc1 += tl.sum(w1.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
         acc2 += tl.sum(w2.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
+    if NORM and LATE_NORM:
+        rs = tl.rsqrt(tl.sum(ss, 0) / K + eps)
+        acc1 = acc1 * rs
+        acc2 = acc2 * rs
     if HAS_BIAS:
         acc1 += tl.load(b_ptr + r1).to(tl.float32)
         acc2 += tl.load(b_ptr + r2).to(tl.float32)
@@ -126,9 +141,11 @@ def pair_rows(half: int, k: int, rows: int | None = None) -> int:
 def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, norm_weight: torch.Tensor | None,
                     eps: float, positions: torch.Tensor, cos_sin: torch.Tensor, slots: torch.Tensor,
                     k_cache: torch.Tensor, v_cache: torch.Tensor, nh: int, nkv: int, hd: int,
-                    pdl: bool = False, tile: tuple[int, int] | None = None, num_warps: int = 4) -> torch.Tensor:
+                    pdl: bool | int = False, tile: tuple[int, int] | None = None, num_warps: int = 4,
+                    late_norm: bool = False) -> torch.Tensor:
     """Batch-1 QKV projection of `x` [1, K] (optionally RMS-normalised first) with RoPE at
-    `positions[0]`; k and v go to the flat caches at `slots[0]` (-1: skipped). Returns q [1, nh, hd]."""
+    `positions[0]`; k and v go to the flat caches at `slots[0]` (-1: skipped). Returns q [1, nh, hd].
+    late_norm: the one-pass norm of `gemv.fused_gemv`."""
     if x.shape[0] != 1:
         raise ValueError(f"qkv_rope_store1 is the batch-1 kernel; got {x.shape[0]} rows")
     n, k = w.shape
@@ -143,12 +160,12 @@ def qkv_rope_store1(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
         x, w, bias if bias is not None else dummy, norm_weight if norm_weight is not None else dummy,
         positions, cos_sin, slots, q, k_cache, v_cache, k, eps,
         NH=nh, NKV=nkv, HD=hd, HALF=half, PAIR=pair, NORM=norm_weight is not None, HAS_BIAS=bias is not None,
-        BLOCK_K=block_k, USE_PDL=pdl_mode(pdl), num_warps=num_warps, **_pdl_launch(pdl),
+        BLOCK_K=block_k, USE_PDL=pdl_mode(pdl), LATE_NORM=late_norm, num_warps=num_warps, **_pdl_launch(pdl),
     )
     return q
 
 
-def _pdl_launch(pdl: bool) -> dict[str, Any]:
+def _pdl_launch(pdl: bool | int) -> dict[str, Any]:
     return {"launch_pdl": True} if pdl else {}
 
 
@@ -171,12 +188,15 @@ its weights before the PDL wait instead of its second tile after it (`proj_tile`
 
 
 def proj_tile(tile: tuple[int, int] | None, k: int) -> tuple[int, int] | None:
-    """The (rows, K columns) tile of one projection with K input columns under a `TILES` tile: as
-    given, None (the per-shape default), or for rows 0 the default rows of a one-tile-wide K up to
-    the given columns (None where that is the default anyway, K ≤ 1024)."""
-    if tile is None or tile[0] != 0:
-        return tile
+    """The (rows, K columns) tile of one projection with K input columns under a `TILES` tile:
+    None (the per-shape default); the given rows × the given columns, or fewer columns where K
+    fits in fewer (a power of two ≥ K); for rows 0 the default rows of a one-tile-wide K up to the
+    given columns (None where that is the default anyway, K ≤ 1024)."""
+    if tile is None:
+        return None
     bk = min(triton.next_power_of_2(k), tile[1])
+    if tile[0] != 0:
+        return (tile[0], bk)
     if bk <= 1024:
         return None
     return (8, bk)
@@ -196,9 +216,9 @@ def proj_blocks(model: Any, tile: tuple[int, int] | None) -> tuple[Blocks, Block
     return blocks(cfg.hidden_size), blocks(cfg.q_size), blocks(model.layers[0].down.weight.shape[1])
 
 
-def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = False,
+def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | int = False,
                      tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
-                     mlp: str | None = None, attn_o: bool = False) -> torch.Tensor:
+                     mlp: str | None = None, attn_o: bool = False, late_norm: bool = False) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -214,6 +234,9 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
     `attn_o`: attention, O projection and residual add as one kernel (`decode_attn_o.py`; the
     residual row in fixed point, read by the norm+gate|up kernel): 4 kernels per layer,
     bitwise reproducible. Needs `attention.counters` and splits ≥ 2; not with `mlp`.
+    `pdl`: False, True (each kernel lets its successor launch after its wait) or 2 (at its start;
+    `kernels/pdl.py`). `late_norm`: the norm+QKV and norm+gate|up kernels (and a Triton head) norm
+    in one pass (`gemv.fused_gemv`).
     """
     cfg = model.cfg
     (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
@@ -235,7 +258,7 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
         kc, vc = attention.cache.flat(i)
         q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attention.positions,
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                            pdl=pdl, tile=t_qkv, num_warps=num_warps)
+                            pdl=pdl, tile=t_qkv, num_warps=num_warps, late_norm=late_norm)
         if attn_o:
             acc = attn_o_b1(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                             attention.scale, attention.splits, attention.counters, layer.o.weight, r, accs[i],
@@ -257,13 +280,13 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool = Fa
             continue
         r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps)
         gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn,
-                        block_k=bk, num_warps=num_warps)
+                        block_k=bk, num_warps=num_warps, late_norm=late_norm)
         r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=dn, block_k=dk,
                        num_warps=num_warps)
     if head_cublas:
         return model.logits(rms_norm(r, model.norm, eps, out_dtype=model.norm.dtype))
     return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
-                      block_k=bk, num_warps=num_warps, out_dtype=torch.float32)
+                      block_k=bk, num_warps=num_warps, out_dtype=torch.float32, late_norm=late_norm)
 
 
 def down_transposed(model: Any) -> list[torch.Tensor]:

@@ -99,7 +99,7 @@ def mlp_rows(inter: int, rows: int = 16) -> int:
 
 def fused_mlp1(x: torch.Tensor, gate_up: torch.Tensor, norm_weight: torch.Tensor, eps: float, down: torch.Tensor,
                out: torch.Tensor, down_t: bool = False, rows: int = 16, block_k: int | None = None,
-               block_n: int | None = None, pdl: bool = False, num_warps: int = 4) -> None:
+               block_n: int | None = None, pdl: bool | int = False, num_warps: int = 4) -> None:
     """out += down(silu(gate) · up) of RMSNorm(x), batch 1, in one kernel (see the module doc).
 
     x: [1, H] (any float dtype; float32 for the residual stream); gate_up: [2I, H] (gate rows

@@ -96,13 +96,14 @@ def row_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr, X_FX: tl.constexpr = False):
 def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr, xc_ptr, N, K, eps,
                         NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                         OUT2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-                        X_FX: tl.constexpr, X_COPY: tl.constexpr):
+                        X_FX: tl.constexpr, X_COPY: tl.constexpr, LATE_NORM: tl.constexpr):
     """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores. The first K
     tile of the weight is loaded first; with PDL, before waiting on the previous kernel. The
     product is rounded to the weight dtype; the residual sum is kept in the output's dtype (a
     float32 output keeps an unrounded residual stream), optionally stored twice (`OUT2`).
     X_FX: x is an int64 fixed-point row (`FX_ONE` units); X_COPY: program 0 also stores x, as
-    read, into `xc_ptr` (float32)."""
+    read, into `xc_ptr` (float32). LATE_NORM (with NORM): one pass over x, the RMS scale applied to
+    the products' sums (`late_norm` of `fused_gemv`)."""
     pdl_start(USE_PDL)
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -114,8 +115,9 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
     rk0 = tl.arange(0, BLOCK_K)
     w0 = tl.load(w_ptr + rn[:, None] * K + rk0[None, :], mask=nmask[:, None] & (rk0 < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)
-    if NORM:
+    if NORM and not LATE_NORM:
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K, X_FX)
+    ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
@@ -131,12 +133,19 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
                     tl.store(xc_ptr + rk, xv.to(tl.float32), mask=kmask)
             if NORM:
                 nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
-                xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+                if LATE_NORM:
+                    xf = xv.to(tl.float32)
+                    ss += xf * xf
+                    xv = xf * nw.to(tl.float32)
+                else:
+                    xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
         if k0 == 0:
             w = w0
         else:
             w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
         acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
+    if NORM and LATE_NORM:
+        acc = acc * tl.rsqrt(tl.sum(ss, 0) / K + eps)
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)
     y = acc.to(dt)
@@ -151,8 +160,9 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
-               pdl: bool = False, num_warps: int | None = None, out_dtype: torch.dtype | None = None,
-               out2: torch.Tensor | None = None, x_copy: torch.Tensor | None = None) -> torch.Tensor:
+               pdl: bool | int = False, num_warps: int | None = None, out_dtype: torch.dtype | None = None,
+               out2: torch.Tensor | None = None, x_copy: torch.Tensor | None = None,
+               late_norm: bool = False) -> torch.Tensor:
     """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
 
     pdl: launch the batch-1 kernel with Programmatic Dependent Launch (Hopper+; see
@@ -162,13 +172,20 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     float32 keeps the residual sum unrounded, or returns float32 logits), `out2` (a [1, N] tensor
     of that dtype that receives a second copy of the output). An int64 `x` is a fixed-point row
     (`FX_ONE` units, as `decode_attn_o` accumulates the residual; batch 1, not with silu);
-    `x_copy` (a [1, K] float32 tensor) receives x as read (batch 1, not with silu)."""
+    `x_copy` (a [1, K] float32 tensor) receives x as read (batch 1, not with silu).
+    `late_norm` (batch 1, with `norm_weight`): x is read once; the products of the weights with
+    x·norm_weight (float32, not rounded) and the sum of squares are summed together, and the RMS
+    scale multiplies the sums (no block-wide reduction and no second read of x before the
+    products). The rounding differs from the two-pass norm (which rounds the normalised x to the
+    weight dtype, as transformers' RMSNorm does) by about one unit in the last place of bf16 per
+    element of x."""
     m = x.shape[0]
     n, k = w.shape
     if m > 16:
         raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
-    if m != 1 and (out_dtype is not None or out2 is not None or x_copy is not None or x.dtype == torch.int64):
-        raise ValueError("out_dtype, out2, x_copy and a fixed-point x are batch-1 options")
+    if m != 1 and (out_dtype is not None or out2 is not None or x_copy is not None or x.dtype == torch.int64
+                   or late_norm):
+        raise ValueError("out_dtype, out2, x_copy, late_norm and a fixed-point x are batch-1 options")
     if silu and (x_copy is not None or x.dtype == torch.int64):
         raise ValueError("x_copy and a fixed-point x do not go with silu")
     if x_copy is not None and (x_copy.dtype != torch.float32 or x_copy.numel() != k or not x_copy.is_contiguous()):
@@ -186,7 +203,7 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
             x_copy if x_copy is not None else dummy, n, k, eps,
             NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
             OUT2=out2 is not None, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), X_FX=x.dtype == torch.int64,
-            X_COPY=x_copy is not None, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
+            X_COPY=x_copy is not None, LATE_NORM=late_norm, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
         )
         return out
     # A loop over K in 128-column tiles, pipelined. (A single pass over all of K per program was

@@ -32,11 +32,12 @@ import triton.language as tl
 EARLY_TRIGGER = os.environ.get("TRISTREAM_PDL_EARLY", "0") == "1"
 
 
-def pdl_mode(pdl: bool) -> int:
-    """The `USE_PDL` constexpr of a launch: 0 without PDL, else 2 (early trigger) or 1."""
+def pdl_mode(pdl: bool | int) -> int:
+    """The `USE_PDL` constexpr of a launch: 0 without PDL; 2 (early trigger) for `pdl == 2` or
+    under `EARLY_TRIGGER`; else 1."""
     if not pdl:
         return 0
-    return 2 if EARLY_TRIGGER else 1
+    return 2 if pdl == 2 or EARLY_TRIGGER else 1
 
 
 @triton.jit

@@ -336,7 +336,7 @@ def short_ctx_default(hd: int) -> int:
 
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, ctx_lens: torch.Tensor, page: int, scale: float,
-                           splits: int, block_n: int = 64, pdl: bool = False,
+                           splits: int, block_n: int = 64, pdl: bool | int = False,
                            counters: torch.Tensor | None = None, short_ctx: int | None = None,
                            num_warps: int = 4) -> torch.Tensor:
     """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd].
