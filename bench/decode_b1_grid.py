@@ -87,7 +87,7 @@ def run_model(name: str, rounds: int) -> dict[str, Any]:
             for cfg, g in graphs.items():
                 out[cfg]["ms"].append(cuda_graph_ms(g, warm=5, reps=100))
         base = None
-        for cfg, g in graphs.items():
+        for cfg in graphs:
             r = out[cfg]
             r["median_ms"] = statistics.median(r["ms"])
             base = base or r["median_ms"]

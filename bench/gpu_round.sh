@@ -3,7 +3,7 @@
 # every `gpu` test, then the benchmarks of the open engine issues. Each part has its own time
 # limit (a hung part cannot eat the whole call) and its own log; results JSON and logs land in
 # $OUT (the device tool brings that folder back). Parts: gemv tests llm encoders prefill sched
-# decode overlap whisper whisper_encode mega pruning pdl pdl_early. At most 8 files come back: pick few parts per call.
+# decode overlap whisper whisper_encode mega pruning pdl pdl_early b1_grid. At most 8 files come back: pick few parts per call.
 #
 #   run: bash bench/gpu_round.sh                 # all parts: their limits add up to 40 min, over one
 #                                                # call's 28; split them over two calls
@@ -52,12 +52,13 @@ for part in "${parts[@]}"; do
                --name step_overlap_round ;;
     pdl) step pdl_chain 60 $PY bench/pdl_chain.py ;;
     pdl_early) step pdl_early 300 $PY bench/pdl_early.py ;;
+    b1_grid) step decode_b1_grid 300 $PY bench/decode_b1_grid.py ;;
     mega) step decode_mega_cuda 120 $PY bench/decode_mega_cuda.py --model smollm2-135m ;;
     pruning) step pruning 150 $PY bench/encoders.py --only pruning --iters 40 --name encoders_pruning_round ;;
     whisper_encode) step whisper_encode 150 $PY bench/whisper_encode.py --name whisper_encode_round ;;
     whisper) for m in tiny small; do step whisper_$m 60 $PY bench/encoders.py --only whisper --whisper-quick \
                --whisper-models $m --iters 16 --profile --name encoders_whisper_round_$m; done ;;
-    *) echo "unknown part $part (gemv tests llm encoders prefill sched decode overlap whisper whisper_encode mega pruning pdl pdl_early)" | tee -a "$OUT/summary.txt" ;;
+    *) echo "unknown part $part (gemv tests llm encoders prefill sched decode overlap whisper whisper_encode mega pruning pdl pdl_early b1_grid)" | tee -a "$OUT/summary.txt" ;;
   esac
   # only this call's results (at most 8 files come back): those written since the call started
   find bench/results -maxdepth 1 -name '*.json' -newer "$OUT/gpu.txt" -exec cp {} "$OUT/" \; 2>/dev/null
