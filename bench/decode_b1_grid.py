@@ -13,6 +13,7 @@ each round) and its logits' relative error against the cuBLAS path.
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -25,27 +26,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench._common import capture_graph, cuda_graph_ms, write_results  # noqa: E402
 
-# name -> decode_logits_b1 keyword arguments
-GRID: dict[str, dict[str, dict[str, Any]]] = {
-    "smollm2-135m": {
-        "b8w_pdl_hc": {"pdl": 1, "tile": (0, 2048), "num_warps": 8, "head_cublas": True},
-        "b8w_pdle_hc": {"pdl": 2, "tile": (0, 2048), "num_warps": 8, "head_cublas": True},
-        "b8w_pdl_ln_hc": {"pdl": 1, "tile": (0, 2048), "num_warps": 8, "head_cublas": True, "late_norm": True},
-        "b8w_pdle_ln_hc": {"pdl": 2, "tile": (0, 2048), "num_warps": 8, "head_cublas": True, "late_norm": True},
-        "b1w_pdle_ln_hc": {"pdl": 2, "tile": (0, 2048), "num_warps": 4, "head_cublas": True, "late_norm": True},
-        "r16w8_pdle_ln_hc": {"pdl": 2, "tile": (16, 2048), "num_warps": 8, "head_cublas": True, "late_norm": True},
-        "r16w4_pdle_ln_hc": {"pdl": 2, "tile": (16, 2048), "num_warps": 4, "head_cublas": True, "late_norm": True},
-        "r32w8_pdle_ln_hc": {"pdl": 2, "tile": (32, 2048), "num_warps": 8, "head_cublas": True, "late_norm": True},
-        "r4w4_pdle_ln_hc": {"pdl": 2, "tile": (4, 2048), "num_warps": 4, "head_cublas": True, "late_norm": True},
-    },
-    "llama-3.2-1b": {
-        "bw_pdl": {"pdl": 1, "tile": (8, 2048), "num_warps": 4},
-        "bw_pdle": {"pdl": 2, "tile": (8, 2048), "num_warps": 4},
-        "bw_pdl_ln": {"pdl": 1, "tile": (8, 2048), "num_warps": 4, "late_norm": True},
-        "bw_pdle_ln": {"pdl": 2, "tile": (8, 2048), "num_warps": 4, "late_norm": True},
-        "bw_pdl_ln_hc": {"pdl": 1, "tile": (8, 2048), "num_warps": 4, "late_norm": True, "head_cublas": True},
-    },
+DEFAULT_GRID = {
+    "smollm2-135m": "b8w_pdl_hc,r4w4_pdl_hc,r4w4_pdle_hc,r4w4_pdl_ln_hc,r4w4_pdle_ln_hc,r4w4_pdle,r2w4_pdle_hc,"
+                    "r2w4_pdle_ln_hc,r4w2_pdle_hc,r4w8_pdle_hc,r8w4_pdle_hc,r2w2_pdle_hc,r1w2_pdle_hc,r1w1_pdle_hc",
+    "llama-3.2-1b": "bw_pdl,r4w4_pdl,r4w4_pdle,r4w4_pdl_ln,r2w4_pdl,r2w4_pdle,r4w2_pdl,r4w8_pdl,r4w4_pdl_hc",
 }
+"""Per model, the configurations of a default run: a named variant of `engine/graphs.py` (b8w_pdl_hc,
+bw_pdl), or r{rows}w{warps}_{pdl|pdle}[_ln][_hc]: GEMV tile of `rows` rows × the whole K (up to 2048
+columns), `warps` warps per program, PDL mode 1 or 2 (e), the one-pass norm, the head through cuBLAS."""
+
+NAMED = {"b8w_pdl_hc": {"pdl": 1, "tile": (0, 2048), "num_warps": 8, "head_cublas": True},
+         "bw_pdl": {"pdl": 1, "tile": (8, 2048), "num_warps": 4}}
+
+
+def parse(cfg: str) -> dict[str, Any]:
+    """A configuration name → decode_logits_b1 keyword arguments."""
+    if cfg in NAMED:
+        return NAMED[cfg]
+    m = re.fullmatch(r"r(\d+)w(\d+)_(pdle?)(_ln)?(_hc)?", cfg)
+    if m is None:
+        raise SystemExit(f"bad configuration {cfg!r}: want r<rows>w<warps>_pdl[e][_ln][_hc] or one of {list(NAMED)}")
+    return {"pdl": 2 if m.group(3) == "pdle" else 1, "tile": (int(m.group(1)), 2048), "num_warps": int(m.group(2)),
+            "late_norm": m.group(4) is not None, "head_cublas": m.group(5) is not None}
 
 
 def _forward(dec: Any, kw: dict[str, Any]) -> torch.Tensor:
@@ -60,7 +62,7 @@ def _forward(dec: Any, kw: dict[str, Any]) -> torch.Tensor:
     return decode_logits_b1(m, m.embed(dec.ids[:1]), attn, **kw)
 
 
-def run_model(name: str, rounds: int) -> dict[str, Any]:
+def run_model(name: str, rounds: int, cfgs: list[str]) -> dict[str, Any]:
     from decode_profile import _engine, _steady
     from llm import random_model
 
@@ -72,7 +74,8 @@ def run_model(name: str, rounds: int) -> dict[str, Any]:
         _steady(eng, 1, model.cfg.vocab_size)
         ref = dec.forward(1, "cublas").clone()
         graphs: dict[str, Any] = {}
-        for cfg, kw in GRID[name].items():
+        for cfg in cfgs:
+            kw = parse(cfg)
             try:
                 got = _forward(dec, kw).float()
                 err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
@@ -104,13 +107,17 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--name", default="decode_b1_grid")
+    ap.add_argument("--grid", default=None, help="model=cfg,cfg;model=... (default DEFAULT_GRID)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_b1_grid.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
     res: dict[str, Any] = {"models": {}}
+    grid = dict(DEFAULT_GRID)
+    if args.grid:
+        grid.update(dict(part.split("=", 1) for part in args.grid.split(";")))
     for name in args.models.split(","):
-        res["models"][name] = run_model(name, args.rounds)
+        res["models"][name] = run_model(name, args.rounds, grid[name].split(","))
         write_results(args.name, res)
     print(f"wrote bench/results/{args.name}.json")
 
