@@ -116,18 +116,18 @@ def main() -> None:
     from decode_profile import _engine
     from llm import random_model
 
-    from tristream.engine.graphs import TILES, TritonDecodeAttention, parse_b1
+    from tristream.engine.graphs import TritonDecodeAttention, b1_options
     from tristream.engine.kernels import triton_ops as K
     from tristream.engine.sequence import SamplingParams
 
     model = random_model(args.model)
     eng = _engine(model)
     dec = eng.runner.decoder
-    name, pdl, mlp, hc, _ao = parse_b1(args.variant)
-    if not pdl or mlp is not None or _ao:
+    opts = b1_options(args.variant)
+    pdl, hc, tile, warps = opts["pdl"], opts["head_cublas"], opts["tile"], opts["num_warps"]
+    if not pdl or opts["mlp"] is not None or opts["attn_o"]:
         raise SystemExit("--variant: a PDL variant without the one-kernel MLP or attention+O kernel "
                          "(e.g. b8_pdl_hc, b1_pdl, bw_pdl)")
-    tile, warps = TILES[name]
     res: dict[str, Any] = {"model": args.model, "variant": args.variant, "ctx": {}}
     with torch.inference_mode():
         for ctx in (int(c) for c in args.ctx.split(",")):

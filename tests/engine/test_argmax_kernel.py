@@ -51,3 +51,45 @@ def test_sampler_greedy_uses_it_on_the_logits_device(device: str) -> None:
 
     x = torch.randn(4, 3000, device=device)
     assert torch.equal(greedy_tokens(x).cpu(), x.cpu().argmax(-1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_argmax_writes_tokens_and_ids(device: str, dtype: torch.dtype) -> None:
+    from tristream.engine.kernels.argmax import GraphArgmax
+
+    rows, vocab = 3, 5000
+    am = GraphArgmax(rows, vocab, torch.device(device))
+    ids = torch.full((rows + 2,), -7, dtype=torch.int32, device=device)
+    g = torch.Generator().manual_seed(3)
+    for trial in range(3):  # its own counters reset between calls
+        x = torch.randn(rows, vocab, generator=g)
+        if trial == 1:
+            x[:, [11, vocab - 1]] = 40.0  # a tie: the first index wins
+        x = x.to(device=device, dtype=dtype)
+        out = am(x, ids[:rows])
+        want = x.float().cpu().argmax(-1)
+        assert out is am.out and torch.equal(out.cpu(), want)
+        assert torch.equal(ids[:rows].cpu(), want.to(torch.int32))
+        assert ids[rows:].tolist() == [-7, -7]  # nothing past its rows
+    with pytest.raises(ValueError, match="GraphArgmax"):
+        am(torch.zeros(rows, vocab + 1, device=device), ids[:rows])
+    with pytest.raises(ValueError, match="int32"):
+        am(torch.zeros(rows, vocab, device=device), ids[:rows].long())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs CUDA")
+def test_graph_argmax_replays_in_a_cuda_graph() -> None:
+    from tristream.engine.kernels.argmax import GraphArgmax
+
+    x = torch.randn(2, 49152, device="cuda", dtype=torch.bfloat16)
+    ids = torch.zeros(2, dtype=torch.int32, device="cuda")
+    am = GraphArgmax(2, 49152, torch.device("cuda"))
+    am(x, ids)  # compiled outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        am(x, ids)
+    for _ in range(3):
+        x.copy_(torch.randn(2, 49152, device="cuda", dtype=torch.bfloat16))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(am.out, x.float().argmax(-1)) and torch.equal(ids, am.out.int())

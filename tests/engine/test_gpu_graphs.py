@@ -53,6 +53,11 @@ def test_graph_replay_equals_eager_at_every_bucket(kernels: str) -> None:
         torch.cuda.synchronize()
         assert torch.isfinite(graph).all()
         assert torch.equal(graph, eager), f"bucket for {n} rows differs"
+        # the graph's own argmax (on the head's bf16 logits): its tokens, also written as the next input ids
+        toks = dec.run_greedy(seqs[:n]).clone()
+        torch.cuda.synchronize()
+        assert torch.equal(toks, graph.argmax(-1)), f"bucket for {n} rows: in-graph tokens differ"
+        assert torch.equal(dec.ids[:n].long(), toks)
 
 
 @pytest.mark.parametrize("kernels", ["fused", "cublas"])
@@ -71,7 +76,8 @@ def test_triton_decode_equals_torch_reference(qwen: bool, kernels: str) -> None:
 
 
 @pytest.mark.parametrize("kernels", ["b1", "b1_pdl", "b8_pdl", "b1m", "b1_pdl_hc", "bw_pdl", "bwx_pdl", "b1_mlp", "b8_pdl_mlp",
-                                     "b8_pdl_mlp_hc", "b1_pdl_mlpt"])
+                                     "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b4w_pdle_ln_hc", "b4w_pdle_ln", "b4w_ln",
+                                     "bw_pdle", "b4w_pdle_hc"])
 @pytest.mark.parametrize("qwen", [False, True])
 def test_batch1_fused_layer_equals_torch_reference_and_its_graph(qwen: bool, kernels: str) -> None:
     """Bucket 1 through the norm+QKV+RoPE+store kernel (with and without PDL): logits equal the

@@ -99,7 +99,7 @@ def test_steady_decode_overlaps_and_matches(model: LlamaModel) -> None:
     eng = engine(model, True)
     assert eng.overlap is not None
     chain = eng.overlap.chain
-    launch = chain.launch
+    launch = chain.launch_greedy
     gathered: list[list[int]] = []
 
     def spy(seqs: list, prev: object, rows: list[int] | None = None) -> object:
@@ -107,7 +107,7 @@ def test_steady_decode_overlaps_and_matches(model: LlamaModel) -> None:
             gathered.append(rows)
         return launch(seqs, prev, rows)  # type: ignore[arg-type]
 
-    chain.launch = spy  # type: ignore[method-assign,assignment]
+    chain.launch_greedy = spy  # type: ignore[method-assign,assignment]
     outs = drive(eng, script)
     assert outs == ref
     assert gathered == [[1, 2, 3], [1, 2], [1]]  # each time the first row reached its max_tokens

@@ -20,6 +20,7 @@ import torch
 
 from tristream.engine.engine_types import PinnedCopy
 from tristream.engine.runner import ModelRunner
+from tristream.engine.sampler import greedy_tokens
 from tristream.engine.sequence import Sequence
 
 
@@ -95,6 +96,32 @@ class ChainedDecode:
         dec = self.runner.decoder
         if dec is None:
             return self._eager(seqs, prev_tokens, rows)
+        b = self._inputs(seqs, prev_tokens, rows)
+        n = len(seqs)
+        if b in dec.graphs:
+            dec.graphs[b].replay()
+            return dec.outputs[b][:n]
+        return dec.forward(b)[:n]
+
+    @torch.inference_mode()
+    def launch_greedy(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None = None
+                      ) -> torch.Tensor:
+        """As `launch`, but the step's greedy token ids [len(seqs)] (int64, on the device): the graph's
+        own argmax where a graph runs the batch (`DecodeGraphs.run_greedy`)."""
+        dec = self.runner.decoder
+        if dec is None:
+            return greedy_tokens(self._eager(seqs, prev_tokens, rows))
+        b = self._inputs(seqs, prev_tokens, rows)
+        n = len(seqs)
+        if b in dec.graphs:
+            dec.graphs[b].replay()
+            return dec.tokens[b][:n]
+        return greedy_tokens(dec.forward(b)[:n])
+
+    def _inputs(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None) -> int:
+        """Queue the copies of the step's inputs; the bucket it runs in."""
+        dec = self.runner.decoder
+        assert dec is not None
         n = len(seqs)
         b = dec.bucket_for(n)
         assert b is not None, "ChainedDecode.supports() was not checked"
@@ -115,16 +142,16 @@ class ChainedDecode:
         h[3 * nm + n:3 * nm + b] = 0
         used = 4 * nm + b * mb
         dec.dev_buf[nm:used].copy_(src[nm:used], non_blocking=True)  # everything but the ids
-        if rows is None:  # the ids: the previous step's tokens, device to device
+        own = dec.tokens.get(b)
+        if rows is None and own is not None and prev_tokens.data_ptr() == own.data_ptr():
+            pass  # the previous step was this bucket's graph: its argmax already wrote the ids
+        elif rows is None:  # the ids: the previous step's tokens, device to device
             dec.ids[:n].copy_(prev_tokens)
         else:  # some rows left (finished by length): gather the others' tokens
             h[:n] = rows  # the ids slots of this host buffer are free: they carry the row indexes
             self.rows_dev[:n].copy_(src[:n], non_blocking=True)
             dec.ids[:n].copy_(prev_tokens.index_select(0, self.rows_dev[:n]))
-        if b in dec.graphs:
-            dec.graphs[b].replay()
-            return dec.outputs[b][:n]
-        return dec.forward(b)[:n]
+        return b
 
     def _eager(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None) -> torch.Tensor:
         """CPU / no decode graphs: the runner's eager decode, with each token put in its

@@ -16,11 +16,13 @@ import torch
 
 from tristream.engine.kernel_choice import variant_agrees
 from tristream.engine.kernels import triton_ops as K
+from tristream.engine.kernels.argmax import GraphArgmax
 from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1, down_transposed
 from tristream.engine.kernels.decode_mega_cuda import decode_logits_mega
 from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
+from tristream.engine.sampler import greedy_tokens
 from tristream.engine.sequence import Sequence
 
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -63,25 +65,34 @@ class TritonDecodeAttention:
 FUSED_MAX_ROWS = 16
 B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc", "b8w_pdl_hc",
                "b1_mlp", "b1_mlpt", "b1_pdl_mlp", "b8_pdl_mlp", "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b8_pdl_mlpt",
-               "b1_ao", "b8w_ao", "b1_pdl_ao", "b8_pdl_ao_hc", "b8w_pdl_ao", "b8w_pdl_ao_hc", "bw_pdl_ao")
-"""`TILES` name, then "_pdl" (chained with PDL), then "_mlp" / "_mlpt" (the MLP as one kernel
-over a float32 residual stream, `kernels/decode_mlp.py`; "t": through a transposed copy of the
-down weights) or "_ao" (attention + O + residual as one kernel, `kernels/decode_attn_o.py`), then
-"_hc" (output projection through cuBLAS)."""
+               "b1_ao", "b8w_ao", "b1_pdl_ao", "b8_pdl_ao_hc", "b8w_pdl_ao", "b8w_pdl_ao_hc", "bw_pdl_ao",
+               "b4w_ln", "b4w_pdle_ln_hc", "b4w_pdle_ln", "b4w_pdl_ln_hc", "b4w_pdle_hc", "bw_pdle")
+"""`TILES` name, then "_pdl" (chained with PDL: a kernel lets its successor launch after its wait)
+or "_pdle" (at its start, `kernels/pdl.py`), then "_mlp" / "_mlpt" (the MLP as one kernel over a
+float32 residual stream, `kernels/decode_mlp.py`; "t": through a transposed copy of the down
+weights) or "_ao" (attention + O + residual as one kernel, `kernels/decode_attn_o.py`), then "_ln"
+(the norms in one pass, `gemv.fused_gemv`'s late_norm), then "_hc" (output projection through
+cuBLAS)."""
 
 
-def parse_b1(variant: str) -> tuple[str, bool, str | None, bool, bool]:
-    """A batch-1 variant name → (tile name, PDL, MLP mode for `decode_logits_b1`, cuBLAS head,
-    attention+O kernel)."""
+def b1_options(variant: str) -> dict[str, Any]:
+    """A batch-1 variant name → the keyword arguments of `decode_fused.decode_logits_b1`."""
     name = variant
     hc = name.endswith("_hc")
     name = name.removesuffix("_hc")
+    ln = name.endswith("_ln")
+    name = name.removesuffix("_ln")
     ao = name.endswith("_ao")
     name = name.removesuffix("_ao")
     mlp = "fused_t" if name.endswith("_mlpt") else "fused" if name.endswith("_mlp") else None
     name = name.removesuffix("_mlpt").removesuffix("_mlp")
-    pdl = name.endswith("_pdl")
-    return name.removesuffix("_pdl"), pdl, mlp, hc, ao
+    pdl = 2 if name.endswith("_pdle") else 1 if name.endswith("_pdl") else 0
+    name = name.removesuffix("_pdle").removesuffix("_pdl")
+    if name not in TILES:
+        raise ValueError(f"unknown batch-1 variant {variant!r}")
+    tile, warps = TILES[name]
+    return {"pdl": pdl, "tile": tile, "num_warps": warps, "head_cublas": hc, "mlp": mlp, "attn_o": ao,
+            "late_norm": ln}
 VARIANTS = ("cublas", "fused", *B1_VARIANTS, "mega")
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
@@ -89,8 +100,10 @@ at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in thr
 kernel (`kernels/decode_mega_cuda.py`; by name only, slower than the PDL chain so far)."""
 
 
-def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention) -> torch.Tensor:
-    """Decode forward with norms, SiLU and residual adds fused into skinny GEMMs (≤ 16 rows)."""
+def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention,
+                        raw_logits: bool = False) -> torch.Tensor:
+    """Decode forward with norms, SiLU and residual adds fused into skinny GEMMs (≤ 16 rows); float32
+    logits, or (raw_logits) in the model dtype."""
     eps = model.cfg.rms_norm_eps
     r = h
     for i, layer in enumerate(model.layers):
@@ -99,7 +112,8 @@ def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDec
         r = fused_gemv(a, layer.o.weight, residual=r)
         gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps)
         r = fused_gemv(gu, layer.down.weight, residual=r, silu=True)
-    return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps).float()
+    out = fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps)
+    return out if raw_logits else out.float()
 
 
 class DecodeGraphs:
@@ -140,6 +154,10 @@ class DecodeGraphs:
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        self.tokens: dict[int, torch.Tensor] = {}  # bucket -> the greedy tokens its graph computes (int64)
+        self._argmax: dict[int, GraphArgmax] = {}
+        self._raw: dict[int, torch.Tensor] = {}  # the head's logits read on the fork stream: kept alive
+        self._fork: torch.cuda.Stream | None = None
         self.pool: Any = None
 
     @property
@@ -163,8 +181,9 @@ class DecodeGraphs:
             return "cublas" if self.model.device.type == "cuda" else "fused"
         return self.kernels if b == 1 or self.kernels == "fused" else "fused"
 
-    def forward(self, b: int, variant: str | None = None) -> torch.Tensor:
-        """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]."""
+    def forward(self, b: int, variant: str | None = None, raw_logits: bool = False) -> torch.Tensor:
+        """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]
+        (raw_logits: in the model dtype where the head computes them so, without a float32 copy)."""
         m = self.model
         splits = K.choose_splits(b, m.cfg.num_heads, self.num_sms)
         attn = TritonDecodeAttention(m, self.cache, self.positions[:b], self.slots[:b], self.block_tables[:b],
@@ -174,13 +193,11 @@ class DecodeGraphs:
         if v == "mega" and b == 1:  # the whole step as one persistent CUDA kernel (kernels/decode_mega_cuda.py)
             return decode_logits_mega(m, h, attn)
         if v in B1_VARIANTS and b == 1:
-            name, pdl, mlp, hc, ao = parse_b1(v)
-            tile, warps = TILES[name]
-            return decode_logits_b1(m, h, attn, pdl=pdl, tile=tile, num_warps=warps, head_cublas=hc, mlp=mlp,
-                                    attn_o=ao)
+            return decode_logits_b1(m, h, attn, raw_logits=raw_logits, **b1_options(v))
         if v != "cublas":
-            return fused_decode_logits(m, h, attn)
-        return m.logits(m(h, attn, ops=TritonOps))
+            return fused_decode_logits(m, h, attn, raw_logits=raw_logits)
+        x = m(h, attn, ops=TritonOps)
+        return m.head()(x) if raw_logits else m.logits(x)
 
     def _candidates(self, b: int) -> list[str]:
         out = ["fused"]
@@ -247,12 +264,41 @@ class DecodeGraphs:
 
         if "_mlpt" in self.kernels:  # made before capture, not inside it
             down_transposed(self.model)
-        between = self._choose_kernels if self.kernels != "cublas" else None
+        vocab = self.model.cfg.vocab_size
+        self._argmax = {b: GraphArgmax(b, vocab, self.model.device) for b in self.buckets}
+        self._fork = torch.cuda.Stream(self.model.device)
+
+        def between() -> None:
+            if self.kernels != "cublas":
+                self._choose_kernels()
+            for b in self.buckets:  # the chosen variants with the graph's tail, eagerly: all compiled now
+                self._graph_forward(b)
+
         # the warm-up runs what each bucket will capture (before the choice at capture: the configured
-        # variant, or cuBLAS under "auto", whose candidates `_choose_kernels` runs eagerly): Triton
-        # kernels compile there, never inside a capture (a compile allocates enough to start a GC
-        # pass, and a collected engine's pinned buffers or events freed mid-capture abort the process)
-        self.graphs, self.outputs, self.pool = capture_buckets(self.buckets, self.forward, self.pool, between=between)
+        # variant, or cuBLAS under "auto", whose candidates `_choose_kernels` runs eagerly; after it, the
+        # chosen ones): Triton kernels compile there, never inside a capture (a compile allocates enough to
+        # start a GC pass, and a collected engine's pinned buffers or events freed mid-capture abort the process)
+        self.graphs, self.outputs, self.pool = capture_buckets(self.buckets, self._graph_forward, self.pool,
+                                                               between=between)
+        self.tokens = {b: self._argmax[b].out for b in self.graphs}
+
+    def _graph_forward(self, b: int) -> torch.Tensor:
+        """What bucket b's graph runs: the decode step; its greedy tokens into `tokens[b]` and into the
+        input ids (the next step's, when it is chained: `decode_chain.ChainedDecode`); the float32
+        logits on a forked stream, beside the argmax (which reads the head's own output)."""
+        raw = self.forward(b, raw_logits=True)
+        am = self._argmax[b]
+        if raw.dtype == torch.float32 or self._fork is None:
+            am(raw, self.ids[:b])
+            return raw if raw.dtype == torch.float32 else raw.float()
+        self._raw[b] = raw  # read on the fork stream: never freed under it
+        main, fork = torch.cuda.current_stream(), self._fork
+        fork.wait_stream(main)
+        with torch.cuda.stream(fork):
+            logits = raw.float()
+        am(raw, self.ids[:b])
+        main.wait_stream(fork)
+        return logits
 
     def _fill_padding(self, lo: int, hi: int) -> None:
         n, h = self.max_bs, self.host_np
@@ -276,6 +322,18 @@ class DecodeGraphs:
         self._fill_padding(len(seqs), rows)
         used = 4 * n + rows * mb
         self.dev_buf[:used].copy_(self.host_buf[:used], non_blocking=True)
+
+    def run_greedy(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Greedy token ids [len(seqs)] (int64, on the device) of one decode step: the graph's own
+        argmax where the batch has a graph (a view of `tokens[b]`, overwritten by the bucket's next
+        replay), else the argmax of `run`'s logits."""
+        n = len(seqs)
+        b = self.bucket_for(n)
+        if b is None or b not in self.graphs:
+            return greedy_tokens(self.run(seqs))
+        self.prepare(seqs, b)
+        self.graphs[b].replay()
+        return self.tokens[b][:n]
 
     def run(self, seqs: list[Sequence]) -> torch.Tensor:
         """Float32 logits [len(seqs), vocab] for one decode step."""

@@ -42,7 +42,6 @@ import torch
 
 from tristream.engine.decode_chain import ChainedDecode, Readback, TokenReadback
 from tristream.engine.engine_types import Command, StepOutput
-from tristream.engine.sampler import greedy_tokens
 from tristream.engine.sequence import SeqStatus, Sequence
 
 if TYPE_CHECKING:
@@ -116,7 +115,7 @@ class OverlapDecode:
         eng.stats.steps += 1
         if eng.timer is not None:
             eng.timer.mark("decode")
-        tokens = greedy_tokens(eng.runner.decode(decode))
+        tokens = eng.runner.decode_greedy(decode)
         return InFlight(decode, tokens, self.readback.start(tokens))
 
     def _launch_next(self, cur: InFlight, nxt: list[Sequence]) -> InFlight:
@@ -127,7 +126,7 @@ class OverlapDecode:
             eng.timer.mark("decode")
         keep = {id(s) for s in nxt}
         rows = None if len(nxt) == len(cur.seqs) else [i for i, s in enumerate(cur.seqs) if id(s) in keep]
-        tokens = greedy_tokens(self.chain.launch(nxt, cur.tokens, rows))
+        tokens = self.chain.launch_greedy(nxt, cur.tokens, rows)
         return InFlight(nxt, tokens, self.readback.start(tokens))
 
     # ---- conditions ----

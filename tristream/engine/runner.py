@@ -25,6 +25,7 @@ from tristream.engine.packed_attention import (
     PagedPrefillPlan,
     StagingBuffer,
 )
+from tristream.engine.sampler import greedy_tokens
 from tristream.engine.sequence import Sequence
 
 
@@ -274,6 +275,13 @@ class ModelRunner:
         return model.logits(out.index_select(0, d_rows))
 
     @torch.inference_mode()
+    def decode_greedy(self, seqs: list[Sequence]) -> torch.Tensor:
+        """Greedy token ids [B] (int64, on the model's device) for the last (pending) token of each
+        sequence: a decode graph's own argmax where one runs the batch (`DecodeGraphs.run_greedy`)."""
+        if self.decoder is not None:
+            return self.decoder.run_greedy(seqs)
+        return greedy_tokens(self.decode(seqs))
+
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """Float32 logits [B, vocab] for the last (pending) token of each sequence."""
         if self.decoder is not None:

@@ -24,8 +24,8 @@ BLOCK = 2048
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, N, stride, CHUNKS: tl.constexpr, CP2: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, ids_ptr, N, stride, CHUNKS: tl.constexpr,
+                   CP2: tl.constexpr, BLOCK: tl.constexpr, IDS: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
@@ -43,7 +43,10 @@ def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, N, stride, CHUNKS: t
         v = tl.load(pv_ptr + row * CHUNKS + k, mask=k < CHUNKS, other=-float("inf"), cache_modifier=".cg")
         i = tl.load(pi_ptr + row * CHUNKS + k, mask=k < CHUNKS, other=N, cache_modifier=".cg")
         best = tl.max(v, 0)
-        tl.store(out_ptr + row, tl.min(tl.where(v == best, i, N), 0).to(tl.int64))
+        tok = tl.min(tl.where(v == best, i, N), 0)
+        tl.store(out_ptr + row, tok.to(tl.int64))
+        if IDS:
+            tl.store(ids_ptr + row, tok.to(tl.int32))
         tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
@@ -76,6 +79,33 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     chunks = triton.cdiv(n, BLOCK)
     cnt, pv, pi = _buffers(logits.device, rows, chunks)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    _argmax_kernel[(rows, chunks)](logits, pv, pi, cnt, out, n, logits.stride(0), CHUNKS=chunks,
-                                   CP2=triton.next_power_of_2(chunks), BLOCK=BLOCK)
+    _argmax_kernel[(rows, chunks)](logits, pv, pi, cnt, out, out, n, logits.stride(0), CHUNKS=chunks,
+                                   CP2=triton.next_power_of_2(chunks), BLOCK=BLOCK, IDS=False)
     return out
+
+
+class GraphArgmax:
+    """Greedy tokens inside a CUDA graph: buffers of its own (made before capture, the counters
+    reset by the kernel itself), so that every replay computes the argmax of its rows into `out`
+    (int64) and also into `ids` (int32: the next decode step's input ids, `graphs.DecodeGraphs`)."""
+
+    def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
+        self.chunks = triton.cdiv(vocab, BLOCK)
+        self.vocab = vocab
+        self.cnt = torch.zeros(rows, dtype=torch.int32, device=device)
+        self.pv = torch.empty(rows * self.chunks, dtype=torch.float32, device=device)
+        self.pi = torch.empty(rows * self.chunks, dtype=torch.int32, device=device)
+        self.out = torch.zeros(rows, dtype=torch.int64, device=device)
+
+    def __call__(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """argmax of each row of `logits` [rows, vocab] (any float dtype, unit stride) into `out`
+        and `ids` [rows] (int32); returns `out`."""
+        rows, n = logits.shape
+        if n != self.vocab or rows != self.out.numel() or logits.stride(1) != 1:
+            raise ValueError(f"GraphArgmax for [{self.out.numel()}, {self.vocab}] got {tuple(logits.shape)}")
+        if ids.dtype != torch.int32 or ids.numel() != rows:
+            raise ValueError(f"ids must be int32 [{rows}], got {ids.dtype} {tuple(ids.shape)}")
+        _argmax_kernel[(rows, self.chunks)](logits, self.pv, self.pi, self.cnt, self.out, ids, n, logits.stride(0),
+                                            CHUNKS=self.chunks, CP2=triton.next_power_of_2(self.chunks), BLOCK=BLOCK,
+                                            IDS=True)
+        return self.out

@@ -172,7 +172,7 @@ def _pdl_launch(pdl: bool | int) -> dict[str, Any]:
 TILES: dict[str, tuple[tuple[int, int] | None, int]] = {"b1": (None, 4), "b8": (None, 8), "b1m": ((32, 256), 4),
                                                        "bw": ((8, 2048), 4), "bw4": ((4, 2048), 4),
                                                        "bwx": ((8, 4096), 8), "b1w": ((0, 2048), 4),
-                                                       "b8w": ((0, 2048), 8)}
+                                                       "b8w": ((0, 2048), 8), "b4w": ((4, 2048), 4)}
 """Batch-1 GEMV tile (rows, K columns; None: the default per shape, 8-16 rows x up to 1024
 columns) and warps per program, per variant name. Which is fastest depends on the GPU and the
 model; the decode graphs time them at capture. On the H200 (bench/results/decode_profile.json)
@@ -184,7 +184,11 @@ H200 "bw" took Llama-3.2-1B's step graph from 0.914 to 0.832 ms (16 x 2048 with 
 decode_profile_bw.json) and made SmolLM2-135M's slower (0.480 vs 0.434 for "b8_pdl_hc").
 "b1w", "b8w" (rows 0: per projection): the default tile, but K up to 2048 columns in one tile,
 so that a projection with 1024 < K ≤ 2048 (SmolLM2-135M's down projection, K = 1536) loads all
-its weights before the PDL wait instead of its second tile after it (`proj_tile`)."""
+its weights before the PDL wait instead of its second tile after it (`proj_tile`).
+"b4w": 4 rows × the whole K (up to 2048 columns, no wider than K needs), 4 warps. With the early
+PDL trigger and the one-pass norm ("b4w_pdle_ln_hc") SmolLM2-135M's step graph took 0.344 ms
+against 0.383 for "b8w_pdl_hc" (bench/results/decode_b1_grid_s11.json); each of the three alone
+gave 1-4%. Llama-3.2-1B: 0.93 against 0.81 for "bw_pdl"."""
 
 
 def proj_tile(tile: tuple[int, int] | None, k: int) -> tuple[int, int] | None:
@@ -218,7 +222,8 @@ def proj_blocks(model: Any, tile: tuple[int, int] | None) -> tuple[Blocks, Block
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | int = False,
                      tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
-                     mlp: str | None = None, attn_o: bool = False, late_norm: bool = False) -> torch.Tensor:
+                     mlp: str | None = None, attn_o: bool = False, late_norm: bool = False,
+                     raw_logits: bool = False) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -236,7 +241,8 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | in
     bitwise reproducible. Needs `attention.counters` and splits ≥ 2; not with `mlp`.
     `pdl`: False, True (each kernel lets its successor launch after its wait) or 2 (at its start;
     `kernels/pdl.py`). `late_norm`: the norm+QKV and norm+gate|up kernels (and a Triton head) norm
-    in one pass (`gemv.fused_gemv`).
+    in one pass (`gemv.fused_gemv`). `raw_logits`: the cuBLAS head's logits in the model dtype (no
+    float32 copy; the Triton head writes float32 either way).
     """
     cfg = model.cfg
     (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
@@ -284,7 +290,8 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | in
         r = fused_gemv(gu, layer.down.weight, residual=r, silu=True, pdl=pdl, block_n=dn, block_k=dk,
                        num_warps=num_warps)
     if head_cublas:
-        return model.logits(rms_norm(r, model.norm, eps, out_dtype=model.norm.dtype))
+        x = rms_norm(r, model.norm, eps, out_dtype=model.norm.dtype)
+        return model.head()(x) if raw_logits else model.logits(x)
     return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
                       block_k=bk, num_warps=num_warps, out_dtype=torch.float32, late_norm=late_norm)
 
