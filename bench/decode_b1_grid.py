@@ -27,13 +27,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench._common import capture_graph, cuda_graph_ms, write_results  # noqa: E402
 
 DEFAULT_GRID = {
-    "smollm2-135m": "b8w_pdl_hc,r4w4_pdl_hc,r4w4_pdle_hc,r4w4_pdl_ln_hc,r4w4_pdle_ln_hc,r4w4_pdle,r2w4_pdle_hc,"
-                    "r2w4_pdle_ln_hc,r4w2_pdle_hc,r4w8_pdle_hc,r8w4_pdle_hc,r2w2_pdle_hc,r1w2_pdle_hc,r1w1_pdle_hc",
+    "smollm2-135m": "b8w_pdl_hc,r4w4_pdle_ln_hc,r4w4q8_pdle_ln_hc,r4w4q16_pdle_ln_hc,r4w4q2_pdle_ln_hc,"
+                    "r4w4a2_pdle_ln_hc,r4w4a8_pdle_ln_hc,r4w4a1_pdle_ln_hc,r4w4q8a2_pdle_ln_hc",
     "llama-3.2-1b": "bw_pdl,r4w4_pdl,r4w4_pdle,r4w4_pdl_ln,r2w4_pdl,r2w4_pdle,r4w2_pdl,r4w8_pdl,r4w4_pdl_hc",
 }
 """Per model, the configurations of a default run: a named variant of `engine/graphs.py` (b8w_pdl_hc,
-bw_pdl), or r{rows}w{warps}_{pdl|pdle}[_ln][_hc]: GEMV tile of `rows` rows × the whole K (up to 2048
-columns), `warps` warps per program, PDL mode 1 or 2 (e), the one-pass norm, the head through cuBLAS."""
+bw_pdl), or r{rows}w{warps}[q{qkv rows}][a{attention warps}]_{pdl|pdle}[_ln][_hc]: GEMV tile of `rows`
+rows × the whole K (up to 2048 columns), `warps` warps per program, the QKV kernel's rows, the attention
+kernel's warps, PDL mode 1 or 2 (e), the one-pass norm, the head through cuBLAS."""
 
 NAMED = {"b8w_pdl_hc": {"pdl": 1, "tile": (0, 2048), "num_warps": 8, "head_cublas": True},
          "bw_pdl": {"pdl": 1, "tile": (8, 2048), "num_warps": 4}}
@@ -43,11 +44,17 @@ def parse(cfg: str) -> dict[str, Any]:
     """A configuration name → decode_logits_b1 keyword arguments."""
     if cfg in NAMED:
         return NAMED[cfg]
-    m = re.fullmatch(r"r(\d+)w(\d+)_(pdle?)(_ln)?(_hc)?", cfg)
+    m = re.fullmatch(r"r(\d+)w(\d+)(?:q(\d+))?(?:a(\d+))?_(pdle?)(_ln)?(_hc)?", cfg)
     if m is None:
-        raise SystemExit(f"bad configuration {cfg!r}: want r<rows>w<warps>_pdl[e][_ln][_hc] or one of {list(NAMED)}")
-    return {"pdl": 2 if m.group(3) == "pdle" else 1, "tile": (int(m.group(1)), 2048), "num_warps": int(m.group(2)),
-            "late_norm": m.group(4) is not None, "head_cublas": m.group(5) is not None}
+        raise SystemExit(f"bad configuration {cfg!r}: want r<rows>w<warps>[q<qkv rows>][a<attention warps>]"
+                         f"_pdl[e][_ln][_hc] or one of {list(NAMED)}")
+    kw = {"pdl": 2 if m.group(5) == "pdle" else 1, "tile": (int(m.group(1)), 2048), "num_warps": int(m.group(2)),
+          "late_norm": m.group(6) is not None, "head_cublas": m.group(7) is not None}
+    if m.group(3):
+        kw["qkv_rows"] = int(m.group(3))
+    if m.group(4):
+        kw["attn_warps"] = int(m.group(4))
+    return kw
 
 
 def _forward(dec: Any, kw: dict[str, Any]) -> torch.Tensor:
@@ -62,8 +69,25 @@ def _forward(dec: Any, kw: dict[str, Any]) -> torch.Tensor:
     return decode_logits_b1(m, m.embed(dec.ids[:1]), attn, **kw)
 
 
-def run_model(name: str, rounds: int, cfgs: list[str]) -> dict[str, Any]:
-    from decode_profile import _engine, _steady
+def _steady(eng: Any, vocab: int, ctx: int) -> None:
+    """One sequence of `ctx` prompt tokens, decoding: the decode buffers hold a real step."""
+    from tristream.engine.sequence import SamplingParams
+
+    for sid in list(eng.seqs):
+        eng.cancel(sid)
+    eng.step()
+    gen = torch.Generator().manual_seed(ctx)
+    eng.add_request(torch.randint(10, vocab, (ctx,), generator=gen).tolist(),
+                    SamplingParams(max_tokens=64, ignore_eos=True))
+    while any(not s.is_decode for s in eng.seqs.values()) or not eng.seqs:
+        eng.step()
+    for _ in range(4):
+        eng.step()
+    torch.cuda.synchronize()
+
+
+def run_model(name: str, rounds: int, cfgs: list[str], ctx: int = 128) -> dict[str, Any]:
+    from decode_profile import _engine
     from llm import random_model
 
     model = random_model(name)
@@ -71,7 +95,7 @@ def run_model(name: str, rounds: int, cfgs: list[str]) -> dict[str, Any]:
     dec = eng.runner.decoder
     out: dict[str, Any] = {}
     with torch.inference_mode():
-        _steady(eng, 1, model.cfg.vocab_size)
+        _steady(eng, model.cfg.vocab_size, ctx)
         ref = dec.forward(1, "cublas").clone()
         graphs: dict[str, Any] = {}
         for cfg in cfgs:
@@ -106,18 +130,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=128, help="prompt tokens (the context of the measured step)")
     ap.add_argument("--name", default="decode_b1_grid")
     ap.add_argument("--grid", default=None, help="model=cfg,cfg;model=... (default DEFAULT_GRID)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("decode_b1_grid.py needs a CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
-    res: dict[str, Any] = {"models": {}}
+    res: dict[str, Any] = {"ctx": args.ctx, "models": {}}
     grid = dict(DEFAULT_GRID)
     if args.grid:
         grid.update(dict(part.split("=", 1) for part in args.grid.split(";")))
     for name in args.models.split(","):
-        res["models"][name] = run_model(name, args.rounds, grid[name].split(","))
+        res["models"][name] = run_model(name, args.rounds, grid[name].split(","), args.ctx)
         write_results(args.name, res)
     print(f"wrote bench/results/{args.name}.json")
 

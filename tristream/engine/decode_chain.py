@@ -100,7 +100,7 @@ class ChainedDecode:
         n = len(seqs)
         if b in dec.graphs:
             dec.graphs[b].replay()
-            return dec.outputs[b][:n]
+            return dec.logits(b, n)
         return dec.forward(b)[:n]
 
     @torch.inference_mode()

@@ -6,6 +6,12 @@ copy; every graph reads slices of it. Graphs are captured at start-up, largest b
 into one shared memory pool; a batch of n sequences replays the smallest bucket ≥ n with the
 padded rows pointing at slot -1 (no cache write) and context length 0 (zero output). Batches
 larger than the largest bucket, or `use_graphs=False`, run the same kernels eagerly.
+
+Each graph ends with the greedy tokens of its rows (`kernels/argmax.GraphArgmax`, on the head's
+logits in the model dtype): into `tokens[b]` and into the input ids, so a replay leaves the next
+step's ids in place (a chained step of the same bucket copies nothing, `decode_chain`) and the
+ids of the replayed step are gone (`prepare` writes them again). The graph keeps the head's
+logits as computed; `run` returns a float32 copy made outside the graph.
 """
 
 from __future__ import annotations
@@ -156,8 +162,6 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.tokens: dict[int, torch.Tensor] = {}  # bucket -> the greedy tokens its graph computes (int64)
         self._argmax: dict[int, GraphArgmax] = {}
-        self._raw: dict[int, torch.Tensor] = {}  # the head's logits read on the fork stream: kept alive
-        self._fork: torch.cuda.Stream | None = None
         self.pool: Any = None
 
     @property
@@ -266,7 +270,6 @@ class DecodeGraphs:
             down_transposed(self.model)
         vocab = self.model.cfg.vocab_size
         self._argmax = {b: GraphArgmax(b, vocab, self.model.device) for b in self.buckets}
-        self._fork = torch.cuda.Stream(self.model.device)
 
         def between() -> None:
             if self.kernels != "cublas":
@@ -283,22 +286,18 @@ class DecodeGraphs:
         self.tokens = {b: self._argmax[b].out for b in self.graphs}
 
     def _graph_forward(self, b: int) -> torch.Tensor:
-        """What bucket b's graph runs: the decode step; its greedy tokens into `tokens[b]` and into the
-        input ids (the next step's, when it is chained: `decode_chain.ChainedDecode`); the float32
-        logits on a forked stream, beside the argmax (which reads the head's own output)."""
+        """What bucket b's graph runs: the decode step, then its greedy tokens into `tokens[b]` and into
+        the input ids (the next step's, when it is chained: `decode_chain.ChainedDecode`). Returns the
+        head's logits as it computes them (the model dtype for the cuBLAS head): `logits` makes the
+        float32 copy outside the graph, for the steps that sample otherwise (a copy in the graph, even
+        on a forked stream, lengthened the greedy step: bench/results/llm_gpu_s11.json)."""
         raw = self.forward(b, raw_logits=True)
-        am = self._argmax[b]
-        if raw.dtype == torch.float32 or self._fork is None:
-            am(raw, self.ids[:b])
-            return raw if raw.dtype == torch.float32 else raw.float()
-        self._raw[b] = raw  # read on the fork stream: never freed under it
-        main, fork = torch.cuda.current_stream(), self._fork
-        fork.wait_stream(main)
-        with torch.cuda.stream(fork):
-            logits = raw.float()
-        am(raw, self.ids[:b])
-        main.wait_stream(fork)
-        return logits
+        self._argmax[b](raw, self.ids[:b])
+        return raw
+
+    def logits(self, b: int, n: int) -> torch.Tensor:
+        """Float32 logits [n, vocab] of bucket b's last replay."""
+        return self.outputs[b][:n].float()
 
     def _fill_padding(self, lo: int, hi: int) -> None:
         n, h = self.max_bs, self.host_np
@@ -349,5 +348,5 @@ class DecodeGraphs:
         self.prepare(seqs, b)
         if b in self.graphs:
             self.graphs[b].replay()
-            return self.outputs[b][:n]
+            return self.logits(b, n)
         return self.forward(b)[:n]

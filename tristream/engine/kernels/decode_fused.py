@@ -223,7 +223,7 @@ def proj_blocks(model: Any, tile: tuple[int, int] | None) -> tuple[Blocks, Block
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | int = False,
                      tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
                      mlp: str | None = None, attn_o: bool = False, late_norm: bool = False,
-                     raw_logits: bool = False) -> torch.Tensor:
+                     raw_logits: bool = False, attn_warps: int = 4, qkv_rows: int | None = None) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -242,11 +242,14 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | in
     `pdl`: False, True (each kernel lets its successor launch after its wait) or 2 (at its start;
     `kernels/pdl.py`). `late_norm`: the norm+QKV and norm+gate|up kernels (and a Triton head) norm
     in one pass (`gemv.fused_gemv`). `raw_logits`: the cuBLAS head's logits in the model dtype (no
-    float32 copy; the Triton head writes float32 either way).
+    float32 copy; the Triton head writes float32 either way). `attn_warps`: warps of the attention
+    kernel; `qkv_rows`: rows per program of the QKV kernel (None: as `tile` says).
     """
     cfg = model.cfg
     (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
     t_qkv = None if bn is None or bk is None else (bn, bk)  # the QKV kernel's tile (rows, K columns)
+    if qkv_rows is not None:
+        t_qkv = (qkv_rows, bk if bk is not None else min(triton.next_power_of_2(cfg.hidden_size), 1024))
     eps = cfg.rms_norm_eps
     if mlp not in (None, "fused", "fused_t"):
         raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")
@@ -276,7 +279,8 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | in
             continue
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
-                                   counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
+                                   counters=getattr(attention, "counters", None),
+                                   num_warps=attn_warps).view(1, cfg.q_size)
         if mlp is not None:
             # o + residual (float32) into a new r and a copy ra; the MLP reads ra and adds into r
             r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps,
