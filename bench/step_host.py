@@ -15,8 +15,10 @@ import argparse
 import cProfile
 import io
 import pstats
+import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -24,6 +26,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from bench._common import write_results  # noqa: E402
+
+
+def graph_events(eng: Any, steps: int) -> dict[str, float]:
+    """CUDA events around every replay of the bucket-1 graph during `steps` overlapped steps: the
+    graph's own GPU time in the engine, and the GPU time between two graphs (input copy, read-back
+    copy, and any idle time while the host had not yet queued the next step)."""
+    dec = eng.runner.decoder
+    g = dec.graphs[1]
+    real = g.replay
+    marks: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def replay() -> None:
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        real()
+        b.record()
+        marks.append((a, b))
+
+    g.replay = replay
+    try:
+        for _ in range(steps):
+            eng.step()
+    finally:
+        del g.replay
+    torch.cuda.synchronize()
+    dur = [a.elapsed_time(b) for a, b in marks]
+    gaps = [marks[i][1].elapsed_time(marks[i + 1][0]) for i in range(len(marks) - 1)]
+    period = [marks[i][0].elapsed_time(marks[i + 1][0]) for i in range(len(marks) - 1)]
+    return {"graph_ms": statistics.median(dur), "between_graphs_ms": statistics.median(gaps),
+            "gpu_period_ms": statistics.median(period), "between_p90_ms": sorted(gaps)[int(len(gaps) * 0.9)]}
 
 
 def main() -> None:
@@ -43,6 +75,9 @@ def main() -> None:
     _start(eng, model.cfg.vocab_size)
     t = step_times(eng, args.steps)
     print(f"step {t['step_ms']:.4f} ms, host busy {t['host_busy_ms']:.4f}, wait {t['wait_ms']:.4f}", flush=True)
+    ev = graph_events(eng, args.steps)
+    print(f"in the engine: graph {ev['graph_ms']:.4f} ms, between graphs {ev['between_graphs_ms']:.4f} "
+          f"(p90 {ev['between_p90_ms']:.4f}), GPU period {ev['gpu_period_ms']:.4f}", flush=True)
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(args.steps):
@@ -54,7 +89,7 @@ def main() -> None:
     print(text, flush=True)
     t2 = step_times(eng, args.steps)
     print(f"after the profile: step {t2['step_ms']:.4f} ms, host busy {t2['host_busy_ms']:.4f}", flush=True)
-    write_results(args.name, {"model": args.model, "before": t, "after": t2, "profile": text.splitlines()[:60]})
+    write_results(args.name, {"model": args.model, "before": t, "events": ev, "after": t2, "profile": text.splitlines()[:60]})
 
 
 if __name__ == "__main__":
