@@ -58,6 +58,45 @@ def graph_events(eng: Any, steps: int) -> dict[str, float]:
             "gpu_period_ms": statistics.median(period), "between_p90_ms": sorted(gaps)[int(len(gaps) * 0.9)]}
 
 
+def between_ops(eng: Any, reps: int = 100) -> dict[str, float]:
+    """ms per replay of the bucket-1 graph back to back, and with the ops an overlapped step puts
+    between two graphs: the input copy (host to device, the bytes a chained step copies), the token
+    read-back (device to host, 8 bytes) with its event, and both."""
+    dec = eng.runner.decoder
+    g = dec.graphs[1]
+    nm, mb = dec.max_bs, dec.max_blocks
+    used = 4 * nm + mb
+    src = torch.zeros_like(dec.host_buf).pin_memory()
+    tok = dec.tokens[1]
+    dst = torch.zeros(1, dtype=torch.int64).pin_memory()
+    ev = torch.cuda.Event()
+
+    def h2d() -> None:
+        dec.dev_buf[nm:used].copy_(src[nm:used], non_blocking=True)
+
+    def d2h() -> None:
+        dst.copy_(tok, non_blocking=True)
+        ev.record()
+
+    plans = {"graph": [], "graph+h2d": [h2d], "graph+d2h": [d2h], "graph+h2d+d2h": [h2d, d2h]}
+    out = {}
+    for name, ops in plans.items():
+        for _ in range(5):
+            g.replay()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(reps):
+            for op in ops[:1] if len(ops) == 2 else ops if ops and ops[0] is h2d else []:
+                op()
+            g.replay()
+            for op in ops[1:] if len(ops) == 2 else ops if ops and ops[0] is d2h else []:
+                op()
+        e.record()
+        e.synchronize()
+        out[name] = s.elapsed_time(e) / reps
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -75,6 +114,8 @@ def main() -> None:
     _start(eng, model.cfg.vocab_size)
     t = step_times(eng, args.steps)
     print(f"step {t['step_ms']:.4f} ms, host busy {t['host_busy_ms']:.4f}, wait {t['wait_ms']:.4f}", flush=True)
+    between = between_ops(eng)
+    print("between graphs (ms per replay): " + ", ".join(f"{k} {v:.4f}" for k, v in between.items()), flush=True)
     ev = graph_events(eng, args.steps)
     print(f"in the engine: graph {ev['graph_ms']:.4f} ms, between graphs {ev['between_graphs_ms']:.4f} "
           f"(p90 {ev['between_p90_ms']:.4f}), GPU period {ev['gpu_period_ms']:.4f}", flush=True)
@@ -89,7 +130,7 @@ def main() -> None:
     print(text, flush=True)
     t2 = step_times(eng, args.steps)
     print(f"after the profile: step {t2['step_ms']:.4f} ms, host busy {t2['host_busy_ms']:.4f}", flush=True)
-    write_results(args.name, {"model": args.model, "before": t, "events": ev, "after": t2, "profile": text.splitlines()[:60]})
+    write_results(args.name, {"model": args.model, "before": t, "between_ops": between, "events": ev, "after": t2, "profile": text.splitlines()[:60]})
 
 
 if __name__ == "__main__":
