@@ -99,6 +99,10 @@ def b1_options(variant: str) -> dict[str, Any]:
     tile, warps = TILES[name]
     return {"pdl": pdl, "tile": tile, "num_warps": warps, "head_cublas": hc, "mlp": mlp, "attn_o": ao,
             "late_norm": ln}
+CAPTURE_PDL = ("b1_pdl", "bw_pdl", "b1w_pdl", "b8w_pdl_hc", "bw_pdle", "b4w_pdle_ln", "b4w_pdle_ln_hc")
+"""The batch-1 variants `DecodeGraphs` times at capture on a GPU with PDL (`_candidates`)."""
+CAPTURE_PLAIN = ("b1", "bw", "b1w", "b8w", "b1_hc", "b4w_ln")
+"""The same without PDL (before Hopper)."""
 VARIANTS = ("cublas", "fused", *B1_VARIANTS, "mega")
 """Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
 at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
@@ -216,8 +220,11 @@ class DecodeGraphs:
             # nor "b1m" (32 x 256 tiles: 1.4-3.6x slower than the default tile on the H200), nor the
             # attention+O kernel ("_ao": 135M 0.400 vs 0.383 ms, 1B 1.05 vs 0.81 ms per step graph;
             # bench/results/decode_profile_ao.json)
-            out += [v for v in B1_VARIANTS if ("_pdl" in v) == pdl and "_mlp" not in v and "_ao" not in v
-                    and not v.startswith("b1m")]
+            # of the rest, the ones that won a model on the H200 and their nearest rivals (timing all 16
+            # PDL variants took 135M's capture to 13.5 s, bench/results/llm_gpu_s11.json): b4w_pdle_ln_hc
+            # for SmolLM2-135M (0.339 ms), bw_pdl / b1w_pdl for Llama-3.2-1B (0.811 / 0.812), b1_pdl for
+            # Llama-3-8B (llm_gpu_s8.json)
+            out += list(CAPTURE_PDL if pdl else CAPTURE_PLAIN)
         return out
 
     def _time_variant(self, b: int, fused: str) -> float:
