@@ -69,25 +69,8 @@ def _forward(dec: Any, kw: dict[str, Any]) -> torch.Tensor:
     return decode_logits_b1(m, m.embed(dec.ids[:1]), attn, **kw)
 
 
-def _steady(eng: Any, vocab: int, ctx: int) -> None:
-    """One sequence of `ctx` prompt tokens, decoding: the decode buffers hold a real step."""
-    from tristream.engine.sequence import SamplingParams
-
-    for sid in list(eng.seqs):
-        eng.cancel(sid)
-    eng.step()
-    gen = torch.Generator().manual_seed(ctx)
-    eng.add_request(torch.randint(10, vocab, (ctx,), generator=gen).tolist(),
-                    SamplingParams(max_tokens=64, ignore_eos=True))
-    while any(not s.is_decode for s in eng.seqs.values()) or not eng.seqs:
-        eng.step()
-    for _ in range(4):
-        eng.step()
-    torch.cuda.synchronize()
-
-
 def run_model(name: str, rounds: int, cfgs: list[str], ctx: int = 128) -> dict[str, Any]:
-    from decode_profile import _engine
+    from decode_profile import _engine, _steady
     from llm import random_model
 
     model = random_model(name)
@@ -95,7 +78,7 @@ def run_model(name: str, rounds: int, cfgs: list[str], ctx: int = 128) -> dict[s
     dec = eng.runner.decoder
     out: dict[str, Any] = {}
     with torch.inference_mode():
-        _steady(eng, model.cfg.vocab_size, ctx)
+        _steady(eng, 1, model.cfg.vocab_size, ctx)
         ref = dec.forward(1, "cublas").clone()
         graphs: dict[str, Any] = {}
         for cfg in cfgs:

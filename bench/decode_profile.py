@@ -41,8 +41,8 @@ def _engine(model: Any) -> Any:
     return eng
 
 
-def _steady(eng: Any, batch: int, vocab: int) -> None:
-    """`batch` sequences of 128 prompt tokens, decoding: the decode buffers hold a real step."""
+def _steady(eng: Any, batch: int, vocab: int, ctx: int = 128) -> None:
+    """`batch` sequences of `ctx` prompt tokens, decoding: the decode buffers hold a real step."""
     from tristream.engine.sequence import SamplingParams
 
     for sid in list(eng.seqs):
@@ -50,7 +50,7 @@ def _steady(eng: Any, batch: int, vocab: int) -> None:
     eng.step()
     gen = torch.Generator().manual_seed(batch)
     for _ in range(batch):
-        eng.add_request(torch.randint(10, vocab, (128,), generator=gen).tolist(),
+        eng.add_request(torch.randint(10, vocab, (ctx,), generator=gen).tolist(),
                         SamplingParams(max_tokens=64, ignore_eos=True))
     while any(not s.is_decode for s in eng.seqs.values()) or len(eng.seqs) < batch:
         eng.step()

@@ -93,30 +93,28 @@ class ChainedDecode:
 
         prev_tokens: the last step's token ids on the device, one per row of that step; `rows`:
         which of them feed `seqs` (None: all, in order)."""
-        dec = self.runner.decoder
-        if dec is None:
-            return self._eager(seqs, prev_tokens, rows)
-        b = self._inputs(seqs, prev_tokens, rows)
-        n = len(seqs)
-        if b in dec.graphs:
-            dec.graphs[b].replay()
-            return dec.logits(b, n)
-        return dec.forward(b)[:n]
+        return self._launch(seqs, prev_tokens, rows, greedy=False)
 
     @torch.inference_mode()
     def launch_greedy(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None = None
                       ) -> torch.Tensor:
         """As `launch`, but the step's greedy token ids [len(seqs)] (int64, on the device): the graph's
         own argmax where a graph runs the batch (`DecodeGraphs.run_greedy`)."""
+        return self._launch(seqs, prev_tokens, rows, greedy=True)
+
+    def _launch(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None, greedy: bool
+                ) -> torch.Tensor:
         dec = self.runner.decoder
         if dec is None:
-            return greedy_tokens(self._eager(seqs, prev_tokens, rows))
+            logits = self._eager(seqs, prev_tokens, rows)
+            return greedy_tokens(logits) if greedy else logits
         b = self._inputs(seqs, prev_tokens, rows)
         n = len(seqs)
         if b in dec.graphs:
             dec.graphs[b].replay()
-            return dec.tokens[b][:n]
-        return greedy_tokens(dec.forward(b)[:n])
+            return dec.tokens[b][:n] if greedy else dec.logits(b, n)
+        logits = dec.forward(b)[:n]
+        return greedy_tokens(logits) if greedy else logits
 
     def _inputs(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None) -> int:
         """Queue the copies of the step's inputs; the bucket it runs in."""

@@ -281,7 +281,7 @@ class DecodeGraphs:
         def between() -> None:
             if self.kernels != "cublas":
                 self._choose_kernels()
-            for b in self.buckets:  # the chosen variants with the graph's tail, eagerly: all compiled now
+            for b in self.fused:  # the chosen variants with the graph's tail, eagerly: all compiled now
                 self._graph_forward(b)
 
         # the warm-up runs what each bucket will capture (before the choice at capture: the configured

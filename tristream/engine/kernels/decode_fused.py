@@ -32,7 +32,7 @@ import triton.language as tl
 
 from tristream.engine.kernels.decode_attn_o import attn_o_b1
 from tristream.engine.kernels.decode_mlp import fused_mlp1
-from tristream.engine.kernels.gemv import fused_gemv, row_rstd
+from tristream.engine.kernels.gemv import fused_gemv, norm_x, row_rstd
 from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
 from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
@@ -54,18 +54,13 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
     w1 = tl.load(w_ptr + r1[:, None] * K + rk0[None, :], mask=k0mask[None, :], other=0.0)
     w2 = tl.load(w_ptr + r2[:, None] * K + rk0[None, :], mask=k0mask[None, :], other=0.0)
     pdl_wait(USE_PDL)
+    rstd = 1.0
     if NORM and not LATE_NORM:
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     xv = tl.load(x_ptr + rk0, mask=k0mask, other=0.0)
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
-    if NORM:
-        nw = tl.load(nw_ptr + rk0, mask=k0mask, other=0.0)
-        if LATE_NORM:  # one pass: the RMS scale multiplies the sums (`fused_gemv`'s late_norm)
-            xf = xv.to(tl.float32)
-            ss += xf * xf
-            xv = xf * nw.to(tl.float32)
-        else:
-            xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+    if NORM:  # LATE_NORM: one pass, the RMS scale multiplies the sums (`fused_gemv`'s late_norm)
+        xv, ss = norm_x(xv, tl.load(nw_ptr + rk0, mask=k0mask, other=0.0), rstd, ss, dt, LATE_NORM)
     acc1 = tl.sum(w1.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
     acc2 = tl.sum(w2.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
     for k0 in range(BLOCK_K, K, BLOCK_K):
@@ -73,13 +68,7 @@ def _qkv_rope_store1_kernel(x_ptr, w_ptr, b_ptr, nw_ptr, pos_ptr, cs_ptr, slot_p
         kmask = rk < K
         xv = tl.load(x_ptr + rk, mask=kmask, other=0.0)
         if NORM:
-            nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
-            if LATE_NORM:
-                xf = xv.to(tl.float32)
-                ss += xf * xf
-                xv = xf * nw.to(tl.float32)
-            else:
-                xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+            xv, ss = norm_x(xv, tl.load(nw_ptr + rk, mask=kmask, other=0.0), rstd, ss, dt, LATE_NORM)
         w1 = tl.load(w_ptr + r1[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
         w2 = tl.load(w_ptr + r2[:, None] * K + rk[None, :], mask=kmask[None, :], other=0.0)
         acc1 += tl.sum(w1.to(tl.float32) * xv.to(tl.float32)[None, :], 1)

@@ -82,6 +82,20 @@ def load_x(x_ptr, rk, mask, X_FX: tl.constexpr):
 
 
 @triton.jit
+def norm_x(xv, nw, rstd, ss, dt: tl.constexpr, LATE_NORM: tl.constexpr):
+    """One K tile of x under the RMS norm → (the tile to multiply the weights by, ss): with LATE_NORM
+    x·nw in float32 and the squares added to `ss` (the scale comes after the sums); else x·rstd
+    rounded to `dt`, times nw, rounded (as transformers' RMSNorm), `ss` as given."""
+    if LATE_NORM:
+        xf = xv.to(tl.float32)
+        ss = ss + xf * xf
+        out = xf * nw.to(tl.float32)
+    else:
+        out = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+    return out, ss
+
+
+@triton.jit
 def row_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr, X_FX: tl.constexpr = False):
     """1 / RMS of the row x[0:K] (float32), read in BLOCK_K tiles (X_FX: int64 fixed point)."""
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -115,6 +129,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
     rk0 = tl.arange(0, BLOCK_K)
     w0 = tl.load(w_ptr + rn[:, None] * K + rk0[None, :], mask=nmask[:, None] & (rk0 < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)
+    rstd = 1.0
     if NORM and not LATE_NORM:
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K, X_FX)
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
@@ -132,13 +147,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
                 if pid == 0:
                     tl.store(xc_ptr + rk, xv.to(tl.float32), mask=kmask)
             if NORM:
-                nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
-                if LATE_NORM:
-                    xf = xv.to(tl.float32)
-                    ss += xf * xf
-                    xv = xf * nw.to(tl.float32)
-                else:
-                    xv = ((xv.to(tl.float32) * rstd).to(dt).to(tl.float32) * nw.to(tl.float32)).to(dt)
+                xv, ss = norm_x(xv, tl.load(nw_ptr + rk, mask=kmask, other=0.0), rstd, ss, dt, LATE_NORM)
         if k0 == 0:
             w = w0
         else:
