@@ -180,6 +180,22 @@ def cuda_graph_ms(graph: Any, warm: int = 5, reps: int = 50) -> float:
     return float(s.elapsed_time(e)) / reps
 
 
+def engine_graph_ms(eng: Any, batch: int, reps: int = 50) -> float | None:
+    """ms per replay of the decode graph that runs `batch` rows in engine `eng`, alone (without the
+    host side of a step), at the inputs of its last step; None without such a graph. Completes a
+    step in flight first (its tokens are then dropped by the next replays) and holds the inputs
+    (`DecodeGraphs.hold_inputs`: replays do not advance them); the engine's next step copies them
+    again."""
+    dec = eng.runner.decoder
+    b = dec.bucket_for(batch) if dec is not None else None
+    if b is None or b not in dec.graphs:
+        return None
+    while eng.overlap is not None and eng.overlap.in_flight:
+        eng.step(allow=set())
+    dec.hold_inputs()
+    return cuda_graph_ms(dec.graphs[b], reps=reps)
+
+
 def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
     """GPU kernels of one call of `fn` (graph replays included): count and time, largest first."""
     import torch

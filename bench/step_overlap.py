@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench._common import cuda_graph_ms, write_results  # noqa: E402
+from bench._common import engine_graph_ms, write_results  # noqa: E402
 
 
 def _engine(model: Any, kernels: str, buckets: tuple[int, ...]) -> Any:
@@ -57,11 +57,7 @@ def _idle(eng: Any) -> None:
 
 
 def _replay_ms(eng: Any, batch: int) -> float | None:
-    dec = eng.runner.decoder
-    b = dec.bucket_for(batch) if dec is not None else None
-    if b is None or b not in dec.graphs:
-        return None
-    return cuda_graph_ms(dec.graphs[b])
+    return engine_graph_ms(eng, batch)
 
 
 def run_mode(eng: Any, batch: int, overlap: bool, steps: int, vocab: int, profile: bool = False

@@ -91,5 +91,41 @@ def test_graph_argmax_replays_in_a_cuda_graph() -> None:
     for _ in range(3):
         x.copy_(torch.randn(2, 49152, device="cuda", dtype=torch.bfloat16))
         graph.replay()
+        am.count_replay()
         torch.cuda.synchronize()
         assert torch.equal(am.out, x.float().argmax(-1)) and torch.equal(ids, am.out.int())
+        view, stamp = am.host_tokens()  # the mapped host slot of this replay: no copy
+        assert view.device.type == "cpu" and view.tolist() == am.out.tolist()
+        am.check_host(stamp)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="mapped pinned memory needs CUDA")
+def test_graph_argmax_host_slots_alternate_and_catch_uncounted_runs() -> None:
+    from tristream.engine.kernels.argmax import GraphArgmax
+
+    am = GraphArgmax(3, 3000, torch.device("cuda"))
+    ids = torch.zeros(3, dtype=torch.int32, device="cuda")
+    seen = []
+    for _ in range(4):
+        x = torch.randn(3, 3000, device="cuda")
+        am(x, ids)
+        seen.append((am.host_tokens(), x.argmax(-1).tolist()))
+    torch.cuda.synchronize()
+    (v2, s2), want2 = seen[2]
+    (v3, s3), want3 = seen[3]
+    assert (s2, s3) == (3, 4) and v2.tolist() == want2 and v3.tolist() == want3  # two slots, both intact
+    am.check_host(s3)
+    with pytest.raises(RuntimeError, match="expected run 2"):  # overwritten by run 4
+        am.check_host(2)
+    with pytest.raises(RuntimeError, match="the host counted"):  # run 3's other slot holds run 4, not yet counted
+        am.calls = 3
+        am.check_host(3)
+    am.calls = 4
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        am(x, ids)
+    assert am.calls == 4  # capturing runs nothing
+    graph.replay()  # not counted
+    torch.cuda.synchronize()
+    with pytest.raises(RuntimeError, match="ran 5 times, the host counted 4"):
+        am.check_host(am.host_tokens()[1])

@@ -71,3 +71,36 @@ def test_overlap_through_graphs_equals_sync(engine: tuple[LLMEngine, dict[str, i
     ahead = eng.stats.overlap_steps - ahead0
     assert ahead >= 15 and replays["n"] - replays0 >= ahead  # decode steps ran ahead, through the graphs
     assert eng.stats.steps - steps0 <= 20 + 3 * (n - 1) + 2  # one step per token (plus prefill chunks)
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_steady_overlap_copies_inputs_only_when_a_block_table_grows(engine: tuple[LLMEngine, dict[str, int]],
+                                                                     n: int) -> None:
+    """A batch that does not change advances its inputs inside the graph (kernels/advance.py): a copy
+    per new block (16 tokens), not per step, and the same tokens as the synchronous engine."""
+    eng, _ = engine
+    dec = eng.runner.decoder
+    assert dec is not None
+    gen = torch.Generator().manual_seed(100 + n)
+    prompts = [torch.randint(3, eng.model.cfg.vocab_size, (37,), generator=gen).tolist() for _ in range(n)]
+
+    def run() -> tuple[list[list[int]], int]:
+        ids = [eng.add_request(p, SamplingParams(max_tokens=90, ignore_eos=True)) for p in prompts]
+        out: dict[int, list[int]] = {i: [] for i in ids}
+        up0 = dec.uploads
+        while eng.has_work():
+            for o in eng.step():
+                if o.token_id is not None:
+                    out[o.seq_id].append(o.token_id)
+        assert eng.blocks.num_free == eng.blocks.num_blocks
+        return [out[i] for i in ids], dec.uploads - up0
+
+    eng.set_overlap(False)
+    ref, sync_uploads = run()
+    eng.set_overlap(True)
+    got, uploads = run()
+    eng.set_overlap(False)
+    assert got == ref
+    assert sync_uploads >= 89  # the synchronous engine copies every step
+    # 37 + 90 positions cross 6 block boundaries (bs 16); plus the first step and the last (one row left)
+    assert uploads <= 10, uploads

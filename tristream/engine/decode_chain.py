@@ -7,17 +7,23 @@ inputs (positions, cache slots, context lengths, block tables) from its own pinn
 Two pinned buffers alternate: the host writes step i+2's inputs after waiting for step i only,
 while the copy of step i+1's inputs (queued behind step i) may not have run yet.
 
-`TokenReadback` copies a step's token ids into pinned host memory without waiting, and waits
-later (two slots, one per step in flight).
+When the batch and its block tables are those of the last step, nothing is copied at all: the
+graph's first kernel advances the inputs (`kernels/advance.py`, `graphs.InputState`).
+
+`TokenReadback` gets a step's token ids to the host without waiting, and waits later (two slots,
+one per step in flight): a decode graph's argmax already wrote them into mapped pinned memory
+(`DecodeGraphs.mapped_tokens`), so only an event is recorded; other steps copy.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from tristream.engine.decode_inputs import FRESH, InputState
 from tristream.engine.engine_types import PinnedCopy
 from tristream.engine.runner import ModelRunner
 from tristream.engine.sampler import greedy_tokens
@@ -31,6 +37,7 @@ class Readback:
     tokens: torch.Tensor  # the device tensor (kept alive until the copy is done)
     slot: int  # pinned slot index (CUDA), -1 on CPU
     n: int
+    mapped: tuple[torch.Tensor, Callable[[], None]] | None = None  # the graph's host tokens, their check
 
 
 class TokenReadback:
@@ -39,16 +46,23 @@ class TokenReadback:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.slots = (PinnedCopy(), PinnedCopy())
+        self.events = (torch.cuda.Event(), torch.cuda.Event()) if self.cuda else ()
         self.next = 0
 
-    def start(self, tokens: torch.Tensor) -> Readback:
+    def start(self, tokens: torch.Tensor, mapped: tuple[torch.Tensor, Callable[[], None]] | None = None
+              ) -> Readback:
         """Queue the copy of `tokens` ([n] int64) to the host; returns the handle to `wait` on.
+        mapped: where the step already wrote them in pinned host memory ([≥ n] view) and a check
+        to run once it is done (`DecodeGraphs.mapped_tokens`): then only an event is recorded.
         At most two copies may be outstanding (a slot is reused two `start`s later)."""
         n = int(tokens.shape[0])
         if not self.cuda:
             return Readback(tokens, -1, n)
         slot = self.next
         self.next ^= 1
+        if mapped is not None:
+            self.events[slot].record()
+            return Readback(tokens, slot, n, mapped)
         self.slots[slot].start(tokens)
         return Readback(tokens, slot, n)
 
@@ -56,6 +70,11 @@ class TokenReadback:
         """Block (releasing the GIL on CUDA) until the copy is done; the token ids."""
         if rb.slot < 0:
             return rb.tokens.tolist()
+        if rb.mapped is not None:
+            self.events[rb.slot].synchronize()
+            view, check = rb.mapped
+            check()
+            return view[:rb.n].tolist()
         return self.slots[rb.slot].wait()
 
 
@@ -117,31 +136,39 @@ class ChainedDecode:
         return greedy_tokens(logits) if greedy else logits
 
     def _inputs(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None) -> int:
-        """Queue the copies of the step's inputs; the bucket it runs in."""
+        """Queue the copies of the step's inputs, unless the graph's advance kernel makes them from the
+        last replay's (`graphs.InputState.advanced`); the bucket it runs in."""
         dec = self.runner.decoder
         assert dec is not None
         n = len(seqs)
         b = dec.bucket_for(n)
         assert b is not None, "ChainedDecode.supports() was not checked"
-        nm, mb, bs = dec.max_bs, dec.max_blocks, self.runner.block_size
+        dec.last_host = None
+        bs = self.runner.block_size
+        seq_ids = tuple(s.seq_id for s in seqs)
+        cis = tuple(len(s.keys) - s.cache_offset for s in seqs)  # cache indexes of the tokens being fed
+        nbt = tuple(len(s.block_table) for s in seqs)
+        state = InputState(b, seq_ids, cis, nbt)
+        own = dec.tokens.get(b)
+        same_ids = rows is None and own is not None and prev_tokens.data_ptr() == own.data_ptr()
+        last = dec.on_device
+        if same_ids and b in dec.graphs and last is not None and last.advanced(b, seq_ids, cis, nbt, bs):
+            dec.queue_inputs(state, upload=False)  # the previous replay was this bucket's: ids in place too
+            return b
+        mb = dec.max_blocks
         h = self.host_np[self.flip]
         src = self.host[self.flip]
         self.flip ^= 1
         for i, s in enumerate(seqs):
-            pos = len(s.keys)  # the position of the token being fed (logical, RoPE)
-            ci = pos - s.cache_offset  # its cache index
-            bt = s.block_table
-            h[nm + i] = pos
-            h[2 * nm + i] = bt[ci // bs] * bs + ci % bs
-            h[3 * nm + i] = ci + 1
-            h[4 * nm + i * mb:4 * nm + i * mb + len(bt)] = bt
-        h[nm + n:nm + b] = 0  # padded rows: position 0, no cache write, empty context
-        h[2 * nm + n:2 * nm + b] = -1
-        h[3 * nm + n:3 * nm + b] = 0
-        used = 4 * nm + b * mb
-        dec.dev_buf[nm:used].copy_(src[nm:used], non_blocking=True)  # everything but the ids
-        own = dec.tokens.get(b)
-        if rows is None and own is not None and prev_tokens.data_ptr() == own.data_ptr():
+            dec.write_row(h, i, s, len(s.keys))  # the position of the token being fed (logical, RoPE)
+        h[dec.o_pos + n:dec.o_pos + b] = 0  # padded rows: position 0, no cache write, empty context
+        h[dec.o_slot + n:dec.o_slot + b] = -1
+        h[dec.o_ctx + n:dec.o_ctx + b] = 0
+        h[dec.o_flag] = FRESH
+        used = dec.o_bt + b * mb
+        dec.dev_buf[dec.o_flag:used].copy_(src[dec.o_flag:used], non_blocking=True)  # everything but the ids
+        dec.queue_inputs(state, upload=True)
+        if same_ids:
             pass  # the previous step was this bucket's graph: its argmax already wrote the ids
         elif rows is None:  # the ids: the previous step's tokens, device to device
             dec.ids[:n].copy_(prev_tokens)

@@ -1,17 +1,22 @@
 """GPU decode: Triton paged attention and CUDA graphs captured per batch-size bucket.
 
-All inputs of a decode step (token ids, positions, cache slots, context lengths, block tables)
-live in one persistent int32 device buffer, filled from one pinned host buffer by a single
+All inputs of a decode step (token ids, a flag word, positions, cache slots, context lengths, block
+tables) live in one persistent int32 device buffer, filled from one pinned host buffer by a single
 copy; every graph reads slices of it. Graphs are captured at start-up, largest bucket first,
 into one shared memory pool; a batch of n sequences replays the smallest bucket ≥ n with the
 padded rows pointing at slot -1 (no cache write) and context length 0 (zero output). Batches
 larger than the largest bucket, or `use_graphs=False`, run the same kernels eagerly.
 
-Each graph ends with the greedy tokens of its rows (`kernels/argmax.GraphArgmax`, on the head's
-logits in the model dtype): into `tokens[b]` and into the input ids, so a replay leaves the next
-step's ids in place (a chained step of the same bucket copies nothing, `decode_chain`) and the
-ids of the replayed step are gone (`prepare` writes them again). The graph keeps the head's
-logits as computed; `run` returns a float32 copy made outside the graph.
+Each graph starts by advancing its inputs on the device (`kernels/advance.py`): a replay that no
+host copy preceded feeds every live row the position after its last one, so that steady decode of
+an unchanged batch copies nothing to the device (`decode_chain.ChainedDecode` copies only when the
+batch or a block table changes; `prepare` always copies). Each graph ends with the greedy tokens of
+its rows (`kernels/argmax.GraphArgmax`, on the head's logits in the model dtype): into `tokens[b]`,
+into the input ids (a chained step of the same bucket copies no ids) and into mapped pinned host
+memory (`host_tokens`: nothing to copy back either). A replay therefore leaves the next step's ids
+in place and the replayed step's ids are gone (`prepare` writes them again). The graph keeps the
+head's logits as computed; `run` returns a float32 copy made outside the graph. Replays must go
+through `graphs[b].replay()` (`_DecodeGraph`), which keeps the host's mirror of that state.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ from typing import Any
 
 import torch
 
+from tristream.engine.decode_inputs import FRESH, HOLD, InputState
 from tristream.engine.kernel_choice import variant_agrees
 from tristream.engine.kernels import triton_ops as K
+from tristream.engine.kernels.advance import advance_embed
 from tristream.engine.kernels.argmax import GraphArgmax
 from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1, down_transposed
 from tristream.engine.kernels.decode_mega_cuda import decode_logits_mega
@@ -150,19 +157,34 @@ class DecodeGraphs:
         self.max_blocks = -(-max_model_len // cache.block_size)
         self.use_graphs = use_graphs
         n = self.max_bs
-        self._size = 4 * n + n * self.max_blocks
+        # the buffer's layout: ids [n], flag [1] (kernels/advance.py), positions, slots, context lengths [n each],
+        # block tables [n, max_blocks]; a step copies [0 or o_flag, o_bt + rows * max_blocks)
+        self.o_flag = n
+        self.o_pos = n + 1
+        self.o_slot = 2 * n + 1
+        self.o_ctx = 3 * n + 1
+        self.o_bt = 4 * n + 1
+        self._size = self.o_bt + n * self.max_blocks
         dev = model.device
         self.dev_buf = torch.zeros(self._size, dtype=torch.int32, device=dev)
+        self.dev_buf[self.o_flag] = HOLD
         self.host_buf = torch.zeros(self._size, dtype=torch.int32, pin_memory=dev.type == "cuda")
         self.host_np = self.host_buf.numpy()
         self.ids = self.dev_buf[0:n]
-        self.positions = self.dev_buf[n:2 * n]
-        self.slots = self.dev_buf[2 * n:3 * n]
-        self.ctx_lens = self.dev_buf[3 * n:4 * n]
-        self.block_tables = self.dev_buf[4 * n:].view(n, self.max_blocks)
+        self.positions = self.dev_buf[self.o_pos:self.o_pos + n]
+        self.slots = self.dev_buf[self.o_slot:self.o_slot + n]
+        self.ctx_lens = self.dev_buf[self.o_ctx:self.o_ctx + n]
+        self.block_tables = self.dev_buf[self.o_bt:].view(n, self.max_blocks)
+        # the host's mirror of the inputs a replay computes with: (bucket, seq ids, cache indexes, block
+        # table lengths) of the last replay (None: unknown, e.g. after an eager step or a held replay),
+        # and of the copy queued for the next one
+        self.on_device: InputState | None = None
+        self.pending: InputState | None = None
+        self.uploads = 0  # host→device input copies (prepare, chained steps that could not advance)
+        self.last_host: tuple[int, int] | None = None  # (bucket, stamp) of the last step if a graph replayed it
         self.merge_counters = torch.zeros(n * model.cfg.num_heads, dtype=torch.int32, device=dev)
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, _DecodeGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.tokens: dict[int, torch.Tensor] = {}  # bucket -> the greedy tokens its graph computes (int64)
         self._argmax: dict[int, GraphArgmax] = {}
@@ -189,14 +211,17 @@ class DecodeGraphs:
             return "cublas" if self.model.device.type == "cuda" else "fused"
         return self.kernels if b == 1 or self.kernels == "fused" else "fused"
 
-    def forward(self, b: int, variant: str | None = None, raw_logits: bool = False) -> torch.Tensor:
+    def forward(self, b: int, variant: str | None = None, raw_logits: bool = False,
+                h: torch.Tensor | None = None) -> torch.Tensor:
         """Eager decode of the first b rows of the persistent buffers → float32 logits [b, vocab]
-        (raw_logits: in the model dtype where the head computes them so, without a float32 copy)."""
+        (raw_logits: in the model dtype where the head computes them so, without a float32 copy;
+        h: the ids' embeddings, when already gathered)."""
         m = self.model
         splits = K.choose_splits(b, m.cfg.num_heads, self.num_sms)
         attn = TritonDecodeAttention(m, self.cache, self.positions[:b], self.slots[:b], self.block_tables[:b],
                                      self.ctx_lens[:b], splits, self.merge_counters)
-        h = m.embed(self.ids[:b])
+        if h is None:
+            h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
         if v == "mega" and b == 1:  # the whole step as one persistent CUDA kernel (kernels/decode_mega_cuda.py)
             return decode_logits_mega(m, h, attn)
@@ -288,8 +313,10 @@ class DecodeGraphs:
         # variant, or cuBLAS under "auto", whose candidates `_choose_kernels` runs eagerly; after it, the
         # chosen ones): Triton kernels compile there, never inside a capture (a compile allocates enough to
         # start a GC pass, and a collected engine's pinned buffers or events freed mid-capture abort the process)
-        self.graphs, self.outputs, self.pool = capture_buckets(self.buckets, self._graph_forward, self.pool,
-                                                               between=between)
+        self.hold_inputs()  # the warm-up runs the graphs' advance kernel: leave the inputs
+        graphs, self.outputs, self.pool = capture_buckets(self.buckets, self._graph_forward, self.pool,
+                                                          between=between)
+        self.graphs = {b: _DecodeGraph(g, self, b) for b, g in graphs.items()}
         self.tokens = {b: self._argmax[b].out for b in self.graphs}
 
     def _graph_forward(self, b: int) -> torch.Tensor:
@@ -298,36 +325,97 @@ class DecodeGraphs:
         head's logits as it computes them (the model dtype for the cuBLAS head): `logits` makes the
         float32 copy outside the graph, for the steps that sample otherwise (a copy in the graph, even
         on a forked stream, lengthened the greedy step: bench/results/llm_gpu_s11.json)."""
-        raw = self.forward(b, raw_logits=True)
+        m = self.model
+        h = advance_embed(self.dev_buf, m.embed_tokens, b, self.cache.block_size, self.o_pos, self.o_slot, self.o_ctx,
+                          self.o_bt, self.o_flag, self.max_blocks)
+        raw = self.forward(b, raw_logits=True, h=h)
         self._argmax[b](raw, self.ids[:b])
         return raw
+
+    def hold_inputs(self) -> None:
+        """Make every following replay use the inputs as they are, until the next copy (`prepare`):
+        for benchmarks that replay one step many times."""
+        self.dev_buf[self.o_flag] = HOLD
+        self.on_device = self.pending = None
+
+    def host_tokens(self, b: int) -> tuple[torch.Tensor, int]:
+        """Bucket b's last replay's greedy tokens in pinned host memory ([b] int64, valid once that
+        replay is done: wait on an event recorded after it) and its stamp (`check_host_tokens`)."""
+        return self._argmax[b].host_tokens()
+
+    def mapped_tokens(self) -> tuple[torch.Tensor, int, int] | None:
+        """The last step's greedy tokens in pinned host memory, if a graph replayed it: (the [bucket]
+        view, valid once the replay is done; the bucket; the stamp for `check_host_tokens`)."""
+        if self.last_host is None:
+            return None
+        b, stamp = self.last_host
+        view, st = self._argmax[b].host_tokens()
+        assert st == stamp
+        return view, b, stamp
+
+    def check_host_tokens(self, b: int, stamp: int) -> None:
+        """Raise if bucket b's host slot of replay `stamp` was overwritten or never written."""
+        self._argmax[b].check_host(stamp)
+
+    def _replayed(self, b: int) -> None:
+        """Bookkeeping of one replay of bucket b's graph (`_DecodeGraph.replay`)."""
+        am = self._argmax[b]
+        am.count_replay()
+        self.last_host = (b, am.calls) if am.mapped else None
+        p = self.pending
+        self.on_device = p if p is not None and p.bucket == b else None
+        self.pending = None
+
+    def queue_inputs(self, state: InputState, upload: bool) -> None:
+        """Record the inputs the next replay computes with (a chained step): `upload` when the host
+        has just queued their copy (which carries the FRESH flag)."""
+        if upload:
+            self.uploads += 1
+        self.pending = state
+        self.last_host = None
 
     def logits(self, b: int, n: int) -> torch.Tensor:
         """Float32 logits [n, vocab] of bucket b's last replay."""
         return self.outputs[b][:n].float()
 
     def _fill_padding(self, lo: int, hi: int) -> None:
-        n, h = self.max_bs, self.host_np
+        h = self.host_np
         h[lo:hi] = 0
-        h[n + lo:n + hi] = 0
-        h[2 * n + lo:2 * n + hi] = -1
-        h[3 * n + lo:3 * n + hi] = 0
+        h[self.o_pos + lo:self.o_pos + hi] = 0
+        h[self.o_slot + lo:self.o_slot + hi] = -1
+        h[self.o_ctx + lo:self.o_ctx + hi] = 0
+
+    def write_row(self, h: Any, i: int, s: Sequence, pos: int) -> tuple[int, int]:
+        """Write row i's inputs into host buffer `h` (numpy, this layout) for sequence s feeding
+        logical position `pos`; its cache index and block table length."""
+        bs, mb = self.cache.block_size, self.max_blocks
+        ci = pos - s.cache_offset  # its cache index (differs once blocks were evicted)
+        bt = s.block_table
+        h[self.o_pos + i] = pos
+        h[self.o_slot + i] = bt[ci // bs] * bs + ci % bs
+        h[self.o_ctx + i] = ci + 1
+        o = self.o_bt + i * mb
+        h[o:o + len(bt)] = bt
+        return ci, len(bt)
 
     def prepare(self, seqs: list[Sequence], rows: int) -> None:
         """Write the step's inputs for `seqs` (padded to `rows`) with one host→device copy."""
-        n, h, mb, bs = self.max_bs, self.host_np, self.max_blocks, self.cache.block_size
+        h = self.host_np
+        cis: list[int] = []
+        nbt: list[int] = []
         for i, s in enumerate(seqs):
             pos = len(s.keys) - 1  # logical position (RoPE)
-            ci = pos - s.cache_offset  # its cache index (differs once blocks were evicted)
-            bt = s.block_table
             h[i] = s.keys[pos]
-            h[n + i] = pos
-            h[2 * n + i] = bt[ci // bs] * bs + ci % bs
-            h[3 * n + i] = ci + 1
-            h[4 * n + i * mb:4 * n + i * mb + len(bt)] = bt
+            ci, nb = self.write_row(h, i, s, pos)
+            cis.append(ci)
+            nbt.append(nb)
         self._fill_padding(len(seqs), rows)
-        used = 4 * n + rows * mb
+        h[self.o_flag] = FRESH
+        used = self.o_bt + rows * self.max_blocks
         self.dev_buf[:used].copy_(self.host_buf[:used], non_blocking=True)
+        self.uploads += 1
+        self.on_device = self.last_host = None
+        self.pending = InputState(rows, tuple(s.seq_id for s in seqs), tuple(cis), tuple(nbt))
 
     def run_greedy(self, seqs: list[Sequence]) -> torch.Tensor:
         """Greedy token ids [len(seqs)] (int64, on the device) of one decode step: the graph's own
@@ -356,4 +444,22 @@ class DecodeGraphs:
         if b in self.graphs:
             self.graphs[b].replay()
             return self.logits(b, n)
+        self.pending = None  # the eager path leaves the FRESH flag unread: nothing is mirrored
         return self.forward(b)[:n]
+
+
+class _DecodeGraph:
+    """A captured decode graph whose replays keep `DecodeGraphs`' host mirrors (the greedy tokens'
+    host slot, the inputs on the device) in step."""
+
+    __slots__ = ("graph", "owner", "bucket")
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, owner: DecodeGraphs, bucket: int) -> None:
+        self.graph, self.owner, self.bucket = graph, owner, bucket
+
+    def replay(self) -> None:
+        self.graph.replay()
+        self.owner._replayed(self.bucket)
+
+    def pool(self) -> Any:
+        return self.graph.pool()

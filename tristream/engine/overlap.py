@@ -116,7 +116,7 @@ class OverlapDecode:
         if eng.timer is not None:
             eng.timer.mark("decode")
         tokens = eng.runner.decode_greedy(decode)
-        return InFlight(decode, tokens, self.readback.start(tokens))
+        return InFlight(decode, tokens, self._readback(tokens))
 
     def _launch_next(self, cur: InFlight, nxt: list[Sequence]) -> InFlight:
         eng = self.eng
@@ -127,7 +127,17 @@ class OverlapDecode:
         keep = {id(s) for s in nxt}
         rows = None if len(nxt) == len(cur.seqs) else [i for i, s in enumerate(cur.seqs) if id(s) in keep]
         tokens = self.chain.launch_greedy(nxt, cur.tokens, rows)
-        return InFlight(nxt, tokens, self.readback.start(tokens))
+        return InFlight(nxt, tokens, self._readback(tokens))
+
+    def _readback(self, tokens: torch.Tensor) -> Readback:
+        """Start getting the step just launched's tokens to the host: from the decode graph's mapped
+        host slot where a graph ran it (no copy), else by an asynchronous copy."""
+        dec = self.eng.runner.decoder
+        mt = dec.mapped_tokens() if dec is not None else None
+        if dec is None or mt is None:
+            return self.readback.start(tokens)
+        view, b, stamp = mt
+        return self.readback.start(tokens, (view, lambda: dec.check_host_tokens(b, stamp)))
 
     # ---- conditions ----
 

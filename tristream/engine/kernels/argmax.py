@@ -24,8 +24,9 @@ BLOCK = 2048
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, ids_ptr, N, stride, CHUNKS: tl.constexpr,
-                   CP2: tl.constexpr, BLOCK: tl.constexpr, IDS: tl.constexpr):
+def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, ids_ptr, host_ptr, calls_ptr, ROWS, N, stride,
+                   CHUNKS: tl.constexpr, CP2: tl.constexpr, BLOCK: tl.constexpr, IDS: tl.constexpr,
+                   HOST: tl.constexpr):
     row = tl.program_id(0)
     c = tl.program_id(1)
     offs = c * BLOCK + tl.arange(0, BLOCK)
@@ -47,6 +48,12 @@ def _argmax_kernel(x_ptr, pv_ptr, pi_ptr, cnt_ptr, out_ptr, ids_ptr, N, stride, 
         tl.store(out_ptr + row, tok.to(tl.int64))
         if IDS:
             tl.store(ids_ptr + row, tok.to(tl.int32))
+        if HOST:  # into mapped pinned host memory: slot (call number & 1) = [stamp, tokens of the rows]
+            c = tl.load(calls_ptr + row) + 1
+            base = (c & 1) * (ROWS + 1)
+            tl.store(host_ptr + base + 1 + row, tok.to(tl.int64))
+            tl.store(host_ptr + base, c.to(tl.int64))
+            tl.store(calls_ptr + row, c)
         tl.atomic_xchg(cnt_ptr + row, 0, sem="relaxed", scope="gpu")  # ready for the next call
 
 
@@ -79,33 +86,81 @@ def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     chunks = triton.cdiv(n, BLOCK)
     cnt, pv, pi = _buffers(logits.device, rows, chunks)
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
-    _argmax_kernel[(rows, chunks)](logits, pv, pi, cnt, out, out, n, logits.stride(0), CHUNKS=chunks,
-                                   CP2=triton.next_power_of_2(chunks), BLOCK=BLOCK, IDS=False)
+    _argmax_kernel[(rows, chunks)](logits, pv, pi, cnt, out, out, out, cnt, rows, n, logits.stride(0),
+                                   CHUNKS=chunks, CP2=triton.next_power_of_2(chunks), BLOCK=BLOCK, IDS=False,
+                                   HOST=False)
     return out
 
 
 class GraphArgmax:
     """Greedy tokens inside a CUDA graph: buffers of its own (made before capture, the counters
     reset by the kernel itself), so that every replay computes the argmax of its rows into `out`
-    (int64) and also into `ids` (int32: the next decode step's input ids, `graphs.DecodeGraphs`)."""
+    (int64) and also into `ids` (int32: the next decode step's input ids, `graphs.DecodeGraphs`).
+
+    On CUDA the tokens also go straight into pinned host memory (`host`, mapped into the device's
+    address space): no device→host copy between two decode graphs (each such copy cost ~10 us of
+    GPU time between graphs, bench/results/step_host.json). Two slots alternate, chosen by a
+    per-row call counter on the device; call k (counted from 1) writes slot k & 1 as
+    [k, token of row 0, row 1, ...]. `calls` mirrors that count on the host: every call and every
+    replay of a graph holding one must count itself (`count_replay`), and `check_host` checks the
+    stamps, so that a replay that was not counted fails loudly instead of returning another step's
+    tokens."""
 
     def __init__(self, rows: int, vocab: int, device: torch.device) -> None:
         self.chunks = triton.cdiv(vocab, BLOCK)
         self.vocab = vocab
+        self.rows = rows
         self.cnt = torch.zeros(rows, dtype=torch.int32, device=device)
         self.pv = torch.empty(rows * self.chunks, dtype=torch.float32, device=device)
         self.pi = torch.empty(rows * self.chunks, dtype=torch.int32, device=device)
         self.out = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.mapped = device.type == "cuda"
+        self.dev_calls = torch.zeros(rows, dtype=torch.int32, device=device)
+        # a normal tensor even when made inside inference mode (tests read and reset it)
+        with torch.inference_mode(False):
+            self.host = torch.zeros(2 * (rows + 1), dtype=torch.int64, pin_memory=self.mapped)
+        self.calls = 0
 
     def __call__(self, logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """argmax of each row of `logits` [rows, vocab] (any float dtype, unit stride) into `out`
-        and `ids` [rows] (int32); returns `out`."""
+        and `ids` [rows] (int32) (and the host slot); returns `out`."""
         rows, n = logits.shape
-        if n != self.vocab or rows != self.out.numel() or logits.stride(1) != 1:
-            raise ValueError(f"GraphArgmax for [{self.out.numel()}, {self.vocab}] got {tuple(logits.shape)}")
+        if n != self.vocab or rows != self.rows or logits.stride(1) != 1:
+            raise ValueError(f"GraphArgmax for [{self.rows}, {self.vocab}] got {tuple(logits.shape)}")
         if ids.dtype != torch.int32 or ids.numel() != rows:
             raise ValueError(f"ids must be int32 [{rows}], got {ids.dtype} {tuple(ids.shape)}")
-        _argmax_kernel[(rows, self.chunks)](logits, self.pv, self.pi, self.cnt, self.out, ids, n, logits.stride(0),
-                                            CHUNKS=self.chunks, CP2=triton.next_power_of_2(self.chunks), BLOCK=BLOCK,
-                                            IDS=True)
+        host = self.host if self.mapped else self.out
+        _argmax_kernel[(rows, self.chunks)](logits, self.pv, self.pi, self.cnt, self.out, ids, host, self.dev_calls,
+                                            rows, n, logits.stride(0), CHUNKS=self.chunks,
+                                            CP2=triton.next_power_of_2(self.chunks), BLOCK=BLOCK, IDS=True,
+                                            HOST=self.mapped)
+        if not (self.mapped and torch.cuda.is_current_stream_capturing()):
+            self.count_replay()
         return self.out
+
+    def count_replay(self) -> None:
+        """Count one run of the kernel (a call outside capture, or a replay of a graph holding it)."""
+        self.calls += 1
+
+    def host_tokens(self) -> tuple[torch.Tensor, int]:
+        """The pinned host slot the last counted run writes ([rows] int64 view, valid once that run
+        is done) and the stamp it writes with them (`check_host`)."""
+        if not self.mapped:
+            raise RuntimeError("host_tokens needs CUDA (mapped pinned memory)")
+        base = (self.calls & 1) * (self.rows + 1)
+        return self.host[base + 1:base + 1 + self.rows], self.calls
+
+    def check_host(self, stamp: int) -> None:
+        """Raise when the host slot of run `stamp` does not hold that run's tokens: call once that run
+        is done. Catches a slot overwritten two runs later, and a run of the kernel that was not
+        counted (a replay not made through `graphs._DecodeGraph`) unless the next counted run is
+        already launched and not yet done when this is called."""
+        r = self.rows + 1
+        mine = int(self.host[(stamp & 1) * r])
+        other = int(self.host[((stamp + 1) & 1) * r])
+        if mine != stamp:
+            raise RuntimeError(f"GraphArgmax host slot holds run {mine}, expected run {stamp}: the slot was "
+                               "read two runs late, or a replay of a decode graph was not counted")
+        if other != stamp - 1 and not (other == stamp + 1 and self.calls > stamp):
+            raise RuntimeError(f"GraphArgmax ran {other} times, the host counted {self.calls}: a replay of a "
+                               "decode graph was not counted (replay through DecodeGraphs.graphs[b].replay())")
