@@ -8,6 +8,7 @@ requires; capturing the largest bucket first lets the smaller ones reuse its mem
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -38,12 +39,21 @@ def capture_buckets(buckets: Iterable[int], forward: Callable[[int], torch.Tenso
         torch.cuda.synchronize()
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     outputs: dict[int, torch.Tensor] = {}
-    for b in order:
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            outputs[b] = forward(b)
-        if pool is None:
-            pool = g.pool()
-        graphs[b] = g
+    # no garbage collection inside a capture: collecting another engine's graphs, events or pinned
+    # buffers there (reference cycles) is an operation a capturing stream does not permit
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for b in order:
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=pool):
+                outputs[b] = forward(b)
+            if pool is None:
+                pool = g.pool()
+            graphs[b] = g
+    finally:
+        if was_enabled:
+            gc.enable()
     torch.cuda.synchronize()
     return graphs, outputs, pool

@@ -21,6 +21,7 @@ through `graphs[b].replay()` (`_DecodeGraph`), which keeps the host's mirror of 
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -450,16 +451,20 @@ class DecodeGraphs:
 
 class _DecodeGraph:
     """A captured decode graph whose replays keep `DecodeGraphs`' host mirrors (the greedy tokens'
-    host slot, the inputs on the device) in step."""
+    host slot, the inputs on the device) in step. It holds its owner weakly: a reference cycle
+    would leave a dropped engine's graphs to the cyclic garbage collector, which may run inside
+    another engine's capture, where destroying a graph fails the capture."""
 
     __slots__ = ("graph", "owner", "bucket")
 
     def __init__(self, graph: torch.cuda.CUDAGraph, owner: DecodeGraphs, bucket: int) -> None:
-        self.graph, self.owner, self.bucket = graph, owner, bucket
+        self.graph, self.owner, self.bucket = graph, weakref.ref(owner), bucket
 
     def replay(self) -> None:
         self.graph.replay()
-        self.owner._replayed(self.bucket)
+        owner = self.owner()
+        if owner is not None:
+            owner._replayed(self.bucket)
 
     def pool(self) -> Any:
         return self.graph.pool()
