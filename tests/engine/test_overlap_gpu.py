@@ -74,10 +74,12 @@ def test_overlap_through_graphs_equals_sync(engine: tuple[LLMEngine, dict[str, i
 
 
 @pytest.mark.parametrize("n", [1, 2])
-def test_steady_overlap_copies_inputs_only_when_a_block_table_grows(engine: tuple[LLMEngine, dict[str, int]],
-                                                                     n: int) -> None:
-    """A batch that does not change advances its inputs inside the graph (kernels/advance.py): a copy
-    per new block (16 tokens), not per step, and the same tokens as the synchronous engine."""
+def test_steady_decode_copies_inputs_only_when_a_block_table_grows(engine: tuple[LLMEngine, dict[str, int]],
+                                                                    n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch that does not change advances its inputs inside the graph (kernels/advance.py) and
+    reads its tokens from the graph's mapped host slot: a copy per new block (16 tokens), not per
+    step, synchronous (`DecodeGraphs.run_greedy_host`) or overlapped, with the same tokens as the
+    float32-logits path that copies every step."""
     eng, _ = engine
     dec = eng.runner.decoder
     assert dec is not None
@@ -96,11 +98,14 @@ def test_steady_overlap_copies_inputs_only_when_a_block_table_grows(engine: tupl
         return [out[i] for i in ids], dec.uploads - up0
 
     eng.set_overlap(False)
-    ref, sync_uploads = run()
+    with monkeypatch.context() as m:  # the reference: logits, argmax, copy back, inputs copied every step
+        m.setattr(eng.runner, "decode_greedy_host", lambda seqs: None)
+        ref, ref_uploads = run()
+    sync, sync_uploads = run()
     eng.set_overlap(True)
     got, uploads = run()
     eng.set_overlap(False)
-    assert got == ref
-    assert sync_uploads >= 89  # the synchronous engine copies every step
+    assert sync == ref and got == ref
+    assert ref_uploads >= 89
     # 37 + 90 positions cross 6 block boundaries (bs 16); plus the first step and the last (one row left)
-    assert uploads <= 10, uploads
+    assert sync_uploads <= 10 and uploads <= 10, (sync_uploads, uploads)

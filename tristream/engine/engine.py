@@ -352,6 +352,12 @@ class LLMEngine(BlockBookkeeping):
         if decode:
             if tm is not None:
                 tm.mark("decode")
+            if not chunks and all_greedy(decode):  # a decode graph's own argmax, read from host memory
+                toks = self.runner.decode_greedy_host(decode)
+                if toks is not None:
+                    if tm is not None:
+                        tm.mark("post")
+                    return self._account(decode, [], decode, toks)
             logit_parts.append(self.runner.decode(decode))
             sampled_seqs += decode
         if chunks:

@@ -183,6 +183,8 @@ class DecodeGraphs:
         self.pending: InputState | None = None
         self.uploads = 0  # host→device input copies (prepare, chained steps that could not advance)
         self.last_host: tuple[int, int] | None = None  # (bucket, stamp) of the last step if a graph replayed it
+        self.ids_hint: tuple[int, ...] | None = None  # the ids the last replay left, as read back (run_greedy_host)
+        self._done = torch.cuda.Event() if dev.type == "cuda" else None
         self.merge_counters = torch.zeros(n * model.cfg.num_heads, dtype=torch.int32, device=dev)
         self.num_sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 132
         self.graphs: dict[int, _DecodeGraph] = {}
@@ -363,6 +365,7 @@ class DecodeGraphs:
         am = self._argmax[b]
         am.count_replay()
         self.last_host = (b, am.calls) if am.mapped else None
+        self.ids_hint = None
         p = self.pending
         self.on_device = p if p is not None and p.bucket == b else None
         self.pending = None
@@ -429,6 +432,35 @@ class DecodeGraphs:
         self.prepare(seqs, b)
         self.graphs[b].replay()
         return self.tokens[b][:n]
+
+    def run_greedy_host(self, seqs: list[Sequence]) -> list[int] | None:
+        """Greedy token ids of one decode step as a host list, waiting for them: the graph's argmax read
+        from its mapped host slot (no copy back, no float32 logits). The input copy is skipped when the
+        step is the last replay's moved by one position and that replay's tokens are the ids being fed
+        (`decode_inputs.InputState`). None (nothing run) when no graph runs the batch."""
+        n = len(seqs)
+        b = self.bucket_for(n)
+        if b is None or b not in self.graphs or self._done is None:
+            return None
+        bs = self.cache.block_size
+        state = InputState(b, tuple(s.seq_id for s in seqs), tuple(len(s.keys) - 1 - s.cache_offset for s in seqs),
+                           tuple(len(s.block_table) for s in seqs))
+        last, hint = self.on_device, self.ids_hint
+        if (last is not None and hint is not None and last.advanced(b, state.seq_ids, state.cis, state.nbt, bs)
+                and hint[:n] == tuple(s.keys[-1] for s in seqs)):
+            self.pending = state
+            self.last_host = None
+        else:
+            self.prepare(seqs, b)
+        self.graphs[b].replay()
+        am = self._argmax[b]
+        view, stamp = am.host_tokens()
+        self._done.record()
+        self._done.synchronize()
+        am.check_host(stamp)
+        toks: list[int] = view[:n].tolist()
+        self.ids_hint = tuple(toks)
+        return toks
 
     def run(self, seqs: list[Sequence]) -> torch.Tensor:
         """Float32 logits [len(seqs), vocab] for one decode step."""

@@ -282,6 +282,13 @@ class ModelRunner:
             return self.decoder.run_greedy(seqs)
         return greedy_tokens(self.decode(seqs))
 
+    @torch.inference_mode()
+    def decode_greedy_host(self, seqs: list[Sequence]) -> list[int] | None:
+        """Greedy token ids of a decode step as a host list, where a decode graph runs the batch
+        (`DecodeGraphs.run_greedy_host`: its own argmax, read from mapped host memory); else None,
+        having run nothing."""
+        return self.decoder.run_greedy_host(seqs) if self.decoder is not None else None
+
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """Float32 logits [B, vocab] for the last (pending) token of each sequence."""
         if self.decoder is not None:
