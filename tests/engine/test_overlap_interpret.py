@@ -32,12 +32,16 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
 
 
 def _run(model: LlamaModel, overlap: bool, prompts: list[list[int]], params: list[SamplingParams],
-         cancel_after: int | None = None, **kw: object
+         cancel_after: int | None = None, logits_path: bool = False, **kw: object
          ) -> tuple[list[list[tuple[int | None, FinishReason | None]]], LLMEngine]:
+    """logits_path: synchronous greedy steps through float32 logits and a copy back, not the
+    graphs' own argmax read from host memory (`DecodeGraphs.run_greedy_host`)."""
     cfg: dict[str, object] = dict(block_size=4, num_blocks=128, max_model_len=256, graph_buckets=(1, 2, 4),
                                   triton_decode=True, decode_kernels="cublas", overlap=overlap)
     cfg.update(kw)
     eng = LLMEngine(model, None, EngineConfig(**cfg))  # type: ignore[arg-type]
+    if logits_path:
+        eng.runner.decode_greedy_host = lambda seqs: None  # type: ignore[method-assign]
     assert eng.runner.decoder is not None
     eng.runner.decoder.capture()  # decode graphs on CUDA; nothing on CPU (buckets run eagerly)
     ids = [eng.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
@@ -67,7 +71,8 @@ def test_padded_bucket_with_finishes_and_cancel(model: LlamaModel) -> None:
 def test_overlap_after_kv_eviction(model: LlamaModel) -> None:
     params = [SamplingParams(max_tokens=26, ignore_eos=True)]
     kw = dict(kv_budget_tokens=24, retention=RetentionConfig(sink_tokens=4, text_window_tokens=8))
-    ref, _ = _run(model, False, [list(range(3, 23))], params, **kw)
+    ref, _ = _run(model, False, [list(range(3, 23))], params, logits_path=True, **kw)
+    sync, _ = _run(model, False, [list(range(3, 23))], params, **kw)
     got, eng = _run(model, True, [list(range(3, 23))], params, **kw)
-    assert got == ref and len(got[0]) == 26
+    assert sync == ref and got == ref and len(got[0]) == 26
     assert eng.stats.retention.evictions > 0 and eng.stats.overlap_steps > 0

@@ -137,6 +137,9 @@ class Recorder:
 
         eng.runner.prefill = spy_prefill  # type: ignore[method-assign]
         eng.runner.decode = spy_decode  # type: ignore[method-assign]
+        # every decode step through `decode`, for its logits (not the graphs' greedy host path; its
+        # tokens are compared with this path's after eviction in tests/engine/test_overlap_interpret.py)
+        eng.runner.decode_greedy_host = lambda seqs: None  # type: ignore[method-assign]
 
     def seq_embeds(self, seq: Sequence) -> list[tuple[int, torch.Tensor]]:
         return sorted(self.embeds.get(seq.seq_id, {}).items(), key=lambda kv: kv[0])
