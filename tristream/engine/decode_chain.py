@@ -132,6 +132,7 @@ class ChainedDecode:
         if b in dec.graphs:
             dec.graphs[b].replay()
             return dec.tokens[b][:n] if greedy else dec.logits(b, n)
+        dec.on_device = dec.pending = None  # an eager step leaves the FRESH flag unread: nothing mirrored
         logits = dec.forward(b)[:n]
         return greedy_tokens(logits) if greedy else logits
 
@@ -143,7 +144,6 @@ class ChainedDecode:
         n = len(seqs)
         b = dec.bucket_for(n)
         assert b is not None, "ChainedDecode.supports() was not checked"
-        dec.last_host = None
         bs = self.runner.block_size
         seq_ids = tuple(s.seq_id for s in seqs)
         cis = tuple(len(s.keys) - s.cache_offset for s in seqs)  # cache indexes of the tokens being fed

@@ -477,7 +477,7 @@ class DecodeGraphs:
         if b in self.graphs:
             self.graphs[b].replay()
             return self.logits(b, n)
-        self.pending = None  # the eager path leaves the FRESH flag unread: nothing is mirrored
+        self.on_device = self.pending = None  # the eager path leaves the FRESH flag unread: nothing mirrored
         return self.forward(b)[:n]
 
 
