@@ -190,10 +190,16 @@ def engine_graph_ms(eng: Any, batch: int, reps: int = 50) -> float | None:
     b = dec.bucket_for(batch) if dec is not None else None
     if b is None or b not in dec.graphs:
         return None
+    hold_engine(eng)
+    return cuda_graph_ms(dec.graphs[b], reps=reps)
+
+
+def hold_engine(eng: Any) -> None:
+    """Before replaying an engine's decode graphs by hand: complete a step in flight and make the
+    replays keep the last step's inputs (`DecodeGraphs.hold_inputs`)."""
     while eng.overlap is not None and eng.overlap.in_flight:
         eng.step(allow=set())
-    dec.hold_inputs()
-    return cuda_graph_ms(dec.graphs[b], reps=reps)
+    eng.runner.decoder.hold_inputs()
 
 
 def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:

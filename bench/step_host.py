@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from bench._common import write_results  # noqa: E402
+from bench._common import hold_engine, write_results  # noqa: E402
 
 
 def graph_events(eng: Any, steps: int) -> dict[str, float]:
@@ -66,9 +66,7 @@ def between_ops(eng: Any, reps: int = 100) -> dict[str, float]:
     read-back (device to host, 8 bytes) with its event, and both."""
     dec = eng.runner.decoder
     g = dec.graphs[1]
-    while eng.overlap.in_flight:
-        eng.step(allow=set())
-    dec.hold_inputs()  # the replays below use the last step's inputs as they are
+    hold_engine(eng)  # the replays below use the last step's inputs as they are
     lo, used = dec.o_flag, dec.o_bt + dec.max_blocks
     src = dec.dev_buf.cpu().pin_memory()  # the current inputs (and HOLD): the copies leave them as they are
     tok = dec.tokens[1]

@@ -13,14 +13,14 @@ BS = 16
 
 def test_a_step_one_position_on_with_the_same_rows_and_tables_advances() -> None:
     last = InputState(2, (7, 9), (30, 15), (2, 1))
-    assert last.advanced(2, (7, 9), (31, 16), (2, 2), BS) is False  # row 1 gained a block: copy
-    assert last.advanced(2, (7, 9), (31, 16), (2, 1), BS) is False  # 16 // 16 = block 1: not in its table
+    assert last.advanced(InputState(2, (7, 9), (31, 16), (2, 2)), BS) is False  # row 1 gained a block: copy
+    assert last.advanced(InputState(2, (7, 9), (31, 16), (2, 1)), BS) is False  # 16 // 16 = block 1: not in its table
     last = InputState(2, (7, 9), (30, 14), (2, 1))
-    assert last.advanced(2, (7, 9), (31, 15), (2, 1), BS) is True
-    assert last.advanced(4, (7, 9), (31, 15), (2, 1), BS) is False  # another bucket
-    assert last.advanced(2, (9, 7), (31, 15), (2, 1), BS) is False  # rows swapped
-    assert last.advanced(2, (7, 9), (32, 15), (2, 1), BS) is False  # a position skipped (or evicted)
-    assert last.advanced(2, (7, 9), (30, 15), (2, 1), BS) is False  # a row did not move
+    assert last.advanced(InputState(2, (7, 9), (31, 15), (2, 1)), BS) is True
+    assert last.advanced(InputState(4, (7, 9), (31, 15), (2, 1)), BS) is False  # another bucket
+    assert last.advanced(InputState(2, (9, 7), (31, 15), (2, 1)), BS) is False  # rows swapped
+    assert last.advanced(InputState(2, (7, 9), (32, 15), (2, 1)), BS) is False  # a position skipped (or evicted)
+    assert last.advanced(InputState(2, (7, 9), (30, 15), (2, 1)), BS) is False  # a row did not move
 
 
 def _buffer(rows: int, mb: int) -> tuple[torch.Tensor, dict[str, int]]:

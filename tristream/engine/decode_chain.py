@@ -8,7 +8,7 @@ Two pinned buffers alternate: the host writes step i+2's inputs after waiting fo
 while the copy of step i+1's inputs (queued behind step i) may not have run yet.
 
 When the batch and its block tables are those of the last step, nothing is copied at all: the
-graph's first kernel advances the inputs (`kernels/advance.py`, `graphs.InputState`).
+graph's first kernel advances the inputs (`kernels/advance.py`, `DecodeGraphs.skip_copy`).
 
 `TokenReadback` gets a step's token ids to the host without waiting, and waits later (two slots,
 one per step in flight): a decode graph's argmax already wrote them into mapped pinned memory
@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from tristream.engine.decode_inputs import FRESH, InputState
+from tristream.engine.decode_inputs import FRESH
 from tristream.engine.engine_types import PinnedCopy
 from tristream.engine.runner import ModelRunner
 from tristream.engine.sampler import greedy_tokens
@@ -138,22 +138,16 @@ class ChainedDecode:
 
     def _inputs(self, seqs: list[Sequence], prev_tokens: torch.Tensor, rows: list[int] | None) -> int:
         """Queue the copies of the step's inputs, unless the graph's advance kernel makes them from the
-        last replay's (`graphs.InputState.advanced`); the bucket it runs in."""
+        last replay's (`DecodeGraphs.skip_copy`); the bucket it runs in."""
         dec = self.runner.decoder
         assert dec is not None
         n = len(seqs)
         b = dec.bucket_for(n)
         assert b is not None, "ChainedDecode.supports() was not checked"
-        bs = self.runner.block_size
-        seq_ids = tuple(s.seq_id for s in seqs)
-        cis = tuple(len(s.keys) - s.cache_offset for s in seqs)  # cache indexes of the tokens being fed
-        nbt = tuple(len(s.block_table) for s in seqs)
-        state = InputState(b, seq_ids, cis, nbt)
+        state = dec.input_state(b, seqs, fed_pending=True)
         own = dec.tokens.get(b)
         same_ids = rows is None and own is not None and prev_tokens.data_ptr() == own.data_ptr()
-        last = dec.on_device
-        if same_ids and b in dec.graphs and last is not None and last.advanced(b, seq_ids, cis, nbt, bs):
-            dec.queue_inputs(state, upload=False)  # the previous replay was this bucket's: ids in place too
+        if dec.skip_copy(state, ids_ready=same_ids):  # the previous replay was this bucket's: ids in place too
             return b
         mb = dec.max_blocks
         h = self.host_np[self.flip]
@@ -167,7 +161,7 @@ class ChainedDecode:
         h[dec.o_flag] = FRESH
         used = dec.o_bt + b * mb
         dec.dev_buf[dec.o_flag:used].copy_(src[dec.o_flag:used], non_blocking=True)  # everything but the ids
-        dec.queue_inputs(state, upload=True)
+        dec.inputs_copied(state)
         if same_ids:
             pass  # the previous step was this bucket's graph: its argmax already wrote the ids
         elif rows is None:  # the ids: the previous step's tokens, device to device

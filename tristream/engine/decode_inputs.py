@@ -27,13 +27,11 @@ class InputState:
     cis: tuple[int, ...]
     nbt: tuple[int, ...]
 
-    def advanced(self, bucket: int, seq_ids: tuple[int, ...], cis: tuple[int, ...], nbt: tuple[int, ...],
-                 block_size: int) -> bool:
-        """Whether a replay's advance kernel turns these inputs into those of the given step: same
-        bucket and rows, every cache index one further, block tables unchanged and covering it."""
-        return (bucket == self.bucket and seq_ids == self.seq_ids and nbt == self.nbt
-                and all(c == p + 1 and c // block_size < n for c, p, n in zip(cis, self.cis, nbt, strict=True)))
-
+    def advanced(self, nxt: InputState, block_size: int) -> bool:
+        """Whether a replay's advance kernel turns these inputs into `nxt`: same bucket and rows,
+        every cache index one further, block tables unchanged and covering it."""
+        return (nxt.bucket == self.bucket and nxt.seq_ids == self.seq_ids and nxt.nbt == self.nbt
+                and all(c == p + 1 and c // block_size < n for c, p, n in zip(nxt.cis, self.cis, nxt.nbt, strict=True)))
 
 def advance_reference(buf: torch.Tensor, rows: int, block_size: int, off_pos: int, off_slot: int, off_ctx: int,
                       off_bt: int, off_flag: int, max_blocks: int) -> None:

@@ -13,7 +13,7 @@ an unchanged batch copies nothing to the device (`decode_chain.ChainedDecode` co
 batch or a block table changes; `prepare` always copies). Each graph ends with the greedy tokens of
 its rows (`kernels/argmax.GraphArgmax`, on the head's logits in the model dtype): into `tokens[b]`,
 into the input ids (a chained step of the same bucket copies no ids) and into mapped pinned host
-memory (`host_tokens`: nothing to copy back either). A replay therefore leaves the next step's ids
+memory (`mapped_tokens`: nothing to copy back either). A replay therefore leaves the next step's ids
 in place and the replayed step's ids are gone (`prepare` writes them again). The graph keeps the
 head's logits as computed; `run` returns a float32 copy made outside the graph. Replays must go
 through `graphs[b].replay()` (`_DecodeGraph`), which keeps the host's mirror of that state.
@@ -22,6 +22,7 @@ through `graphs[b].replay()` (`_DecodeGraph`), which keeps the host's mirror of 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -182,7 +183,6 @@ class DecodeGraphs:
         self.on_device: InputState | None = None
         self.pending: InputState | None = None
         self.uploads = 0  # host→device input copies (prepare, chained steps that could not advance)
-        self.last_host: tuple[int, int] | None = None  # (bucket, stamp) of the last step if a graph replayed it
         self.ids_hint: tuple[int, ...] | None = None  # the ids the last replay left, as read back (run_greedy_host)
         self._done = torch.cuda.Event() if dev.type == "cuda" else None
         self.merge_counters = torch.zeros(n * model.cfg.num_heads, dtype=torch.int32, device=dev)
@@ -341,42 +341,48 @@ class DecodeGraphs:
         self.dev_buf[self.o_flag] = HOLD
         self.on_device = self.pending = None
 
-    def host_tokens(self, b: int) -> tuple[torch.Tensor, int]:
-        """Bucket b's last replay's greedy tokens in pinned host memory ([b] int64, valid once that
-        replay is done: wait on an event recorded after it) and its stamp (`check_host_tokens`)."""
-        return self._argmax[b].host_tokens()
-
-    def mapped_tokens(self) -> tuple[torch.Tensor, int, int] | None:
-        """The last step's greedy tokens in pinned host memory, if a graph replayed it: (the [bucket]
-        view, valid once the replay is done; the bucket; the stamp for `check_host_tokens`)."""
-        if self.last_host is None:
+    def mapped_tokens(self, tokens: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]] | None:
+        """Where the greedy tokens just launched (`run_greedy`'s or `ChainedDecode.launch_greedy`'s,
+        before the bucket's next replay) already are in pinned host memory: the [≥ n] view, valid
+        once that step is done, and the check to run then (`GraphArgmax.check_host`). None when no
+        graph computed them."""
+        b = self.bucket_for(int(tokens.shape[0]))
+        own = self.tokens.get(b) if b is not None else None
+        if b is None or own is None or tokens.data_ptr() != own.data_ptr() or not self._argmax[b].mapped:
             return None
-        b, stamp = self.last_host
-        view, st = self._argmax[b].host_tokens()
-        assert st == stamp
-        return view, b, stamp
-
-    def check_host_tokens(self, b: int, stamp: int) -> None:
-        """Raise if bucket b's host slot of replay `stamp` was overwritten or never written."""
-        self._argmax[b].check_host(stamp)
+        am = self._argmax[b]
+        view, stamp = am.host_tokens()
+        return view, lambda: am.check_host(stamp)
 
     def _replayed(self, b: int) -> None:
         """Bookkeeping of one replay of bucket b's graph (`_DecodeGraph.replay`)."""
-        am = self._argmax[b]
-        am.count_replay()
-        self.last_host = (b, am.calls) if am.mapped else None
+        self._argmax[b].count_replay()
         self.ids_hint = None
         p = self.pending
         self.on_device = p if p is not None and p.bucket == b else None
         self.pending = None
 
-    def queue_inputs(self, state: InputState, upload: bool) -> None:
-        """Record the inputs the next replay computes with (a chained step): `upload` when the host
-        has just queued their copy (which carries the FRESH flag)."""
-        if upload:
-            self.uploads += 1
+    def input_state(self, b: int, seqs: list[Sequence], fed_pending: bool) -> InputState:
+        """The inputs of a step of `seqs` in bucket b, as the host mirrors them. fed_pending: the token
+        each sequence feeds is not in its keys yet (a chained step), else it is their last."""
+        last = 0 if fed_pending else 1
+        return InputState(b, tuple(s.seq_id for s in seqs), tuple(len(s.keys) - last - s.cache_offset for s in seqs),
+                          tuple(len(s.block_table) for s in seqs))
+
+    def skip_copy(self, state: InputState, ids_ready: bool) -> bool:
+        """Whether the next replay's advance kernel makes `state` from the last replay's inputs
+        (recorded, and nothing to copy then); ids_ready: the ids that replay left are the ones fed."""
+        last = self.on_device
+        if not ids_ready or last is None or not last.advanced(state, self.cache.block_size):
+            return False
         self.pending = state
-        self.last_host = None
+        return True
+
+    def inputs_copied(self, state: InputState) -> None:
+        """Record a queued copy of `state`'s inputs (which carries the FRESH flag)."""
+        self.uploads += 1
+        self.on_device = None
+        self.pending = state
 
     def logits(self, b: int, n: int) -> torch.Tensor:
         """Float32 logits [n, vocab] of bucket b's last replay."""
@@ -389,9 +395,9 @@ class DecodeGraphs:
         h[self.o_slot + lo:self.o_slot + hi] = -1
         h[self.o_ctx + lo:self.o_ctx + hi] = 0
 
-    def write_row(self, h: Any, i: int, s: Sequence, pos: int) -> tuple[int, int]:
+    def write_row(self, h: Any, i: int, s: Sequence, pos: int) -> None:
         """Write row i's inputs into host buffer `h` (numpy, this layout) for sequence s feeding
-        logical position `pos`; its cache index and block table length."""
+        logical position `pos`."""
         bs, mb = self.cache.block_size, self.max_blocks
         ci = pos - s.cache_offset  # its cache index (differs once blocks were evicted)
         bt = s.block_table
@@ -400,26 +406,20 @@ class DecodeGraphs:
         h[self.o_ctx + i] = ci + 1
         o = self.o_bt + i * mb
         h[o:o + len(bt)] = bt
-        return ci, len(bt)
 
-    def prepare(self, seqs: list[Sequence], rows: int) -> None:
-        """Write the step's inputs for `seqs` (padded to `rows`) with one host→device copy."""
+    def prepare(self, seqs: list[Sequence], rows: int, state: InputState | None = None) -> None:
+        """Write the step's inputs for `seqs` (padded to `rows`) with one host→device copy (state: their
+        `input_state`, when already made)."""
         h = self.host_np
-        cis: list[int] = []
-        nbt: list[int] = []
         for i, s in enumerate(seqs):
             pos = len(s.keys) - 1  # logical position (RoPE)
             h[i] = s.keys[pos]
-            ci, nb = self.write_row(h, i, s, pos)
-            cis.append(ci)
-            nbt.append(nb)
+            self.write_row(h, i, s, pos)
         self._fill_padding(len(seqs), rows)
         h[self.o_flag] = FRESH
         used = self.o_bt + rows * self.max_blocks
         self.dev_buf[:used].copy_(self.host_buf[:used], non_blocking=True)
-        self.uploads += 1
-        self.on_device = self.last_host = None
-        self.pending = InputState(rows, tuple(s.seq_id for s in seqs), tuple(cis), tuple(nbt))
+        self.inputs_copied(state or self.input_state(rows, seqs, fed_pending=False))
 
     def run_greedy(self, seqs: list[Sequence]) -> torch.Tensor:
         """Greedy token ids [len(seqs)] (int64, on the device) of one decode step: the graph's own
@@ -442,16 +442,10 @@ class DecodeGraphs:
         b = self.bucket_for(n)
         if b is None or b not in self.graphs or self._done is None:
             return None
-        bs = self.cache.block_size
-        state = InputState(b, tuple(s.seq_id for s in seqs), tuple(len(s.keys) - 1 - s.cache_offset for s in seqs),
-                           tuple(len(s.block_table) for s in seqs))
-        last, hint = self.on_device, self.ids_hint
-        if (last is not None and hint is not None and last.advanced(b, state.seq_ids, state.cis, state.nbt, bs)
-                and hint[:n] == tuple(s.keys[-1] for s in seqs)):
-            self.pending = state
-            self.last_host = None
-        else:
-            self.prepare(seqs, b)
+        state = self.input_state(b, seqs, fed_pending=False)
+        hint = self.ids_hint
+        if not self.skip_copy(state, hint is not None and hint[:n] == tuple(s.keys[-1] for s in seqs)):
+            self.prepare(seqs, b, state)
         self.graphs[b].replay()
         am = self._argmax[b]
         view, stamp = am.host_tokens()
@@ -498,5 +492,3 @@ class _DecodeGraph:
         if owner is not None:
             owner._replayed(self.bucket)
 
-    def pool(self) -> Any:
-        return self.graph.pool()

@@ -133,11 +133,7 @@ class OverlapDecode:
         """Start getting the step just launched's tokens to the host: from the decode graph's mapped
         host slot where a graph ran it (no copy), else by an asynchronous copy."""
         dec = self.eng.runner.decoder
-        mt = dec.mapped_tokens() if dec is not None else None
-        if dec is None or mt is None:
-            return self.readback.start(tokens)
-        view, b, stamp = mt
-        return self.readback.start(tokens, (view, lambda: dec.check_host_tokens(b, stamp)))
+        return self.readback.start(tokens, dec.mapped_tokens(tokens) if dec is not None else None)
 
     # ---- conditions ----
 
