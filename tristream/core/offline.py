@@ -23,8 +23,9 @@ from typing import IO, Any
 
 import numpy as np
 
-from tristream.core.clock import SourceClock
-from tristream.core.envelope import fit_lower_envelope
+from tristream.core.curve import fit_lower_curve
+from tristream.core.epochs import duplicates, segment_epochs, unwrap
+from tristream.core.epochs import gaps as epoch_gaps
 from tristream.core.errors import InvalidPacket, TimeCoreError
 from tristream.core.units import parse_unit
 
@@ -76,31 +77,6 @@ def parse_event(obj: Any) -> tuple[str, int, int, int]:
     return source, start, start + dur, arrival
 
 
-def _not_too_early(r: np.ndarray, early_ns: float) -> np.ndarray:
-    """Mask of points that are not isolated below the dense lower tail of residuals `r`.
-
-    Real minimum-delay points crowd just under the coarse line; a packet stamped late sits
-    alone further below. Scanning the lowest 5 % of residuals upwards, the last gap wider than
-    max(`early_ns` / 10, 20 x their median spacing) separates the two; everything under it (at
-    most 5 % of the points) is dropped from the fine fit. Points more than `early_ns` below
-    the coarse line are always dropped.
-    """
-    keep = r >= -early_ns
-    n = r.size
-    m = max(5, n // 20)
-    if n < 20:
-        return keep
-    low = np.sort(r[keep])[:m]
-    if low.size < 5:
-        return keep
-    gaps = np.diff(low)
-    tol = max(early_ns / 10.0, 20.0 * float(np.median(gaps)))
-    wide = np.flatnonzero(gaps > tol)
-    if wide.size:
-        keep &= r > low[wide[-1]]
-    return keep
-
-
 @dataclass(slots=True)
 class SourceFit:
     """The offline map of one source and what was seen on the way."""
@@ -109,6 +85,7 @@ class SourceFit:
     ref_ns: np.ndarray
     outlier: np.ndarray
     summary: dict[str, Any] = field(default_factory=dict)
+    duplicate: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
 def fit_source(
@@ -122,67 +99,109 @@ def fit_source(
     late_ns: int = 100_000_000,
     early_ns: int = 1_000_000,
     max_drift_ppm: float = 1000.0,
+    wrap_ns: float = 0.0,
+    knot_ns: float = 5e9,
+    duplicate_window_ns: int = 2_000_000_000,
 ) -> SourceFit:
-    """Fit one source over its whole recording; returns `ref_ns` per packet (input order)."""
+    """Fit one source over its whole recording; returns `ref_ns` per packet (input order).
+
+    `wrap_ns` is the period after which the source timestamps wrap (`TimeUnit.wrap_ns`); `q`
+    and `max_drift_ppm` are kept for callers of the straight-line fit and bound nothing here.
+    """
+    del q, max_drift_ppm
+    start_ns = np.asarray(start_ns, np.int64)
     n = int(start_ns.size)
-    clock = SourceClock(source, latency_ns=latency_ns, max_drift_ppm=max_drift_ppm)
-    online = np.zeros(n, dtype=np.int64)
-    label = np.full(n, -1, dtype=np.int64)
-    eps: list[object] = [None] * n
-    for i in np.argsort(arrival_ns, kind="stable").tolist():
-        online[i] = clock.observe_span(int(start_ns[i]), int(end_ns[i]), int(arrival_ns[i]))
-        eps[i] = clock.last_epoch
-    index = {id(e): k for k, e in enumerate(clock.epoch_history)}
-    label[:] = [index.get(id(e), -1) for e in eps]
-    ref = online.copy()
-    hist = clock.epoch_history
-    used = [k for k in range(len(hist)) if np.any(label == k)]
-    gaps = np.zeros(0)
-    slope = 0.0
-    n_early = 0
-    if used:
-        sel = [np.flatnonzero(label == k) for k in used]
-        xs = [(end_ns[ix] - hist[k].s0).astype(np.float64) for k, ix in zip(used, sel, strict=True)]
-        ys = [(arrival_ns[ix] - hist[k].a0).astype(np.float64) - x for k, ix, x in zip(used, sel, xs, strict=True)]
-        # Stage 1: a coarse fit at a higher quantile sits above a few too-early points; points more
-        # than `early_ns` below it are implausible (stamped late) and left out of stage 2.
-        coarse = fit_lower_envelope(xs, ys, q=0.05, slope_bound=max_drift_ppm * 1e-6, guess=clock._d,
-                                    guess_width=50e-6)
-        keep = [_not_too_early(y - c - coarse.slope * x, early_ns)
-                for x, y, c in zip(xs, ys, coarse.intercepts, strict=True)]
-        n_early = int(sum(int((~k).sum()) for k in keep))
-        fit = fit_lower_envelope([x[k] for x, k in zip(xs, keep, strict=True)],
-                                 [y[k] for y, k in zip(ys, keep, strict=True)],
-                                 q=q, slope_bound=max_drift_ppm * 1e-6, guess=coarse.slope, guess_width=50e-6)
-        slope = fit.slope
-        gap_parts = []
-        for k, ix, x, y, c in zip(used, sel, xs, ys, fit.intercepts, strict=True):
-            xs_start = (start_ns[ix] - hist[k].s0).astype(np.float64)
-            ref[ix] = hist[k].a0 + np.rint(c + (1.0 + slope) * xs_start).astype(np.int64) - latency_ns
-            gap_parts.append(y - c - slope * x)
-        gaps = np.concatenate(gap_parts)
-    out_ix = np.flatnonzero(label < 0)
-    last = hist[used[-1]] if used else None
+    order = np.argsort(arrival_ns, kind="stable")
+    arr = np.asarray(arrival_ns, np.int64)[order]
+    s_raw = start_ns[order]
+    dur = np.asarray(end_ns, np.int64)[order] - s_raw
+    s, cycle = unwrap(s_raw, wrap_ns)
+    e = s + dur
+    dup_of = duplicates(s, e, arr, duplicate_window_ns)
+    live = np.flatnonzero(dup_of < 0)
+    y_all = arr - e
+    ep = segment_epochs(y_all[live], arr[live])
+    label = np.full(n, -1, np.int64)
+    label[live] = ep.label
+    ref = np.zeros(n, np.int64)
+    gaps_n = lost_n = wraps = reordered = 0
+    resid: list[np.ndarray] = []
+    slopes: list[np.ndarray] = []
+    chord: list[tuple[float, float]] = []
+    epochs_used = 0
+    last_offset: int | None = None
+    rejected = early_bins = 0
+    for k in range(ep.count):
+        ix = np.flatnonzero(label == k)
+        if ix.size == 0:
+            continue
+        epochs_used += 1
+        s0 = int(e[ix].min())
+        x = (e[ix] - s0).astype(np.float64)
+        y = y_all[ix].astype(np.float64)
+        curve, info = fit_lower_curve(x, y, knot_ns=knot_ns, early_ns=early_ns,
+                                      bin_ns=_bin_ns(x))
+        rejected += info["rejected_bins"]
+        early_bins += info["early_bins"]
+        xs = (s[ix] - s0).astype(np.float64)
+        ref[ix] = s[ix] + np.rint(curve(xs)).astype(np.int64) - latency_ns
+        resid.append(y - curve(x))
+        slopes.append(curve.slopes())
+        chord.append((float(curve.values[-1] - curve.values[0]), float(curve.step * (curve.values.size - 1))))
+        g, lost, _ = epoch_gaps(s[ix], e[ix])
+        gaps_n += g
+        lost_n += lost
+        wraps += int(cycle[ix].max() - cycle[ix].min())
+        ei = e[ix]
+        reordered += int(np.sum(ei < np.maximum.accumulate(ei)))
+        j = ix[-1]
+        last_offset = int(ref[j] - s_raw[j])
+    gaps = np.concatenate(resid) if resid else np.zeros(0)
+    p50 = float(np.median(gaps)) if gaps.size else 0.0
+    out = np.flatnonzero((label < 0) & (dup_of < 0))
+    ref[out] = arr[out] - dur[out] - latency_ns - round(p50)  # no clock to trust: placed from arrival
+    d = np.flatnonzero(dup_of >= 0)
+    ref[d] = ref[dup_of[d]]
+    slope = np.concatenate(slopes) if slopes else np.zeros(1)
+    ppm = (1.0 / (1.0 + slope) - 1.0) * 1e6
+    run = sum(c[1] for c in chord)
+    mean_slope = sum(c[0] for c in chord) / run if run > 0 else 0.0
     summary: dict[str, Any] = {
         "packets": n,
-        "drift_ppm": round((1.0 / (1.0 + slope) - 1.0) * 1e6, 4),
-        "offset_ns": int(ref[np.flatnonzero(label == used[-1])[0]] - start_ns[np.flatnonzero(label == used[-1])[0]])
-        if last is not None else None,
-        "epochs": len(hist),
-        "resets": clock.counts["reset"],
-        "outliers": int(out_ix.size),
-        "too_early": n_early,
-        "out_of_order": clock.counts["reordered"],
+        "drift_ppm": round((1.0 / (1.0 + mean_slope) - 1.0) * 1e6, 4),
+        "drift_ppm_range": [round(float(ppm.min()), 3), round(float(ppm.max()), 3)],
+        "offset_ns": last_offset,
+        "epochs": epochs_used,
+        "resets": max(0, epochs_used - 1),
+        "wraps": wraps,
+        "duplicates": int(d.size),
+        "gaps": gaps_n,
+        "lost_packets": lost_n,
+        "outliers": int(out.size),
+        "too_early": int(np.sum(gaps < -early_ns)),
+        "out_of_order": reordered,
+        "delayed_excursions": ep.delayed,
         "late": int(np.sum(gaps > late_ns)),
         "late_threshold_ms": late_ns / 1e6,
         "latency_ns": latency_ns,
+        "congested_bins": rejected,
     }
     if gaps.size:
-        p50, p99 = np.percentile(gaps, [50, 99])
-        summary["delay_above_min_ms"] = {"p50": round(p50 / 1e6, 4), "p99": round(p99 / 1e6, 4),
+        q50, q99 = np.percentile(gaps, [50, 99])
+        summary["delay_above_min_ms"] = {"p50": round(q50 / 1e6, 4), "p99": round(q99 / 1e6, 4),
                                          "max": round(float(gaps.max()) / 1e6, 4)}
-        summary["uncertainty_ns"] = round(float(p50) / max(1.0, math.sqrt(gaps.size)), 1)
-    return SourceFit(source, ref, label < 0, summary)
+        summary["uncertainty_ns"] = round(float(q50) / max(1.0, math.sqrt(gaps.size)), 1)
+    inv = np.empty(n, np.int64)
+    inv[order] = np.arange(n)
+    dup_mask = dup_of >= 0
+    return SourceFit(source, ref[inv], (label < 0)[inv] & ~dup_mask[inv], summary, dup_mask[inv])
+
+
+def _bin_ns(x: np.ndarray) -> float:
+    """Bins of about 12 packets, 0.25-2 s."""
+    span = float(x.max() - x.min()) if x.size else 0.0
+    rate = x.size / span if span > 0 else 0.0
+    return float(np.clip(12.0 / rate, 0.25e9, 2e9)) if rate > 0 else 0.5e9
 
 
 def _lines(fh: IO[str], progress: Callable[[int], None] | None) -> Iterator[tuple[int, str]]:

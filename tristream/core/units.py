@@ -25,9 +25,13 @@ _FIXED: dict[str, tuple[str, int]] = {
     "ms": ("ms", 1_000),
     "s": ("s", 1),
     "rtp90k": ("rtp90k", 90_000),
+    "pts90k": ("pts90k", 90_000),
+    "mpegts": ("pts90k", 90_000),
 }
+_WRAP_BITS = {"rtp90k": 32, "pts90k": 33}
 
-UNIT_HELP = "expected one of ns, us (µs), ms, s, samples@RATE (e.g. samples@16000), rtp90k"
+UNIT_HELP = ("expected one of ns, us (µs), ms, s, samples@RATE (e.g. samples@16000), rtp90k or rtp@RATE "
+             "(32-bit RTP, wraps), pts90k (33-bit MPEG-TS PTS, wraps)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +43,17 @@ class TimeUnit:
 
     name: str
     ticks_per_s: int
+    wrap_bits: int = 0
+
+    @property
+    def wrap_ns(self) -> float:
+        """Period after which the raw timestamp wraps, in source ns (0.0 for a unit that never wraps)."""
+        return (1 << self.wrap_bits) * NS_PER_S / self.ticks_per_s if self.wrap_bits else 0.0
 
     @property
     def is_sample_index(self) -> bool:
-        """True for `samples@RATE`, whose value is a sample index at RATE Hz."""
-        return self.name.startswith("samples@")
+        """True for `samples@RATE` and `rtp@RATE`, whose value counts samples at RATE Hz."""
+        return self.name.startswith(("samples@", "rtp@"))
 
     def to_ns(self, value: int | float) -> int:
         """Convert a source timestamp in this unit into (source-clock) nanoseconds.
@@ -97,9 +107,10 @@ def parse_unit(text: str) -> TimeUnit:
     key = text.strip()
     fixed = _FIXED.get(key.lower() if key not in ("µs", "μs") else key)
     if fixed is not None:
-        return TimeUnit(fixed[0], fixed[1])
-    if key.lower().startswith("samples@"):
-        rate_txt = key.split("@", 1)[1]
+        return TimeUnit(fixed[0], fixed[1], _WRAP_BITS.get(fixed[0], 0))
+    low = key.lower()
+    if low.startswith(("samples@", "rtp@")):
+        kind, rate_txt = low.split("@", 1)
         try:
             rate = int(rate_txt)
         except ValueError:
@@ -108,7 +119,7 @@ def parse_unit(text: str) -> TimeUnit:
             ) from None
         if rate <= 0:
             raise UnknownUnit(f"time unit {text!r} has sample rate {rate}; expected a positive integer")
-        return TimeUnit(f"samples@{rate}", rate)
+        return TimeUnit(f"{kind}@{rate}", rate, 32 if kind == "rtp" else 0)
     raise UnknownUnit(f"unknown time unit {text!r}; {UNIT_HELP}")
 
 

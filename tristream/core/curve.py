@@ -1,0 +1,192 @@
+"""Lower-envelope *curve* of (source time, arrival - source time) points: the offline clock map.
+
+A crystal whose rate follows its temperature bends the map from source to reference time by a
+millisecond or more over minutes, so one straight line per epoch is not enough. The map is a
+piecewise-linear curve with knots every `knot_ns` of source time, fitted to the lower envelope:
+
+1. the points are binned (`bin_ns`); each bin keeps its least-delay point, or its second one
+   when the least is isolated more than `early_ns` below it (a packet stamped late);
+2. the knot values minimise an *asymmetric* penalised least-squares objective over the bin
+   minima: points below the curve weigh 1, points above weigh `above_weight`, plus `smooth`
+   times the squared second differences of the knots (this also bridges silent stretches).
+   Iterated (IRLS) it settles on the low edge of the bin minima; bins far above (congestion
+   episodes, stalls) or implausibly far below (stamped late) are then rejected and the curve
+   refitted.
+
+The knots' system is pentadiagonal and solved by a banded Cholesky factorisation in O(knots).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class LowerCurve:
+    """y(x) = piecewise-linear through `values` at x0 + k * step (linear beyond the ends)."""
+
+    x0: float
+    step: float
+    values: np.ndarray
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        v = self.values
+        if v.size == 1:
+            return np.full(np.shape(x), float(v[0]))
+        u = (np.asarray(x, dtype=np.float64) - self.x0) / self.step
+        j = np.clip(np.floor(u), 0, v.size - 2).astype(np.int64)
+        w = u - j
+        return v[j] + w * (v[j + 1] - v[j])
+
+    def slopes(self) -> np.ndarray:
+        """Slope of each segment (dimensionless: ns per ns)."""
+        return np.diff(self.values) / self.step if self.values.size > 1 else np.zeros(1)
+
+
+def bin_minima(x: np.ndarray, y: np.ndarray, bin_ns: float, early_ns: float) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per bin of `bin_ns` along x: the least-delay point (x, y), or the second when the least is
+    more than `early_ns` below it. Returns (xb, yb, bins whose least point was set aside)."""
+    order = np.argsort(x, kind="stable")
+    xs, ys = x[order], y[order]
+    b = np.floor((xs - xs[0]) / bin_ns).astype(np.int64)
+    starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
+    counts = np.diff(np.r_[starts, xs.size])
+    m1 = np.minimum.reduceat(ys, starts)
+    rep = np.repeat(m1, counts)
+    at_min = ys == rep
+    first = np.flatnonzero(at_min & np.r_[True, ~at_min[:-1] | (b[1:] != b[:-1])])
+    # one position per bin: the first point equal to its bin's minimum
+    first = first[np.r_[True, b[first[1:]] != b[first[:-1]]]]
+    ys2 = ys.copy()
+    ys2[first] = np.inf
+    m2 = np.minimum.reduceat(ys2, starts)
+    early = (m2 - m1 > early_ns) & np.isfinite(m2)
+    xb = xs[first].astype(np.float64)
+    yb = m1.astype(np.float64)
+    if early.any():
+        ys2[first] = ys[first]
+        # second-least point of the flagged bins
+        mask2 = ys2 == np.repeat(np.where(early, m2, np.nan), counts)
+        idx2 = np.flatnonzero(mask2)
+        idx2 = idx2[np.r_[True, b[idx2[1:]] != b[idx2[:-1]]]]
+        bins2 = np.searchsorted(starts, idx2, side="right") - 1
+        xb[bins2] = xs[idx2]
+        yb[bins2] = ys[idx2]
+    return xb, yb, int(early.sum())
+
+
+def _solve_penta(d0: np.ndarray, d1: np.ndarray, d2: np.ndarray, rhs: np.ndarray) -> np.ndarray:
+    """Solve A v = rhs for symmetric positive-definite pentadiagonal A (diagonals d0, d1, d2)."""
+    n = d0.size
+    if n <= 256:
+        a = np.diag(d0) + np.diag(d1, 1) + np.diag(d1, -1) + np.diag(d2, 2) + np.diag(d2, -2)
+        return np.asarray(np.linalg.solve(a, rhs))
+    # LDL^T with bandwidth 2, in plain floats (O(n), n = knots)
+    a0, a1, a2, b = d0.tolist(), d1.tolist() + [0.0], d2.tolist() + [0.0, 0.0], rhs.tolist()
+    dd = [0.0] * n
+    l1 = [0.0] * n
+    l2 = [0.0] * n
+    for i in range(n):
+        di = a0[i]
+        if i >= 1:
+            di -= l1[i - 1] * l1[i - 1] * dd[i - 1]
+        if i >= 2:
+            di -= l2[i - 2] * l2[i - 2] * dd[i - 2]
+        dd[i] = di
+        if i + 1 < n:
+            v = a1[i]
+            if i >= 1:
+                v -= l1[i - 1] * l2[i - 1] * dd[i - 1]
+            l1[i] = v / di
+        if i + 2 < n:
+            l2[i] = a2[i] / di
+    z = [0.0] * n
+    for i in range(n):
+        v = b[i]
+        if i >= 1:
+            v -= l1[i - 1] * z[i - 1]
+        if i >= 2:
+            v -= l2[i - 2] * z[i - 2]
+        z[i] = v
+    out = [0.0] * n
+    for i in range(n - 1, -1, -1):
+        v = z[i] / dd[i]
+        if i + 1 < n:
+            v -= l1[i] * out[i + 1]
+        if i + 2 < n:
+            v -= l2[i] * out[i + 2]
+        out[i] = v
+    return np.array(out)
+
+
+def fit_lower_curve(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    knot_ns: float = 5e9,
+    bin_ns: float = 0.5e9,
+    early_ns: float = 1e6,
+    above_weight: float = 0.001,
+    smooth: float = 0.2,
+    iters: int = 12,
+) -> tuple[LowerCurve, dict[str, int]]:
+    """Fit the lower-envelope curve of (x, y) (both ns, float); returns it and what was set aside."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.size == 0:
+        raise ValueError("fit_lower_curve needs at least one point")
+    xb, yb, n_early = bin_minima(x, y, bin_ns, early_ns)
+    if xb.size >= 8:
+        # A bin whose minimum lies more than `early_ns` below the second-lowest of its six
+        # neighbours holds two stamped-late packets: no delay pattern makes one bin that early.
+        pad = np.r_[np.full(3, np.inf), yb, np.full(3, np.inf)]
+        win = np.lib.stride_tricks.sliding_window_view(pad, 7)[:, [0, 1, 2, 4, 5, 6]]
+        second = np.partition(win, 1, axis=1)[:, 1]
+        ok = ~(yb < second - early_ns)
+        n_early += int((~ok).sum())
+        xb, yb = xb[ok], yb[ok]
+    span = float(x.max() - x.min())
+    x0 = float(x.min())
+    if span < 2 * bin_ns or xb.size < 3:
+        k = int(np.argmin(yb))
+        return LowerCurve(x0, max(span, 1.0), np.array([yb[k], yb[k]])), {"early_bins": n_early, "rejected_bins": 0}
+    m = max(2, int(math.ceil(span / knot_ns)) + 1)
+    step = span / (m - 1)
+    u = (xb - x0) / step
+    j = np.clip(np.floor(u), 0, m - 2).astype(np.int64)
+    w1 = u - j
+    w0 = 1.0 - w1
+    dtd0 = np.full(m, 6.0)
+    dtd0[[0, -1]] = 1.0
+    if m > 2:
+        dtd0[[1, -2]] = 5.0
+    dtd1 = np.full(m - 1, -4.0)
+    dtd1[[0, -1]] = -2.0
+    dtd2 = np.ones(max(m - 2, 0))
+    if m < 4:  # too few knots for a second-difference penalty to be banded as above: straight line
+        dtd0, dtd1, dtd2 = np.zeros(m), np.zeros(m - 1), np.zeros(max(m - 2, 0))
+    wt = np.ones(xb.size)
+    live = np.ones(xb.size, bool)
+    lam = smooth
+    v = np.zeros(m)
+    rejected = 0
+    for it in range(iters):
+        ww = wt * live
+        d0 = np.bincount(j, ww * w0 * w0, m) + np.bincount(j + 1, ww * w1 * w1, m) + lam * dtd0 + 1e-12
+        d1 = np.bincount(j, ww * w0 * w1, m - 1)[: m - 1] + lam * dtd1
+        rhs = np.bincount(j, ww * w0 * yb, m) + np.bincount(j + 1, ww * w1 * yb, m)
+        v = _solve_penta(d0, d1, lam * dtd2, rhs)
+        r = yb - (v[j] * w0 + v[j + 1] * w1)
+        wt = np.where(r <= 0, 1.0, above_weight)
+        if it == iters // 2:
+            # spread of the good bins: median distance above the curve
+            good = live & (r > 0)
+            s = float(np.median(r[good])) if good.any() else 0.0
+            bad = (r > max(10 * s, 2e6)) | (r < -max(6 * s, early_ns))
+            if not bad.all():
+                rejected = int(bad.sum())
+                live &= ~bad
+    return LowerCurve(x0, step, v), {"early_bins": n_early, "rejected_bins": rejected}

@@ -1,0 +1,153 @@
+"""Vectorised bookkeeping of one source's recording in arrival order: wraps, duplicates, epochs, gaps.
+
+- `unwrap`: a wrapping timestamp (32-bit RTP, 33-bit PTS) is placed in the cycle nearest its
+  predecessor in arrival order, so a wrap moves nothing; what remains a jump is a reset.
+- `duplicates`: the same capture (same start and end) arriving again within `window_ns`.
+- `segment_epochs`: a reset moves `y = arrival - source time` by an amount no delay explains.
+  A running median of y over 7 packets ignores spikes, stragglers and reordering; where it
+  jumps by more than `jump_ns`, a segment starts. A segment that only sits above its epoch for
+  less than `max_delay_ns` is a delay excursion (a stall) and stays in the epoch; one that
+  returns to an earlier epoch's level rejoins it; any other starts a new epoch (a *reset*).
+  Packets far from their segment's median are placed with the epoch whose level they match
+  (late packets of the previous epoch), as delayed (above it), or as outliers (impossibly
+  early, or a segment too short to confirm).
+- `gaps`: holes in an epoch's source timeline (lost packets, a silent sensor).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def unwrap(values: np.ndarray, wrap: float) -> tuple[np.ndarray, np.ndarray]:
+    """Unwrap `values` (in arrival order) of a timestamp that wraps every `wrap`; returns (values, cycle)."""
+    if not wrap or values.size < 2:
+        return values, np.zeros(values.size, np.int64)
+    step = -np.rint(np.diff(values) / wrap).astype(np.int64)
+    cycle = np.r_[np.int64(0), np.cumsum(step)]
+    if not cycle.any():
+        return values, cycle
+    return values + np.rint(cycle * wrap).astype(np.int64), cycle
+
+
+def duplicates(start: np.ndarray, end: np.ndarray, arrival: np.ndarray, window_ns: int) -> np.ndarray:
+    """For packets in arrival order: index of the original each one duplicates, or -1."""
+    n = start.size
+    out = np.full(n, -1, np.int64)
+    if n < 2:
+        return out
+    order = np.argsort(start, kind="stable")  # stable: equal starts stay in arrival order
+    s, e, a = start[order], end[order], arrival[order]
+    same = (s[1:] == s[:-1]) & (e[1:] == e[:-1]) & (a[1:] - a[:-1] <= window_ns)
+    if not same.any():
+        return out
+    k = np.flatnonzero(same) + 1
+    # the original of a run of copies is the first of the run
+    run_start = np.maximum.accumulate(np.where(np.r_[True, ~same], np.arange(n), 0))
+    out[order[k]] = order[run_start[k]]
+    return out
+
+
+def running_median(y: np.ndarray, width: int = 7) -> np.ndarray:
+    """Centred running median (edges use the nearest full window)."""
+    n = y.size
+    if n <= width:
+        return np.full(n, np.median(y) if n else 0, dtype=y.dtype)
+    win = np.lib.stride_tricks.sliding_window_view(y, width)
+    med = np.partition(win, width // 2, axis=1)[:, width // 2]
+    h = width // 2
+    return np.r_[np.full(h, med[0]), med, np.full(n - med.size - h, med[-1])]
+
+
+@dataclass(slots=True)
+class Epochs:
+    """Per packet (arrival order): epoch label (-1 outlier), and per-epoch segment levels."""
+
+    label: np.ndarray
+    count: int
+    delayed: int
+    stragglers: int
+
+
+def segment_epochs(y: np.ndarray, arrival: np.ndarray, *, jump_ns: float = 200e6, max_delay_ns: float = 2e9,
+                   confirm: int = 3) -> Epochs:
+    """Label packets (arrival order, duplicates removed) with their epoch; see the module docstring."""
+    n = y.size
+    label = np.zeros(n, np.int64)
+    if n == 0:
+        return Epochs(label, 0, 0, 0)
+    med = running_median(y)
+    cut = np.flatnonzero(np.abs(np.diff(med)) > jump_ns) + 1
+    bounds = np.r_[0, cut, n]
+    levels: list[float] = []  # per epoch: its level at the end of its latest level segment
+    ends: list[int] = []  # arrival of that end
+    cur = -1
+    delayed = stragglers = 0
+    for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
+        lv0, lv1 = float(med[a]), float(med[b - 1])
+        if cur >= 0:
+            d = lv0 - levels[cur]
+            if abs(d) <= jump_ns:
+                label[a:b] = cur
+                levels[cur], ends[cur] = lv1, int(arrival[b - 1])
+                continue
+            if 0 < d <= max_delay_ns and arrival[b - 1] - arrival[a] <= max_delay_ns:
+                label[a:b] = cur  # a delay excursion: stays with its epoch, level unchanged
+                delayed += b - a
+                continue
+            match = [e for e in range(len(levels)) if abs(lv0 - levels[e]) <= jump_ns]
+            if match:
+                cur = match[-1]
+                label[a:b] = cur
+                levels[cur], ends[cur] = lv1, int(arrival[b - 1])
+                continue
+            if b - a < confirm:
+                label[a:b] = -1
+                continue
+        levels.append(lv1)
+        ends.append(int(arrival[b - 1]))
+        cur = len(levels) - 1
+        label[a:b] = cur
+    # Packets far from their segment's median: late packets of another epoch, delayed, or outliers.
+    far = np.flatnonzero((np.abs(y - med) > jump_ns) & (label >= 0))
+    if far.size and len(levels) > 1:
+        lv = np.array(levels)
+        for i in far.tolist():
+            k = int(np.argmin(np.abs(lv - y[i])))
+            if abs(lv[k] - y[i]) <= jump_ns and k != label[i]:
+                label[i] = k
+                stragglers += 1
+    far = np.flatnonzero((y - med < -jump_ns) & (label >= 0))
+    if far.size:
+        lv_of = np.array(levels)[label[far]]
+        bad = y[far] < lv_of - jump_ns
+        label[far[bad]] = -1
+    return Epochs(label, len(levels), delayed, stragglers)
+
+
+def gaps(start: np.ndarray, end: np.ndarray) -> tuple[int, int, float]:
+    """Holes in one epoch's source timeline: (gaps, packets lost, period ns).
+
+    Spans (audio chunks, sensor blocks) leave a hole when a start lies more than half a span
+    after the previous end; instantaneous packets (frames) when the step exceeds 1.5 periods.
+    """
+    if start.size < 3:
+        return 0, 0, 0.0
+    o = np.argsort(start, kind="stable")
+    s, e = start[o], end[o]
+    d = np.diff(s)
+    d = d[d > 0]
+    if d.size == 0:
+        return 0, 0, 0.0
+    period = float(np.median(d))
+    span = float(np.median(e - s))
+    if span > 0:
+        hole = s[1:] - e[:-1]
+        big = hole > 0.5 * span
+        lost = np.rint(hole[big] / period)
+    else:
+        big = d > 1.5 * period
+        lost = np.rint(d[big] / period) - 1
+    return int(big.sum()), int(np.maximum(lost, 1).sum()), period
