@@ -1,12 +1,7 @@
 """Where a batch-1 (and batch-2) decode step's time goes, per kernel variant (GPU only).
 
-`bench/llm.py` showed our decode graph slower than the sum of its GEMVs measured alone
-(`bench/gemv.py`): SmolLM2-135M 0.93 ms per step for ~0.3 ms of GEMV, and the fused batch-1
-variants slower still (Llama-3.2-1B: b1m 1.59 ms vs the cuBLAS path 1.04 ms), several of them
-rejected at capture for a 2-3% logits difference. This script takes one engine per model (random
-bf16 weights, a 128-token prompt, steady decode), and for every variant of
-`tristream.engine.graphs.VARIANTS` at buckets 1 and 2 reports:
-
+One engine per model (random bf16 weights, a 128-token prompt, steady decode); for every variant
+of `tristream.engine.kernel_choice.VARIANTS` at buckets 1 and 2:
 * the logits' relative error against the cuBLAS path and whether the greedy tokens agree;
 * the graph replay time (ms);
 * the kernels of one replay from the profiler: how many, their summed time, and the top ones,
@@ -101,7 +96,7 @@ def profile_model(name: str, buckets: list[int], variants: list[str] | None = No
 
 def _profile_buckets(name: str, eng: Any, dec: Any, vocab: int, buckets: list[int], out: dict[str, Any],
                      variants: list[str] | None = None) -> None:
-    from tristream.engine.graphs import B1_VARIANTS, VARIANTS
+    from tristream.engine.kernel_choice import B1_VARIANTS, VARIANTS
 
     for b in buckets:
         _steady(eng, b, vocab)

@@ -39,18 +39,15 @@ def test_b1_variant_logits_and_tokens_equal_the_other_variants(model: LlamaModel
     prompt = list(range(3, 30))
     out: dict[str, list[int]] = {}
     logits: dict[str, torch.Tensor] = {}
-    for kernels in ("cublas", "fused", "b1", "b8", "b1m", "b1_hc", "bw", "b1_mlp", "b1_mlpt", "b8w", "b1_ao", "b8w_ao",
-                    "b4w_ln"):
+    for kernels in ("cublas", "fused", "b1", "b1_hc", "bw", "b1w", "b8w", "b4w_ln"):
         eng = _engine(model, kernels)
         dec = eng.runner.decoder
         assert dec is not None and dec.variant_for(1) == kernels
         out[kernels] = eng.generate([prompt], SamplingParams(max_tokens=12, ignore_eos=True))[0]
         logits[kernels] = dec.forward(1).float()  # the last step's inputs are still in the buffers
-    assert out["b1"] == out["b8"] == out["b1m"] == out["b1_hc"] == out["cublas"] == out["fused"]
-    assert out["b1_mlp"] == out["b1_mlpt"] == out["bw"] == out["b8w"] == out["b1_ao"] == out["b8w_ao"] == out["cublas"]
-    assert out["b4w_ln"] == out["cublas"]
+    assert all(tokens == out["cublas"] for tokens in out.values()), out
     ref = logits["cublas"]
-    for k in ("fused", "b1", "b8", "b1m", "b1_hc", "bw", "b1_mlp", "b1_mlpt", "b8w", "b1_ao", "b8w_ao", "b4w_ln"):
+    for k in out:
         assert float((logits[k] - ref).norm() / ref.norm()) < 1e-5, k
 
 

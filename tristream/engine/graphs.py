@@ -28,12 +28,11 @@ from typing import Any
 import torch
 
 from tristream.engine.decode_inputs import FRESH, HOLD, InputState
-from tristream.engine.kernel_choice import variant_agrees
+from tristream.engine.kernel_choice import B1_VARIANTS, CAPTURE_PDL, CAPTURE_PLAIN, VARIANTS, variant_agrees
 from tristream.engine.kernels import triton_ops as K
 from tristream.engine.kernels.advance import advance_embed
 from tristream.engine.kernels.argmax import GraphArgmax
-from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1, down_transposed
-from tristream.engine.kernels.decode_mega_cuda import decode_logits_mega
+from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1
 from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
@@ -78,45 +77,21 @@ class TritonDecodeAttention:
 
 
 FUSED_MAX_ROWS = 16
-B1_VARIANTS = (*(f"{t}{p}" for t in TILES for p in ("", "_pdl")), "b1_hc", "b1_pdl_hc", "b8_pdl_hc", "b8w_pdl_hc",
-               "b1_mlp", "b1_mlpt", "b1_pdl_mlp", "b8_pdl_mlp", "b8_pdl_mlp_hc", "b1_pdl_mlpt", "b8_pdl_mlpt",
-               "b1_ao", "b8w_ao", "b1_pdl_ao", "b8_pdl_ao_hc", "b8w_pdl_ao", "b8w_pdl_ao_hc", "bw_pdl_ao",
-               "b4w_ln", "b4w_pdle_ln_hc", "b4w_pdle_ln", "b4w_pdl_ln_hc", "b4w_pdle_hc", "bw_pdle")
-"""`TILES` name, then "_pdl" (chained with PDL: a kernel lets its successor launch after its wait)
-or "_pdle" (at its start, `kernels/pdl.py`), then "_mlp" / "_mlpt" (the MLP as one kernel over a
-float32 residual stream, `kernels/decode_mlp.py`; "t": through a transposed copy of the down
-weights) or "_ao" (attention + O + residual as one kernel, `kernels/decode_attn_o.py`), then "_ln"
-(the norms in one pass, `gemv.fused_gemv`'s late_norm), then "_hc" (output projection through
-cuBLAS)."""
 
 
 def b1_options(variant: str) -> dict[str, Any]:
     """A batch-1 variant name → the keyword arguments of `decode_fused.decode_logits_b1`."""
+    if variant not in B1_VARIANTS:
+        raise ValueError(f"unknown batch-1 variant {variant!r}")
     name = variant
     hc = name.endswith("_hc")
     name = name.removesuffix("_hc")
     ln = name.endswith("_ln")
     name = name.removesuffix("_ln")
-    ao = name.endswith("_ao")
-    name = name.removesuffix("_ao")
-    mlp = "fused_t" if name.endswith("_mlpt") else "fused" if name.endswith("_mlp") else None
-    name = name.removesuffix("_mlpt").removesuffix("_mlp")
     pdl = 2 if name.endswith("_pdle") else 1 if name.endswith("_pdl") else 0
     name = name.removesuffix("_pdle").removesuffix("_pdl")
-    if name not in TILES:
-        raise ValueError(f"unknown batch-1 variant {variant!r}")
     tile, warps = TILES[name]
-    return {"pdl": pdl, "tile": tile, "num_warps": warps, "head_cublas": hc, "mlp": mlp, "attn_o": ao,
-            "late_norm": ln}
-CAPTURE_PDL = ("b1_pdl", "bw_pdl", "b1w_pdl", "b8w_pdl_hc", "bw_pdle", "b4w_pdle_ln", "b4w_pdle_ln_hc")
-"""The batch-1 variants `DecodeGraphs` times at capture on a GPU with PDL (`_candidates`)."""
-CAPTURE_PLAIN = ("b1", "bw", "b1w", "b8w", "b1_hc", "b4w_ln")
-"""The same without PDL (before Hopper)."""
-VARIANTS = ("cublas", "fused", *B1_VARIANTS, "mega")
-"""Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
-at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in three GEMV tiles
-(b1, b8, b1m), each with or without PDL (`_pdl`), and "mega", the whole step as one persistent CUDA
-kernel (`kernels/decode_mega_cuda.py`; by name only, slower than the PDL chain so far)."""
+    return {"pdl": pdl, "tile": tile, "num_warps": warps, "head_cublas": hc, "late_norm": ln}
 
 
 def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention,
@@ -226,8 +201,6 @@ class DecodeGraphs:
         if h is None:
             h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
-        if v == "mega" and b == 1:  # the whole step as one persistent CUDA kernel (kernels/decode_mega_cuda.py)
-            return decode_logits_mega(m, h, attn)
         if v in B1_VARIANTS and b == 1:
             return decode_logits_b1(m, h, attn, raw_logits=raw_logits, **b1_options(v))
         if v != "cublas":
@@ -238,20 +211,8 @@ class DecodeGraphs:
     def _candidates(self, b: int) -> list[str]:
         out = ["fused"]
         if b == 1 and self.model.device.type == "cuda":
-            # with PDL (Hopper+) only the PDL variants: each measured faster than its plain twin on the
-            # H200 (e.g. 135M b1 0.606 vs b1_pdl 0.448 ms, 1B 0.960 vs 0.916; llm_gpu_s6b.json)
+            # with PDL only the PDL variants: each measured faster than its plain twin on the H200
             pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
-            # not timed at capture: the one-kernel MLP ("_mlp", "_mlpt") lost to the two-kernel
-            # pair on the H200 (bench/results/mlp_fuse.json: 135M 5.0 vs 5.0 us, 1B 36.1 vs
-            # 34.1 us per MLP; in the decode graph 0.48 vs 0.43 ms, 1.07 vs 0.92 ms per step);
-            # it stays selectable by name
-            # nor "b1m" (32 x 256 tiles: 1.4-3.6x slower than the default tile on the H200), nor the
-            # attention+O kernel ("_ao": 135M 0.400 vs 0.383 ms, 1B 1.05 vs 0.81 ms per step graph;
-            # bench/results/decode_profile_ao.json)
-            # of the rest, the ones that won a model on the H200 and their nearest rivals (timing all 16
-            # PDL variants took 135M's capture to 13.5 s, bench/results/llm_gpu_s11.json): b4w_pdle_ln_hc
-            # for SmolLM2-135M (0.339 ms), bw_pdl / b1w_pdl for Llama-3.2-1B (0.811 / 0.812), b1_pdl for
-            # Llama-3-8B (llm_gpu_s8.json)
             out += list(CAPTURE_PDL if pdl else CAPTURE_PLAIN)
         return out
 
@@ -301,8 +262,6 @@ class DecodeGraphs:
         self._fill_padding(0, self.max_bs)
         from tristream.engine.graph_capture import capture_buckets
 
-        if "_mlpt" in self.kernels:  # made before capture, not inside it
-            down_transposed(self.model)
         vocab = self.model.cfg.vocab_size
         self._argmax = {b: GraphArgmax(b, vocab, self.model.device) for b in self.buckets}
 

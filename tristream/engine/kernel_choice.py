@@ -1,9 +1,25 @@
-"""How the decode graphs decide that a kernel variant computes the same thing as the cuBLAS path
-(kept apart from `graphs.py`, which needs Triton, so that it is tested on CPU too)."""
+"""Which decode kernel variants the decode graphs choose from at capture, and how they decide that
+one computes the same thing as the cuBLAS path (kept apart from `graphs.py`, which needs Triton,
+so that it is tested and named on CPU too)."""
 
 from __future__ import annotations
 
 import torch
+
+CAPTURE_PDL = ("b1_pdl", "bw_pdl", "b1w_pdl", "b8w_pdl_hc", "bw_pdle", "b4w_pdle_ln", "b4w_pdle_ln_hc")
+"""The batch-1 variants `DecodeGraphs` times at capture on a GPU with PDL (Hopper and newer): each
+one won a model on the H200 or is its nearest rival (b4w_pdle_ln_hc SmolLM2-135M, bw_pdl / b1w_pdl
+Llama-3.2-1B, b1_pdl Llama-3-8B; docs/engine-decode.md)."""
+CAPTURE_PLAIN = ("b1", "bw", "b1w", "b8w", "b1_hc", "b4w_ln")
+"""The same without PDL (before Hopper)."""
+B1_VARIANTS = (*CAPTURE_PDL, *CAPTURE_PLAIN)
+"""Batch-1 variant names: a `TILES` name, then "_pdl" (chained with PDL: a kernel lets its successor
+launch after its wait) or "_pdle" (at its start, `kernels/pdl.py`), then "_ln" (the norms in one
+pass, `gemv.fused_gemv`'s late_norm), then "_hc" (the output projection through cuBLAS)."""
+VARIANTS = ("cublas", "fused", *B1_VARIANTS)
+"""Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
+at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in the `B1_VARIANTS`.
+Exactly the variants the capture-time choice (`DecodeGraphs._candidates`) can pick."""
 
 
 def variant_agrees(got: torch.Tensor, ref: torch.Tensor, err: float) -> bool:

@@ -30,8 +30,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tristream.engine.kernels.decode_attn_o import attn_o_b1
-from tristream.engine.kernels.decode_mlp import fused_mlp1
 from tristream.engine.kernels.gemv import fused_gemv, norm_x, row_rstd
 from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
 from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
@@ -158,26 +156,19 @@ def _pdl_launch(pdl: bool | int) -> dict[str, Any]:
     return {"launch_pdl": True} if pdl else {}
 
 
-TILES: dict[str, tuple[tuple[int, int] | None, int]] = {"b1": (None, 4), "b8": (None, 8), "b1m": ((32, 256), 4),
-                                                       "bw": ((8, 2048), 4), "bw4": ((4, 2048), 4),
-                                                       "bwx": ((8, 4096), 8), "b1w": ((0, 2048), 4),
-                                                       "b8w": ((0, 2048), 8), "b4w": ((4, 2048), 4)}
-"""Batch-1 GEMV tile (rows, K columns; None: the default per shape, 8-16 rows x up to 1024
-columns) and warps per program, per variant name. Which is fastest depends on the GPU and the
-model; the decode graphs time them at capture. On the H200 (bench/results/decode_profile.json)
-the default tile was fastest for SmolLM2-135M and Llama-3.2-1B, 32 x 256 1.4-1.7x slower and
-64 x 128 2-2.5x slower (dropped); 8 warps won for the 1B's square GEMVs in bench/gemv.py.
-"bw", "bw4": whole 2048-column rows (8 or 4 rows, 4 warps): a program of a K ≤ 2048 projection
-loads all its weights before waiting on its predecessor (PDL); "bwx": 8 x 4096, 8 warps. On the
-H200 "bw" took Llama-3.2-1B's step graph from 0.914 to 0.832 ms (16 x 2048 with 8 warps: 1.061;
-decode_profile_bw.json) and made SmolLM2-135M's slower (0.480 vs 0.434 for "b8_pdl_hc").
-"b1w", "b8w" (rows 0: per projection): the default tile, but K up to 2048 columns in one tile,
-so that a projection with 1024 < K ≤ 2048 (SmolLM2-135M's down projection, K = 1536) loads all
-its weights before the PDL wait instead of its second tile after it (`proj_tile`).
-"b4w": 4 rows × the whole K (up to 2048 columns, no wider than K needs), 4 warps. With the early
-PDL trigger and the one-pass norm ("b4w_pdle_ln_hc") SmolLM2-135M's step graph took 0.344 ms
-against 0.383 for "b8w_pdl_hc" (bench/results/decode_b1_grid_s11.json); each of the three alone
-gave 1-4%. Llama-3.2-1B: 0.93 against 0.81 for "bw_pdl"."""
+TILES: dict[str, tuple[tuple[int, int] | None, int]] = {"b1": (None, 4), "bw": ((8, 2048), 4),
+                                                       "b1w": ((0, 2048), 4), "b8w": ((0, 2048), 8),
+                                                       "b4w": ((4, 2048), 4)}
+"""Batch-1 GEMV tile (rows, K columns) and warps per program, per variant name. Which is fastest
+depends on the GPU and the model; the decode graphs time them at capture.
+"b1": the default per shape (8-16 rows × up to 1024 columns).
+"bw": whole 2048-column rows (8 rows): a program of a K ≤ 2048 projection loads all its weights
+before waiting on its predecessor (PDL); Llama-3.2-1B's choice on the H200.
+"b1w", "b8w" (rows 0: per projection; 4 or 8 warps): the default tile, but K up to 2048 columns in
+one tile, so that a projection with 1024 < K ≤ 2048 (SmolLM2-135M's down projection, K = 1536)
+loads all its weights before the PDL wait instead of its second tile after it (`proj_tile`).
+"b4w": 4 rows × the whole K (up to 2048 columns, no wider than K needs); with the early PDL
+trigger and the one-pass norm ("b4w_pdle_ln_hc") SmolLM2-135M's choice on the H200."""
 
 
 def proj_tile(tile: tuple[int, int] | None, k: int) -> tuple[int, int] | None:
@@ -211,8 +202,7 @@ def proj_blocks(model: Any, tile: tuple[int, int] | None) -> tuple[Blocks, Block
 
 def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | int = False,
                      tile: tuple[int, int] | None = None, num_warps: int = 4, head_cublas: bool = False,
-                     mlp: str | None = None, attn_o: bool = False, late_norm: bool = False,
-                     raw_logits: bool = False, attn_warps: int = 4, qkv_rows: int | None = None) -> torch.Tensor:
+                     late_norm: bool = False, raw_logits: bool = False) -> torch.Tensor:
     """Batch-1 decode forward: per layer norm+QKV+RoPE+store, attention (its split merge folded
     in when `attention.counters` is given), O+residual, norm+gate|up, SiLU+down+residual: 5
     kernels instead of 7, optionally chained with PDL.
@@ -221,62 +211,25 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | in
     `ctx_lens`, `cache`, `splits`, `scale`, optional `counters`), as `graphs.TritonDecodeAttention` does.
     `tile`: the GEMV tile (rows, K columns) of every projection; None: the default per shape;
     `num_warps`: warps per program of the QKV and GEMV kernels; `head_cublas`: the final norm as its
-    own kernel and the output projection (the largest GEMV of a small model) through cuBLAS;
-    `mlp`: "fused" / "fused_t" run the MLP as one kernel over a float32 residual stream
-    (`decode_mlp.py`; "fused_t" reads a transposed copy of the down weights, made once per model):
-    4 kernels per layer.
-    `attn_o`: attention, O projection and residual add as one kernel (`decode_attn_o.py`; the
-    residual row in fixed point, read by the norm+gate|up kernel): 4 kernels per layer,
-    bitwise reproducible. Needs `attention.counters` and splits ≥ 2; not with `mlp`.
+    own kernel and the output projection (the largest GEMV of a small model) through cuBLAS.
     `pdl`: False, True (each kernel lets its successor launch after its wait) or 2 (at its start;
     `kernels/pdl.py`). `late_norm`: the norm+QKV and norm+gate|up kernels (and a Triton head) norm
     in one pass (`gemv.fused_gemv`). `raw_logits`: the cuBLAS head's logits in the model dtype (no
-    float32 copy; the Triton head writes float32 either way). `attn_warps`: warps of the attention
-    kernel; `qkv_rows`: rows per program of the QKV kernel (None: as `tile` says).
+    float32 copy; the Triton head writes float32 either way).
     """
     cfg = model.cfg
     (bn, bk), (on, ok), (dn, dk) = proj_blocks(model, tile)
     t_qkv = None if bn is None or bk is None else (bn, bk)  # the QKV kernel's tile (rows, K columns)
-    if qkv_rows is not None:
-        t_qkv = (qkv_rows, bk if bk is not None else min(triton.next_power_of_2(cfg.hidden_size), 1024))
     eps = cfg.rms_norm_eps
-    if mlp not in (None, "fused", "fused_t"):
-        raise ValueError(f"mlp must be None, 'fused' or 'fused_t', not {mlp!r}")
-    if attn_o:
-        if mlp is not None or getattr(attention, "counters", None) is None or attention.splits < 2:
-            raise ValueError("attn_o needs attention counters and splits >= 2, and does not go with mlp")
-        # one zeroed fixed-point residual row per layer (a single memset at the start of the step)
-        accs = torch.zeros(len(model.layers), cfg.hidden_size, dtype=torch.int64, device=h.device)
-        rmid = torch.empty(1, cfg.hidden_size, dtype=torch.float32, device=h.device)
-    if mlp is not None:
-        ra = torch.empty(1, cfg.hidden_size, dtype=torch.float32, device=h.device)
-        downs = down_transposed(model) if mlp == "fused_t" else [layer.down.weight for layer in model.layers]
     r = h
     for i, layer in enumerate(model.layers):
         kc, vc = attention.cache.flat(i)
         q = qkv_rope_store1(r, layer.qkv.weight, layer.qkv.bias, layer.input_norm, eps, attention.positions,
                             model.cos_sin, attention.slots, kc, vc, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                             pdl=pdl, tile=t_qkv, num_warps=num_warps, late_norm=late_norm)
-        if attn_o:
-            acc = attn_o_b1(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
-                            attention.scale, attention.splits, attention.counters, layer.o.weight, r, accs[i],
-                            pdl=pdl)
-            gu = fused_gemv(acc.view(1, -1), layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl,
-                            block_n=bn, block_k=bk, num_warps=num_warps, x_copy=rmid)
-            r = fused_gemv(gu, layer.down.weight, residual=rmid, silu=True, pdl=pdl, block_n=dn, block_k=dk,
-                           num_warps=num_warps)
-            continue
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
-                                   counters=getattr(attention, "counters", None),
-                                   num_warps=attn_warps).view(1, cfg.q_size)
-        if mlp is not None:
-            # o + residual (float32) into a new r and a copy ra; the MLP reads ra and adds into r
-            r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps,
-                           out_dtype=torch.float32, out2=ra)
-            fused_mlp1(ra, layer.gate_up.weight, layer.post_norm, eps, downs[i], r, down_t=mlp == "fused_t",
-                       pdl=pdl, num_warps=num_warps)
-            continue
+                                   counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
         r = fused_gemv(a, layer.o.weight, residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps)
         gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn,
                         block_k=bk, num_warps=num_warps, late_norm=late_norm)
@@ -287,13 +240,3 @@ def decode_logits_b1(model: Any, h: torch.Tensor, attention: Any, pdl: bool | in
         return model.head()(x) if raw_logits else model.logits(x)
     return fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn,
                       block_k=bk, num_warps=num_warps, out_dtype=torch.float32, late_norm=late_norm)
-
-
-def down_transposed(model: Any) -> list[torch.Tensor]:
-    """Per layer, the down weight transposed ([intermediate, hidden], contiguous), made on first
-    use and kept on the model (only the "_mlpt" variants, chosen by name, use it)."""
-    cached = getattr(model, "_down_t", None)
-    if cached is None:
-        cached = [layer.down.weight.t().contiguous() for layer in model.layers]
-        model._down_t = cached
-    return cached

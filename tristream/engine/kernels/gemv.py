@@ -66,21 +66,6 @@ def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x
     tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
 
 
-FX_ONE = 4294967296.0
-"""Scale of the fixed-point residual (int64, 2**-32 units) that `decode_attn_o` accumulates with
-integer atomics: integer sums do not depend on their order, so the result is bitwise reproducible."""
-FX = tl.constexpr(FX_ONE)  # the same, for the kernels
-
-
-@triton.jit
-def load_x(x_ptr, rk, mask, X_FX: tl.constexpr):
-    """x[rk] as stored, or (X_FX) an int64 fixed-point row converted to float32."""
-    if X_FX:
-        return tl.load(x_ptr + rk, mask=mask, other=0).to(tl.float32) / FX
-    else:
-        return tl.load(x_ptr + rk, mask=mask, other=0.0)
-
-
 @triton.jit
 def norm_x(xv, nw, rstd, ss, dt: tl.constexpr, LATE_NORM: tl.constexpr):
     """One K tile of x under the RMS norm → (the tile to multiply the weights by, ss): with LATE_NORM
@@ -96,28 +81,26 @@ def norm_x(xv, nw, rstd, ss, dt: tl.constexpr, LATE_NORM: tl.constexpr):
 
 
 @triton.jit
-def row_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr, X_FX: tl.constexpr = False):
-    """1 / RMS of the row x[0:K] (float32), read in BLOCK_K tiles (X_FX: int64 fixed point)."""
+def row_rstd(x_ptr, K, eps, BLOCK_K: tl.constexpr):
+    """1 / RMS of the row x[0:K] (float32), read in BLOCK_K tiles."""
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         rk = k0 + tl.arange(0, BLOCK_K)
-        xv = load_x(x_ptr, rk, rk < K, X_FX).to(tl.float32)
+        xv = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
         ss += xv * xv
     return tl.rsqrt(tl.sum(ss, 0) / K + eps)
 
 
 @triton.jit
-def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr, xc_ptr, N, K, eps,
+def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps,
                         NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                        OUT2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-                        X_FX: tl.constexpr, X_COPY: tl.constexpr, LATE_NORM: tl.constexpr):
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+                        LATE_NORM: tl.constexpr):
     """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores. The first K
     tile of the weight is loaded first; with PDL, before waiting on the previous kernel. The
     product is rounded to the weight dtype; the residual sum is kept in the output's dtype (a
-    float32 output keeps an unrounded residual stream), optionally stored twice (`OUT2`).
-    X_FX: x is an int64 fixed-point row (`FX_ONE` units); X_COPY: program 0 also stores x, as
-    read, into `xc_ptr` (float32). LATE_NORM (with NORM): one pass over x, the RMS scale applied to
-    the products' sums (`late_norm` of `fused_gemv`)."""
+    float32 output keeps an unrounded residual stream). LATE_NORM (with NORM): one pass over x,
+    the RMS scale applied to the products' sums (`late_norm` of `fused_gemv`)."""
     pdl_start(USE_PDL)
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -131,7 +114,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
     pdl_wait(USE_PDL)
     rstd = 1.0
     if NORM and not LATE_NORM:
-        rstd = row_rstd(x_ptr, K, eps, BLOCK_K, X_FX)
+        rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -142,10 +125,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
             u = tl.load(x_ptr + K + rk, mask=kmask, other=0.0)
             xv = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
         else:
-            xv = load_x(x_ptr, rk, kmask, X_FX)
-            if X_COPY:
-                if pid == 0:
-                    tl.store(xc_ptr + rk, xv.to(tl.float32), mask=kmask)
+            xv = tl.load(x_ptr + rk, mask=kmask, other=0.0)
             if NORM:
                 xv, ss = norm_x(xv, tl.load(nw_ptr + rk, mask=kmask, other=0.0), rstd, ss, dt, LATE_NORM)
         if k0 == 0:
@@ -162,15 +142,12 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, out2_ptr,
         r = tl.load(res_ptr + rn, mask=nmask, other=0.0)
         y = (y.to(tl.float32) + r.to(tl.float32)).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + rn, y, mask=nmask)
-    if OUT2:
-        tl.store(out2_ptr + rn, y, mask=nmask)
 
 
 def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
                residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
                eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
                pdl: bool | int = False, num_warps: int | None = None, out_dtype: torch.dtype | None = None,
-               out2: torch.Tensor | None = None, x_copy: torch.Tensor | None = None,
                late_norm: bool = False) -> torch.Tensor:
     """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
 
@@ -178,10 +155,7 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     `decode_fused.py`); ignored for more rows. block_n / block_k: the tile (default: per shape);
     at batch 1 the decode graphs time a few tiles at capture and keep the fastest; num_warps:
     the batch-1 kernel's warps (default 4). Batch 1 only: `out_dtype` (default the weight's;
-    float32 keeps the residual sum unrounded, or returns float32 logits), `out2` (a [1, N] tensor
-    of that dtype that receives a second copy of the output). An int64 `x` is a fixed-point row
-    (`FX_ONE` units, as `decode_attn_o` accumulates the residual; batch 1, not with silu);
-    `x_copy` (a [1, K] float32 tensor) receives x as read (batch 1, not with silu).
+    float32 keeps the residual sum unrounded, or returns float32 logits).
     `late_norm` (batch 1, with `norm_weight`): x is read once; the products of the weights with
     x·norm_weight (float32, not rounded) and the sum of squares are summed together, and the RMS
     scale multiplies the sums (no block-wide reduction and no second read of x before the
@@ -192,27 +166,19 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
     n, k = w.shape
     if m > 16:
         raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
-    if m != 1 and (out_dtype is not None or out2 is not None or x_copy is not None or x.dtype == torch.int64
-                   or late_norm):
-        raise ValueError("out_dtype, out2, x_copy, late_norm and a fixed-point x are batch-1 options")
-    if silu and (x_copy is not None or x.dtype == torch.int64):
-        raise ValueError("x_copy and a fixed-point x do not go with silu")
-    if x_copy is not None and (x_copy.dtype != torch.float32 or x_copy.numel() != k or not x_copy.is_contiguous()):
-        raise ValueError(f"x_copy must be a contiguous float32 tensor of {k} elements")
+    if m != 1 and (out_dtype is not None or late_norm):
+        raise ValueError("out_dtype and late_norm are batch-1 options")
     out = torch.empty(m, n, dtype=out_dtype or w.dtype, device=w.device)
-    if out2 is not None and (out2.shape != out.shape or out2.dtype != out.dtype or not out2.is_contiguous()):
-        raise ValueError(f"out2 must be a contiguous {tuple(out.shape)} {out.dtype} tensor")
     dummy = out
     if m == 1:
         bk = block_k or min(triton.next_power_of_2(k), 1024)
         bn = block_n or (8 if bk >= 1024 else 16)
         _fused_gemv1_kernel[(triton.cdiv(n, bn),)](
             x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
-            norm_weight if norm_weight is not None else dummy, out, out2 if out2 is not None else dummy,
-            x_copy if x_copy is not None else dummy, n, k, eps,
+            norm_weight if norm_weight is not None else dummy, out, n, k, eps,
             NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            OUT2=out2 is not None, BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), X_FX=x.dtype == torch.int64,
-            X_COPY=x_copy is not None, LATE_NORM=late_norm, num_warps=num_warps or 4, **({"launch_pdl": True} if pdl else {}),
+            BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), LATE_NORM=late_norm, num_warps=num_warps or 4,
+            **({"launch_pdl": True} if pdl else {}),
         )
         return out
     # A loop over K in 128-column tiles, pipelined. (A single pass over all of K per program was
