@@ -387,9 +387,9 @@ def bench_real_speech(dev: torch.device, update_s: float = 0.5, variants: list[s
     import difflib
     import re
 
+    from tests.engine.speech.truth import continuous_speech
     from tristream.engine.speech.ct2 import load_ct2_whisper
     from tristream.engine.speech.streaming import NS, hf_token_text
-    from tristream.engine.speech.truth import continuous_speech
     from tristream.stages.asr_whisper import whisper_base_dir
     from tristream.stages.base import ModelUnavailable
 
@@ -455,9 +455,9 @@ def bench_real_speech_streams(dev: torch.device, n: int = 16, update_s: float = 
     so their updates interleave like live sessions), one batched pass per update: per-update time and
     alignment work, aligning every update vs only updates that commit. CUDA only (eager base on a
     CPU takes minutes)."""
+    from tests.engine.speech.truth import continuous_speech
     from tristream.engine.speech.ct2 import load_ct2_whisper
     from tristream.engine.speech.streaming import NS, hf_token_text
-    from tristream.engine.speech.truth import continuous_speech
     from tristream.stages.asr_whisper import whisper_base_dir
     from tristream.stages.base import ModelUnavailable
 

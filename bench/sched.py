@@ -225,7 +225,7 @@ def main() -> None:
         print(json.dumps(refit(), indent=2))
         return
     if args.real:
-        from tristream.sched.real import bench_real
+        from bench.sched_real import bench_real
 
         res = bench_real(sessions=args.sessions, duration_s=args.duration, seed=args.seed, model=args.model,
                          warmup_s=args.warmup, device=args.device, encoders=not args.no_encoders,

