@@ -360,7 +360,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     else:
         po = pm = pl = out
     fused = splits > 1 and counters is not None
-    if fused and (counters.dtype != torch.int32 or counters.numel() < b * nh):  # type: ignore[union-attr]
+    if counters is not None and fused and (counters.dtype != torch.int32 or counters.numel() < b * nh):
         raise ValueError(f"counters must be int32 with at least {b * nh} elements")
     short = (short_ctx_default(hd) if short_ctx is None else short_ctx) if fused else 0
     if short and (short < 16 or short & (short - 1)):

@@ -30,11 +30,11 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _min_combine(a, b):  # type: ignore[no-untyped-def]
+    def _min_combine(a, b):
         return tl.minimum(a, b)
 
     @triton.jit
-    def _dtw_kernel(align_ptr, s_b, s_r, r0_ptr, f0_ptr, nr_ptr, nc_ptr, acc_ptr, gap_ptr, ws_b, ws_r,  # type: ignore[no-untyped-def]
+    def _dtw_kernel(align_ptr, s_b, s_r, r0_ptr, f0_ptr, nr_ptr, nc_ptr, acc_ptr, gap_ptr, ws_b, ws_r,
                     ws_t, out_ptr, out_b, BLOCK_T: tl.constexpr):
         b = tl.program_id(0)
         r0 = tl.load(r0_ptr + b)

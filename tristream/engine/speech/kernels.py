@@ -69,7 +69,7 @@ if triton is not None:
     _BIG = tl.constexpr(2**31 - 1)  # no index: beyond any vocabulary
 
     @triton.jit
-    def _norm(s, m, n, w_ptr, b_ptr, offs, eps):  # type: ignore[no-untyped-def]
+    def _norm(s, m, n, w_ptr, b_ptr, offs, eps):
         mean = tl.sum(s, 0) / n
         c = tl.where(m, s - mean, 0.0)
         rstd = tl.rsqrt(tl.sum(c * c, 0) / n + eps)
@@ -78,7 +78,7 @@ if triton is not None:
         return c * rstd * w + b
 
     @triton.jit(do_not_specialize=["n", "sx", "sy", "ss", "sh", "eps"])
-    def _add_ln_kernel(x_ptr, y_ptr, w_ptr, b_ptr, s_ptr, h_ptr, n, sx, sy, ss, sh, eps,  # type: ignore[no-untyped-def]
+    def _add_ln_kernel(x_ptr, y_ptr, w_ptr, b_ptr, s_ptr, h_ptr, n, sx, sy, ss, sh, eps,
                        BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)
@@ -91,7 +91,7 @@ if triton is not None:
         tl.store(h_ptr + row * sh + offs, h.to(h_ptr.dtype.element_ty), mask=m)
 
     @triton.jit(do_not_specialize=["rows", "n", "sx", "sy", "ss", "sh", "y_mod", "eps"])
-    def _add_ln_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, s_ptr, h_ptr, rows, n, sx, sy, ss, sh, y_mod,  # type: ignore[no-untyped-def]
+    def _add_ln_rows_kernel(x_ptr, y_ptr, w_ptr, b_ptr, s_ptr, h_ptr, rows, n, sx, sy, ss, sh, y_mod,
                             eps, ROWS: tl.constexpr, BLOCK: tl.constexpr):
         """`_add_ln_kernel` over ROWS rows per program; y's row is the row index mod `y_mod` (a
         `[T, D]` table added to every `T`-row block, e.g. positions to each sequence)."""
@@ -113,7 +113,7 @@ if triton is not None:
         tl.store(h_ptr + r[:, None] * sh + offs[None, :], h.to(h_ptr.dtype.element_ty), mask=m)
 
     @triton.jit(do_not_specialize=["n", "s_len", "st_b", "st_s", "sp_b", "sp_s", "stw", "spw", "eps"])
-    def _embed_ln_kernel(t_ptr, p_ptr, tw_ptr, pw_ptr, w_ptr, b_ptr, x_ptr, h_ptr, n, s_len,  # type: ignore[no-untyped-def]
+    def _embed_ln_kernel(t_ptr, p_ptr, tw_ptr, pw_ptr, w_ptr, b_ptr, x_ptr, h_ptr, n, s_len,
                          st_b, st_s, sp_b, sp_s, stw, spw, eps, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         bi = row // s_len
@@ -131,7 +131,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["c_kv", "c_b", "c_h", "c_t", "q_b", "q_s", "q_3", "q_h", "p_b", "p_s", "s_len",
                                    "heads"])
-    def _kv_write_kernel(c_ptr, c_kv, c_b, c_h, c_t, q_ptr, q_b, q_s, q_3, q_h, p_ptr, p_b, p_s, s_len,  # type: ignore[no-untyped-def]
+    def _kv_write_kernel(c_ptr, c_kv, c_b, c_h, c_t, q_ptr, q_b, q_s, q_3, q_h, p_ptr, p_b, p_s, s_len,
                          heads, HD: tl.constexpr, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         bi = row // s_len
@@ -146,7 +146,7 @@ if triton is not None:
         tl.store(c_ptr + kv * c_kv + bi * c_b + hh * c_h + pos * c_t + d, v, mask=m)
 
     @triton.jit
-    def _best(val, idx, m):  # type: ignore[no-untyped-def]
+    def _best(val, idx, m):
         """(value, first index) of the largest valid entry; NaN beats everything (as torch.argmax)."""
         nan = (val != val) & m
         nan_idx = tl.min(tl.where(nan, idx, _BIG), 0)
@@ -157,7 +157,7 @@ if triton is not None:
         return tl.where(has_nan, float("nan"), mx), tl.where(has_nan, nan_idx, first)
 
     @triton.jit(do_not_specialize=["v", "sr", "nsplit"])
-    def _argmax_part_kernel(x_ptr, v, sr, val_ptr, idx_ptr, nsplit, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _argmax_part_kernel(x_ptr, v, sr, val_ptr, idx_ptr, nsplit, BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         part = tl.program_id(1)
         offs = part * BLOCK + tl.arange(0, BLOCK)
@@ -168,7 +168,7 @@ if triton is not None:
         tl.store(idx_ptr + row * nsplit + part, at)
 
     @triton.jit(do_not_specialize=["nsplit", "so", "n_prompt", "k", "t_max"])
-    def _argmax_final_kernel(val_ptr, idx_ptr, nsplit, out_ptr, so, tok_ptr, pos_ptr, n_prompt, k, t_max,  # type: ignore[no-untyped-def]
+    def _argmax_final_kernel(val_ptr, idx_ptr, nsplit, out_ptr, so, tok_ptr, pos_ptr, n_prompt, k, t_max,
                              BLOCK: tl.constexpr, STEP: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.arange(0, BLOCK)

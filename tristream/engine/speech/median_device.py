@@ -28,13 +28,13 @@ def available() -> bool:
 if triton is not None:
 
     @triton.jit
-    def _cx(a, b):  # type: ignore[no-untyped-def]
+    def _cx(a, b):
         return tl.minimum(a, b), tl.maximum(a, b)
 
     # sizes and strides are not specialised: one compiled kernel serves every audio bucket, so no
     # compile is first needed inside a CUDA-graph capture
     @triton.jit(do_not_specialize=["t", "s_in", "s_out"])
-    def _median7_kernel(x_ptr, out_ptr, t, s_in, s_out, BLOCK_T: tl.constexpr):  # type: ignore[no-untyped-def]
+    def _median7_kernel(x_ptr, out_ptr, t, s_in, s_out, BLOCK_T: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         offs = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
         m = offs < t

@@ -73,7 +73,7 @@ if triton is not None:
     def _log_mel_kernel(spec_ptr, lo_ptr, w_ptr, logm_ptr, pmax_ptr, frames, n_parts, s_b,
                         S_K: tl.constexpr, S_T: tl.constexpr, N_FREQ: tl.constexpr, N_MELS: tl.constexpr,
                         TRANSPOSE: tl.constexpr, BLOCK_T: tl.constexpr, MELS: tl.constexpr,
-                        BAND: tl.constexpr):  # type: ignore[no-untyped-def]
+                        BAND: tl.constexpr):
         # the spectrum's strides are constexpr: torch.stft's layout (bins contiguous, 402 floats a
         # frame) is the same for every shape, so one compile serves all
         tile = tl.program_id(0)
@@ -105,7 +105,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["n", "n_parts"])
     def _clamp_scale_kernel(logm_ptr, pmax_ptr, out_ptr, n, n_parts, BLOCK: tl.constexpr,
-                            BLOCK_P: tl.constexpr):  # type: ignore[no-untyped-def]
+                            BLOCK_P: tl.constexpr):
         b = tl.program_id(1)
         p = tl.arange(0, BLOCK_P)  # BLOCK_P >= n_parts
         peak = tl.max(tl.load(pmax_ptr + b * n_parts + p, mask=p < n_parts, other=float("-inf")), axis=0)

@@ -11,8 +11,10 @@ the alignment heads' cross-attention (word times by DTW, see `timing.py`).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
@@ -191,6 +193,19 @@ class DecoderCache:
         return int(self.mask.shape[0])
 
 
+L = TypeVar("L", bound=nn.Module)
+
+
+class Layers(nn.ModuleList, Generic[L]):
+    """A `ModuleList` of one layer type, typed as such when indexed or iterated."""
+
+    def __getitem__(self, i: int) -> L:  # type: ignore[override]
+        return cast(L, super().__getitem__(i))
+
+    def __iter__(self) -> Iterator[L]:
+        return cast(Iterator[L], super().__iter__())
+
+
 class Whisper(nn.Module):
     """Whisper encoder + decoder with HF-compatible weights."""
 
@@ -201,11 +216,11 @@ class Whisper(nn.Module):
         self.conv1 = nn.Conv1d(dims.n_mels, d, 3, padding=1)
         self.conv2 = nn.Conv1d(d, d, 3, stride=2, padding=1)
         self.enc_pos = nn.Parameter(torch.zeros(dims.max_source_positions, d))
-        self.enc_layers = nn.ModuleList(EncoderLayer(dims) for _ in range(dims.encoder_layers))
+        self.enc_layers = Layers[EncoderLayer](EncoderLayer(dims) for _ in range(dims.encoder_layers))
         self.enc_ln = nn.LayerNorm(d)
         self.tok = nn.Parameter(torch.zeros(dims.vocab_size, d))
         self.dec_pos = nn.Parameter(torch.zeros(dims.max_target_positions, d))
-        self.dec_layers = nn.ModuleList(DecoderLayer(dims) for _ in range(dims.decoder_layers))
+        self.dec_layers = Layers[DecoderLayer](DecoderLayer(dims) for _ in range(dims.decoder_layers))
         self.dec_ln = nn.LayerNorm(d)
         # cross-attention K|V projections of all decoder layers as one GEMM: `fill_cross` writes the
         # whole cross cache in one call straight into its buffer (per-layer projections + permuted
@@ -236,10 +251,10 @@ class Whisper(nn.Module):
             # the two convolutions as GEMMs over im2col rows, GELU in their epilogues, time-major
             # throughout; positions added in the first layer norm's kernel
             x = self._conv_gemms(mel)
-            x, h = kernels.add_layer_norm(x, self.enc_pos[:t].to(x.dtype), self.enc_layers[0].ln1)  # type: ignore[arg-type]
+            x, h = kernels.add_layer_norm(x, self.enc_pos[:t].to(x.dtype), self.enc_layers[0].ln1)
             for i, layer in enumerate(self.enc_layers):
                 nxt = self.enc_layers[i + 1].ln1 if i + 1 < len(self.enc_layers) else self.enc_ln
-                x, h = layer.forward_fused(x, h, nxt, gelu_epilogue=True)  # type: ignore[operator]
+                x, h = layer.forward_fused(x, h, nxt, gelu_epilogue=True)
             return h
         x = F.gelu(self.conv1(mel))
         x = F.gelu(self.conv2(x)).transpose(1, 2)
@@ -247,10 +262,10 @@ class Whisper(nn.Module):
         # one, and every layer after it paid strided residual adds and a copy before each layer norm
         x = self.enc_pos[:t].to(x.dtype) + x
         if fused:
-            h = self.enc_layers[0].ln1(x)  # type: ignore[operator]
+            h = self.enc_layers[0].ln1(x)
             for i, layer in enumerate(self.enc_layers):
                 nxt = self.enc_layers[i + 1].ln1 if i + 1 < len(self.enc_layers) else self.enc_ln
-                x, h = layer.forward_fused(x, h, nxt)  # type: ignore[operator]
+                x, h = layer.forward_fused(x, h, nxt)
             return h
         for layer in self.enc_layers:
             x = layer(x)
@@ -339,8 +354,8 @@ class Whisper(nn.Module):
             x, h, pos2, mask = self._embed_fused(tokens, pos, cache)
             for i, layer in enumerate(self.dec_layers):
                 nxt = self.dec_layers[i + 1].ln1 if i + 1 < len(self.dec_layers) else self.dec_ln
-                x, h = layer.self_attend_fused(x, h, cache.kv[i], pos2, mask)  # type: ignore[operator]
-                x, h = layer.rest_fused(x, h, *cache.cross(i), nxt)  # type: ignore[operator]
+                x, h = layer.self_attend_fused(x, h, cache.kv[i], pos2, mask)
+                x, h = layer.rest_fused(x, h, *cache.cross(i), nxt)
             return (h[:, logits_from:] @ w.T)[..., :vocab_limit]
         x, kv_index, mask = self._embed(tokens, pos, cache)
         for i, layer in enumerate(self.dec_layers):
@@ -354,7 +369,7 @@ class Whisper(nn.Module):
         b, s = tokens.shape
         pos = pos.expand(b, s) if pos.dim() == 1 else pos
         mask = cache.mask.index_select(0, pos.reshape(-1)).view(b, 1, s, cache.max_len)
-        x, h = kernels.embed_layer_norm(tokens, pos, self.tok, self.dec_pos, self.dec_layers[0].ln1)  # type: ignore[arg-type]
+        x, h = kernels.embed_layer_norm(tokens, pos, self.tok, self.dec_pos, self.dec_layers[0].ln1)
         return x, h, pos, mask
 
     def alignment_logits(self, tokens: torch.Tensor, cache: DecoderCache, fused: bool = False) -> torch.Tensor:
@@ -370,14 +385,14 @@ class Whisper(nn.Module):
         out: list[torch.Tensor] = []
         for i in range(last + 1):
             layer = self.dec_layers[i]
-            x = layer.self_attend(x, cache.kv[i], kv_index, mask)  # type: ignore[operator]
-            q = layer.cross_query(x)  # type: ignore[operator]
+            x = layer.self_attend(x, cache.kv[i], kv_index, mask)
+            q = layer.cross_query(x)
             xk, xv = cache.cross(i)
             out += self._head_logits(i, q, xk)
             if i < last:
                 a = F.scaled_dot_product_attention(q, xk, xv)
-                x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))  # type: ignore[operator]
-                x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))  # type: ignore[operator]
+                x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))
+                x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))
         return torch.cat(out, dim=1)
 
     def _alignment_logits_fused(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
@@ -386,12 +401,12 @@ class Whisper(nn.Module):
         out: list[torch.Tensor] = []
         for i in range(last + 1):
             layer = self.dec_layers[i]
-            x, h = layer.self_attend_fused(x, h, cache.kv[i], pos2, mask)  # type: ignore[operator]
-            q = layer._heads(layer.xq(h))  # type: ignore[operator]
+            x, h = layer.self_attend_fused(x, h, cache.kv[i], pos2, mask)
+            q = layer._heads(layer.xq(h))
             xk, xv = cache.cross(i)
             out += self._head_logits(i, q, xk)
             if i < last:
-                x, h = layer.rest_fused(x, h, xk, xv, self.dec_layers[i + 1].ln1, q)  # type: ignore[operator]
+                x, h = layer.rest_fused(x, h, xk, xv, self.dec_layers[i + 1].ln1, q)
         return torch.cat(out, dim=1)
 
     def _head_logits(self, i: int, q: torch.Tensor, xk: torch.Tensor) -> list[torch.Tensor]:
