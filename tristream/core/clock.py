@@ -3,14 +3,22 @@
 Model: a packet captured at source time `s` (ns of the source clock) was captured at reference
 time `ref = a0 + c + (1 + d) * (s - s0)` and arrived at `ref + latency + delay`, delay >= 0.
 The fit runs along the lower envelope of (s, arrival) - the minimum-delay line - so heavy-tailed
-jitter, spikes and reordering only ever sit above it (see `envelope.py`).
+jitter, spikes, congestion and reordering only ever sit above it.
 
 Online and bounded: each epoch keeps, per window of `window_ns` source time, its few points of
-least delay; the window's representative is the lowest one confirmed by a second within
-`early_tolerance_ns` (so a packet stamped late, which looks impossibly early, is ignored). The
-last `history` windows (over all epochs) are refitted whenever a new window opens (twice a
-second by default): one shared drift and one offset per epoch, on the `q`-quantile of the
-representatives (5 %: a few contaminated windows cannot drag the line down).
+least delay; a closed window's representative is its lowest point confirmed by a second within
+`early_tolerance_ns` (a packet stamped late, which looks impossibly early, is ignored). When a
+window opens, the line is refitted on the last `history` representatives of the epoch by an
+asymmetric, recency-weighted least-squares fit (points above the line weigh `above_weight`,
+those more than `congestion_ns` above it nothing, weights halve every `recency_ns` of source
+time into the past), so a crystal whose drift follows its temperature is tracked, and a
+congestion episode (every point above) neither lifts nor tilts it.
+
+Faults are counted per source in `counts`: `wrap` (a wrapping timestamp, `wrap_ns`, moves into
+its next cycle: never an epoch), `duplicate` (the same capture again within
+`duplicate_window_ns`: it gets the first copy's reference time and does not touch the fit),
+`gap` / `lost` (a hole in the source timeline still open `gap_confirm_ns` later: lost chunks,
+a silent sensor), `reset`, `outlier`, `delayed`, `previous_epoch`, `reordered`.
 
 Resets: a packet whose source time jumps back more than `reset_back_ns` behind the newest one,
 or arrives more than `reset_ahead_ns` earlier than the current line allows, opens a candidate
@@ -18,21 +26,24 @@ epoch. `reset_confirm` consistent packets promote it (counted as `reset`; the dr
 is kept, only the offset is new); if the old epoch goes on instead, the candidate's packets are
 counted as `outlier`. Packets of the previous epoch that arrive late after a reset are mapped
 with that epoch (`previous_epoch`); a packet that only looks like a jump back because it was
-held up (up to `max_delay_ns`) is mapped with the current line (`delayed`). `latency_ns` is the source's known fixed capture-to-arrival
-delay (device/pipeline latency); it cannot be observed from timestamps alone.
+held up (up to `max_delay_ns`) is mapped with the current line (`delayed`). `latency_ns` is the
+source's known fixed capture-to-arrival delay; it cannot be observed from timestamps alone.
+
+`uncertainty_ns` is a bound on the mapping error of the newest packet: `uncertainty_k` times
+(the scatter of the window representatives around the line + how far the last refits moved the
+prediction for "now"), plus `uncertainty_floor_ns`; a young epoch (fewer than 4 closed windows)
+reports at least `young_uncertainty_ns`.
 """
 
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tristream.core.envelope import fit_lower_envelope
 from tristream.core.errors import InvalidPacket
 from tristream.core.metrics import DropCounter
 from tristream.core.packets import Packet
@@ -50,6 +61,14 @@ class _Epoch:
     spread: float = 0.0
     # window key -> up to 4 least-delay points (z, x, y), ascending z = y - drift * x
     windows: OrderedDict[int, list[tuple[float, float, float]]] = field(default_factory=OrderedDict)
+    rx: list[float] = field(default_factory=list)  # representatives of closed windows (x, y)
+    ry: list[float] = field(default_factory=list)
+    last_end: int = 0  # end of the newest in-order packet (source ns), for gaps
+    period: float = 0.0  # typical step between in-order packets (source ns)
+    holes: list[list[int]] = field(default_factory=list)  # [lo, hi] source ns, not yet confirmed gaps
+    key: int = -1  # newest window key
+    cycle: int = 0  # highest wrap cycle seen in this epoch
+    held: int = 0  # refits in a row that found every point far above the line
 
     def y_of(self, src_ns: int, arrival_ns: int) -> tuple[float, float]:
         x = float(src_ns - self.s0)
@@ -70,7 +89,7 @@ class ClockState:
 
 
 class SourceClock:
-    """Online affine map (offset + drift) from one source's clock to the reference clock.
+    """Online map (offset + tracked drift) from one source's clock to the reference clock.
 
     Feed it (source ns, arrival ns) pairs with `observe`/`observe_span`/`map_packet`; each call
     returns the packet's capture time on the reference clock. Thread-confined.
@@ -82,7 +101,7 @@ class SourceClock:
         *,
         latency_ns: int = 0,
         window_ns: int = 500_000_000,
-        history: int = 240,
+        history: int = 60,
         q: float = 0.05,
         min_span_ns: int = 2_000_000_000,
         max_drift_ppm: float = 1000.0,
@@ -91,14 +110,23 @@ class SourceClock:
         reset_confirm: int = 3,
         early_tolerance_ns: int = 1_000_000,
         max_delay_ns: int = 2_000_000_000,
+        wrap_ns: float = 0.0,
+        duplicate_window_ns: int = 2_000_000_000,
+        gap_confirm_ns: int = 1_000_000_000,
+        recency_ns: float = 10e9,
+        above_weight: float = 0.01,
+        uncertainty_k: float = 3.0,
+        uncertainty_floor_ns: float = 50_000.0,
+        young_uncertainty_ns: float = 5_000_000.0,
+        congestion_ns: float = 1_000_000.0,
     ) -> None:
-        if window_ns <= 0 or history < 4 or reset_confirm < 1:
-            raise ValueError("window_ns must be > 0, history >= 4 and reset_confirm >= 1")
+        if window_ns <= 0 or history < 4 or reset_confirm < 1 or wrap_ns < 0:
+            raise ValueError("window_ns must be > 0, history >= 4, reset_confirm >= 1 and wrap_ns >= 0")
         self.source_id = source_id
         self.latency_ns = int(latency_ns)
         self.window_ns = int(window_ns)
         self.history = int(history)
-        self.q = float(q)
+        self.q = float(q)  # kept for callers; the asymmetric fit's `above_weight` plays its part
         self.min_span_ns = int(min_span_ns)
         self.slope_bound = max_drift_ppm * 1e-6
         self.reset_back_ns = int(reset_back_ns)
@@ -106,18 +134,28 @@ class SourceClock:
         self.reset_confirm = int(reset_confirm)
         self.early_tolerance_ns = float(early_tolerance_ns)
         self.max_delay_ns = float(max_delay_ns)
+        self.wrap_ns = float(wrap_ns)
+        self.duplicate_window_ns = int(duplicate_window_ns)
+        self.gap_confirm_ns = int(gap_confirm_ns)
+        self.recency_ns = float(recency_ns)
+        self.above_weight = float(above_weight)
+        self.uncertainty_k = float(uncertainty_k)
+        self.uncertainty_floor_ns = float(uncertainty_floor_ns)
+        self.young_uncertainty_ns = float(young_uncertainty_ns)
+        self.congestion_ns = float(congestion_ns)
         self.counts = DropCounter(f"clock:{source_id}")
         self._d = 0.0
         self._slope_fitted = False
-        self._slope_se = 0.0
-        self._x_mean = 0.0
+        self._innov = 0.0
         self._epochs: list[_Epoch] = []
         self._cand: _Epoch | None = None
-        self._cand_pts: list[tuple[int, int]] = []
+        self._cand_pts: list[tuple[int, int, int]] = []
         self._cand_normal = 0
-        self._nwin = 0
         self._packets = 0
         self._last_src: int | None = None
+        self._last_u: int | None = None  # newest unwrapped end (anchor of the unwrapping)
+        self._recent: dict[int, tuple[int, int, int]] = {}  # end -> (start, ref, arrival)
+        self._recent_q: deque[int] = deque()
         self.last_epoch: _Epoch | None = None  # epoch (or reset candidate) the last packet was mapped with
         self.epoch_history: list[_Epoch] = []  # every epoch ever confirmed, oldest first
 
@@ -141,13 +179,14 @@ class SourceClock:
 
     @property
     def uncertainty_ns(self) -> float:
-        """Heuristic 1-sigma error of a mapping at the newest source time (ns)."""
+        """Bound on the error of a mapping at the newest source time (ns); see the module docstring."""
         if not self._epochs:
             return math.inf
-        ep = self._epochs[-1]
-        n = max(1, len(ep.windows))
-        x = float((self._last_src or ep.s0) - ep.s0)
-        return ep.spread / math.sqrt(n) + self._slope_se * abs(x - self._x_mean)
+        ep = self.last_epoch if self.last_epoch is not None else self._epochs[-1]
+        u = self.uncertainty_k * (ep.spread + self._innov) + self.uncertainty_floor_ns
+        if len(ep.rx) < 4 or ep is not self._epochs[-1]:
+            u = max(u, self.young_uncertainty_ns)
+        return u
 
     def state(self) -> ClockState:
         """Snapshot of drift, offset, uncertainty, epoch and event counts."""
@@ -168,22 +207,47 @@ class SourceClock:
     def observe_span(self, start_src_ns: int, end_src_ns: int, arrival_ns: int) -> int:
         """Learn from a packet spanning [start, end] source ns that arrived after its end.
 
-        Returns the reference time of `start` (an audio chunk's first sample).
+        Returns the reference time of `start` (an audio chunk's first sample). With `wrap_ns`,
+        the times are raw (wrapped) and a span may cross the wrap.
         """
         try:
-            start_src_ns, end_src_ns, arrival_ns = int(start_src_ns), int(end_src_ns), int(arrival_ns)
+            start, end, arrival = int(start_src_ns), int(end_src_ns), int(arrival_ns)
         except (TypeError, ValueError, OverflowError):
             raise InvalidPacket(
                 f"{self.source_id}: times must be integer ns, got start={start_src_ns!r} end={end_src_ns!r} "
                 f"arrival={arrival_ns!r}"
             ) from None
-        if end_src_ns < start_src_ns:
-            raise InvalidPacket(
-                f"{self.source_id}: span ends ({end_src_ns}) before it starts ({start_src_ns})"
-            )
-        ep = self._update(end_src_ns, arrival_ns)
+        cycle = 0
+        if self.wrap_ns:
+            w = self.wrap_ns
+            dur = end - start
+            if dur < 0:
+                dur += round(w)
+            last = self._last_u
+            k = round((last - end) / w) if last is not None else 0
+            end = end + round(k * w) if k else end
+            start = end - dur
+            self._last_u = end
+            cycle = math.floor(end / w)
+        if end < start:
+            raise InvalidPacket(f"{self.source_id}: span ends ({end}) before it starts ({start})")
+        hit = self._recent.get(end)
+        if hit is not None and hit[0] == start and 0 <= arrival - hit[2] <= self.duplicate_window_ns:
+            self.counts.add("duplicate")
+            return hit[1]
+        ep = self._update(start, end, arrival)
         self.last_epoch = ep
-        return self._map(ep, start_src_ns)
+        ref = self._map(ep, start)
+        if self.wrap_ns and ep is self._epochs[-1] and cycle > ep.cycle:
+            if ep.packets > 1:
+                self.counts.add("wrap", cycle - ep.cycle)
+            ep.cycle = cycle
+        self._recent[end] = (start, ref, arrival)
+        q = self._recent_q
+        q.append(end)
+        if len(q) > 512:
+            self._recent.pop(q.popleft(), None)
+        return ref
 
     def map_packet(self, pkt: Packet) -> int:
         """Observe `pkt` (its end of capture against its arrival) and set `pkt.ref_ns`."""
@@ -203,8 +267,8 @@ class SourceClock:
         return ep.a0 + round(ep.c + (1.0 + self._d) * x) - self.latency_ns
 
     def _gap(self, ep: _Epoch, src_ns: int, arrival_ns: int) -> float:
-        x, y = ep.y_of(src_ns, arrival_ns)
-        return y - (ep.c + self._d * x)
+        x = float(src_ns - ep.s0)
+        return float(arrival_ns - ep.a0) - x - (ep.c + self._d * x)
 
     def _fits(self, ep: _Epoch, src_ns: int, arrival_ns: int) -> bool:
         if src_ns < ep.max_src - self.reset_back_ns:
@@ -213,15 +277,18 @@ class SourceClock:
 
     def _new_epoch(self, src_ns: int, arrival_ns: int) -> _Epoch:
         index = self._epochs[-1].index + 1 if self._epochs else 0
-        return _Epoch(index=index, s0=src_ns, a0=arrival_ns, max_src=src_ns)
+        ep = _Epoch(index=index, s0=src_ns, a0=arrival_ns, max_src=src_ns)
+        if self.wrap_ns:
+            ep.cycle = math.floor(src_ns / self.wrap_ns)
+        return ep
 
-    def _update(self, src_ns: int, arrival_ns: int) -> _Epoch:
+    def _update(self, start: int, src_ns: int, arrival_ns: int) -> _Epoch:
         self._packets += 1
         if not self._epochs:
             ep = self._new_epoch(src_ns, arrival_ns)
             self._epochs.append(ep)
             self.epoch_history.append(ep)
-            self._add_point(ep, src_ns, arrival_ns)
+            self._add_point(ep, start, src_ns, arrival_ns)
             return ep
         ep = self._epochs[-1]
         if self._fits(ep, src_ns, arrival_ns):
@@ -231,7 +298,7 @@ class SourceClock:
                     self.counts.add("outlier", len(self._cand_pts))
                     self._cand = None
                     self._cand_pts = []
-            self._add_point(ep, src_ns, arrival_ns)
+            self._add_point(ep, start, src_ns, arrival_ns)
             return ep
         if len(self._epochs) > 1:
             prev = self._epochs[-2]
@@ -240,7 +307,7 @@ class SourceClock:
             ):
                 self.counts.add("previous_epoch")
                 return prev
-        cand = self._candidate(src_ns, arrival_ns)
+        cand = self._candidate(start, src_ns, arrival_ns)
         if cand is not self._epochs[-1] and 0.0 <= self._gap(ep, src_ns, arrival_ns) <= self.max_delay_ns:
             # Most likely a packet that was merely held up (its source time is consistent with
             # the line, it just arrived late): map it with the current epoch until a reset is
@@ -249,16 +316,15 @@ class SourceClock:
             return ep
         return cand
 
-    def _candidate(self, src_ns: int, arrival_ns: int) -> _Epoch:
+    def _candidate(self, start: int, src_ns: int, arrival_ns: int) -> _Epoch:
         cand = self._cand
         if cand is not None and self._fits(cand, src_ns, arrival_ns) and (
             self._gap(cand, src_ns, arrival_ns) < self.reset_back_ns
         ):
-            self._cand_pts.append((src_ns, arrival_ns))
+            self._cand_pts.append((start, src_ns, arrival_ns))
             cand.max_src = max(cand.max_src, src_ns)
-            _, y = cand.y_of(src_ns, arrival_ns)
             x = float(src_ns - cand.s0)
-            cand.c = min(cand.c, y - self._d * x)
+            cand.c = min(cand.c, float(arrival_ns - cand.a0) - x - self._d * x)
             if len(self._cand_pts) >= self.reset_confirm:
                 self._promote(cand)
             return cand
@@ -266,7 +332,7 @@ class SourceClock:
             self.counts.add("outlier", len(self._cand_pts))
         cand = self._new_epoch(src_ns, arrival_ns)
         self._cand = cand
-        self._cand_pts = [(src_ns, arrival_ns)]
+        self._cand_pts = [(start, src_ns, arrival_ns)]
         self._cand_normal = 0
         if self.reset_confirm <= 1:
             self._promote(cand)
@@ -277,36 +343,63 @@ class SourceClock:
         self._epochs.append(cand)
         self.epoch_history.append(cand)
         if len(self._epochs) > 4:
-            dropped = self._epochs.pop(0)
-            self._nwin -= len(dropped.windows)
+            self._epochs.pop(0)
         pts = self._cand_pts
         self._cand = None
         self._cand_pts = []
         cand.c = 0.0
         cand.max_src = cand.s0
-        for s, a in pts:
-            self._add_point(cand, s, a)
+        for st, s, a in pts:
+            self._add_point(cand, st, s, a)
 
-    def _add_point(self, ep: _Epoch, src_ns: int, arrival_ns: int) -> None:
+    def _add_point(self, ep: _Epoch, start: int, src_ns: int, arrival_ns: int) -> None:
         ep.packets += 1
         if src_ns < ep.max_src:
             self.counts.add("reordered")
+            if ep.holes:
+                self._fill(ep, start, src_ns)
         else:
+            if ep.packets > 1:
+                span = src_ns - start
+                if span > 0:
+                    if start - ep.last_end > span // 2:
+                        ep.holes.append([ep.last_end, start, span])
+                else:
+                    step = src_ns - ep.last_end
+                    p = ep.period
+                    if p > 0 and step > 1.5 * p:
+                        ep.holes.append([ep.last_end, src_ns, 0])
+                    elif step > 0:
+                        ep.period = step if p == 0 else p + 0.1 * (step - p)
+                if ep.holes and ep.holes[0][1] < src_ns - self.gap_confirm_ns:
+                    self._confirm_holes(ep, src_ns)
+            ep.last_end = src_ns
             ep.max_src = src_ns
             if ep is self._epochs[-1]:
                 self._last_src = src_ns
-        x, y = ep.y_of(src_ns, arrival_ns)
+        x = float(src_ns - ep.s0)
+        y = float(arrival_ns - ep.a0) - x
         z = y - self._d * x
         if ep.packets == 1:
             ep.c = z
-        key = (src_ns - ep.s0) // self.window_ns
+        key = int(x // self.window_ns)
         pts = ep.windows.get(key)
         if pts is None:
             ep.windows[key] = [(z, x, y)]
-            self._nwin += 1
-            self._evict()
-            if len(ep.windows) >= 2:
-                self._refit()
+            if key > ep.key:
+                if ep.key >= 0:
+                    closed = ep.windows.get(ep.key)
+                    if closed is not None:
+                        rep = self._rep(closed)[0]
+                        ep.rx.append(rep[1])
+                        ep.ry.append(rep[2])
+                        if len(ep.rx) > 2 * self.history:
+                            del ep.rx[: self.history]
+                            del ep.ry[: self.history]
+                        self._refit(ep)
+                ep.key = key
+            while len(ep.windows) > 4:
+                ep.windows.popitem(last=False)
         elif len(pts) < 4 or z < pts[-1][0]:
             bisect.insort(pts, (z, x, y))
             del pts[4:]
@@ -315,10 +408,39 @@ class SourceClock:
         # In the first windows of an epoch the intercept is the lowest confirmed window
         # representative: follow it per packet instead of waiting for the next refit (this
         # shortens the transient after a reset).
-        if not ep.fitted or len(ep.windows) < 4:
+        if not ep.fitted:
             rep, confirmed = self._rep(ep.windows[key])
             if confirmed and rep[0] < ep.c:
                 ep.c = rep[0]
+
+    def _fill(self, ep: _Epoch, start: int, end: int) -> None:
+        """A reordered packet lands in a hole: shrink or split it."""
+        for i, h in enumerate(ep.holes):
+            lo, hi, span = h
+            if end <= lo or start >= hi:
+                continue
+            tol = span // 2 if span else int(0.5 * ep.period)
+            left, right = start - lo > tol, hi - end > tol
+            if span == 0:
+                left, right = start - lo > 1.5 * ep.period, hi - end > 1.5 * ep.period
+            if left and right:
+                ep.holes[i : i + 1] = [[lo, start, span], [end, hi, span]]
+            elif left:
+                h[1] = start
+            elif right:
+                h[0] = end
+            else:
+                del ep.holes[i]
+            return
+
+    def _confirm_holes(self, ep: _Epoch, now_src: int) -> None:
+        while ep.holes and ep.holes[0][1] < now_src - self.gap_confirm_ns:
+            lo, hi, span = ep.holes.pop(0)
+            self.counts.add("gap")
+            if span:
+                self.counts.add("lost", max(1, round((hi - lo) / span)))
+            elif ep.period > 0:
+                self.counts.add("lost", max(1, round((hi - lo) / ep.period) - 1))
 
     def _rep(self, pts: list[tuple[float, float, float]]) -> tuple[tuple[float, float, float], bool]:
         """A window's least-delay point, confirmed by a second one within `early_tolerance_ns`.
@@ -330,47 +452,68 @@ class SourceClock:
         for i in range(len(pts) - 1):
             if pts[i + 1][0] - pts[i][0] <= self.early_tolerance_ns:
                 return pts[i], True
-        return (pts[1] if len(pts) > 1 else pts[0]), False
+        return (pts[1] if len(pts) > 2 else pts[0]), False
 
-    def _evict(self) -> None:
-        while self._nwin > self.history:
-            for ep in self._epochs:
-                if ep.windows:
-                    ep.windows.popitem(last=False)
-                    self._nwin -= 1
+    def _refit(self, ep: _Epoch) -> None:
+        n = len(ep.rx)
+        if n == 0:
+            return
+        h = self.history
+        x = np.array(ep.rx[-h:])
+        y = np.array(ep.ry[-h:])
+        x_now = float(ep.max_src - ep.s0)
+        old = ep.c + self._d * x_now
+        if n >= 4 and x[-1] - x[0] >= self.min_span_ns:
+            rec = np.exp2((x - x[-1]) / self.recency_ns)
+            d = self._d
+            c = ep.c
+            # Points far above the current line (a congestion episode, a stall) get no weight: they
+            # cannot tilt the line; the rest weigh 1 below it and `above_weight` above it.
+            tol = self.congestion_ns + 2.0 * ep.spread
+            # Which points may move the line is decided once, against the line before this refit,
+            # so a slow congestion ramp cannot walk the line upwards iteration by iteration.
+            acc = y - c - d * x <= tol
+            if not acc.any():
+                # Every point far above the line: congestion holds the line; only when it lasts
+                # a whole history has the floor itself moved, and the line follows it.
+                ep.held += 1
+                if ep.held >= self.history:
+                    acc[:] = True
+                    tol = math.inf
+            else:
+                ep.held = 0
+            xa = x[acc]
+            for _ in range(4 if acc.any() else 0):
+                r = y - c - d * x
+                if xa.size < 3 or float(xa[-1] - xa[0]) < self.min_span_ns:
+                    # too few trustworthy points to tilt the line: keep the drift, move the offset
+                    z = (y - d * x)[acc]
+                    c = float(z.min()) if z.size < 3 else float(np.partition(z, 1)[1])
                     break
-
-    def _refit(self) -> None:
-        live = [ep for ep in self._epochs if ep.windows]
-        # The newest window has only just opened: a lone (possibly stamped-late) point at the end
-        # of the range would act as a lever on the slope, so fit on closed windows only.
-        reps = [[self._rep(pts)[0] for pts in itertools.islice(ep.windows.values(), max(1, len(ep.windows) - 1))]
-                for ep in live]
-        xs = [np.fromiter((r[1] for r in rs), float, len(rs)) for rs in reps]
-        ys = [np.fromiter((r[2] for r in rs), float, len(rs)) for rs in reps]
-        slope_eps = [i for i, xe in enumerate(xs) if xe.size >= 3 and float(xe.max() - xe.min()) > 0]
-        span = sum(float(xs[i].max() - xs[i].min()) for i in slope_eps)
-        if slope_eps and span >= self.min_span_ns:
-            fit = fit_lower_envelope(
-                [xs[i] for i in slope_eps],
-                [ys[i] for i in slope_eps],
-                q=self.q,
-                slope_bound=self.slope_bound,
-                guess=self._d if self._slope_fitted else None,
-                guess_width=max(2e-6, 20.0 * self._slope_se),
-                min_below=1,
-            )
-            self._slope_fitted = True
-            if fit.at_bound:
+                w = rec * np.where(r <= 0.0, 1.0, self.above_weight) * acc
+                sw = float(w.sum())
+                mx = float(w @ x) / sw
+                my = float(w @ y) / sw
+                dx = x - mx
+                sxx = float(w @ (dx * dx))
+                if sxx <= 0:
+                    break
+                d = min(max(float(w @ (dx * (y - my))) / sxx, -self.slope_bound), self.slope_bound)
+                c = my - d * mx
+            if abs(d) >= self.slope_bound * 0.999:
                 self.counts.add("drift_at_bound")
-            self._d = fit.slope
-            sxx = sum(float(np.sum((xs[i] - xs[i].mean()) ** 2)) for i in slope_eps)
-            spread = float(np.median(fit.spread))
-            self._slope_se = spread / math.sqrt(sxx) if sxx > 0 else 0.0
-            cur = xs[-1]
-            self._x_mean = float(cur.mean())
-        fit = fit_lower_envelope(xs, ys, q=self.q, slope_bound=self.slope_bound, fixed_slope=self._d, min_below=1)
-        for ep, c, sp in zip(live, fit.intercepts, fit.spread, strict=True):
-            ep.c = float(c)
-            ep.spread = float(sp)
+            self._d = d
+            self._slope_fitted = True
+            ep.c = c
             ep.fitted = True
+            r = (y - c - d * x)[-16:]
+            ok = r <= self.congestion_ns
+            if ok.any():
+                ep.spread = float(np.median(np.abs(r[ok])))
+        else:
+            z = y - self._d * x
+            c = float(z.min()) if n < 3 else float(np.partition(z, 1)[1])
+            if not ep.fitted or c < ep.c:
+                ep.c = c
+        new = ep.c + self._d * x_now
+        self._innov = max(abs(new - old), 0.7 * self._innov)

@@ -20,6 +20,7 @@ from tristream.core.clock import SourceClock
 from tristream.core.ring import ObjectRing, TimeIndexedRing
 from tristream.core.sync import ApproximateTimeSync
 from tristream.core.synth import SyntheticStream, arrival_order
+from tristream.core.units import parse_unit
 
 
 @dataclass(slots=True)
@@ -32,6 +33,7 @@ class OnlineResult:
     counters: dict[str, dict[str, int]] = field(default_factory=dict)
     fill: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    uncertainty: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def run_online(
@@ -41,9 +43,16 @@ def run_online(
     max_interval_ns: int = 40_000_000,
     lateness_ns: int = 100_000_000,
     idle_timeout_ns: int = 500_000_000,
+    uncertainty: bool = False,
 ) -> OnlineResult:
-    """Replay `streams` in arrival order through clocks, rings and (optionally) the synchroniser."""
-    clocks = {sid: SourceClock(sid, latency_ns=s.spec.latency_ns) for sid, s in streams.items()}
+    """Replay `streams` in arrival order through clocks, rings and (optionally) the synchroniser.
+
+    With `uncertainty`, each packet's reported uncertainty is recorded too (outside the timed path's
+    usual work, so leave it off when measuring CPU cost).
+    """
+    clocks = {sid: SourceClock(sid, latency_ns=s.spec.latency_ns, wrap_ns=parse_unit(s.spec.unit).wrap_ns)
+              for sid, s in streams.items()}
+    unc = {sid: np.zeros(len(s)) for sid, s in streams.items()} if uncertainty else {}
     refs = {sid: np.zeros(len(s), dtype=np.int64) for sid, s in streams.items()}
     rings: dict[str, Any] = {}
     for sid, s in streams.items():
@@ -67,6 +76,8 @@ def run_online(
         start, arr = int(s.src_ns[i]), int(s.arrival_ns[i])
         ref = clocks[sid].observe_span(start, start + int(s.dur_ns[i]), arr)
         refs[sid][i] = ref
+        if uncertainty:
+            unc[sid][i] = clocks[sid].uncertainty_ns
         if sid in blocks:
             rings[sid].append(ref, blocks[sid])
         else:
@@ -80,7 +91,7 @@ def run_online(
     counters.update({f"ring:{k}": r.counts.snapshot() for k, r in rings.items()})
     counters["sync"] = synchroniser.counts.snapshot()
     fill = {k: float(r.high_water) for k, r in rings.items()}
-    return OnlineResult(refs, clocks, sets, counters, fill, seconds)
+    return OnlineResult(refs, clocks, sets, counters, fill, seconds, unc)
 
 
 def naive_refs(streams: dict[str, SyntheticStream], *, subtract_latency: bool = False) -> dict[str, np.ndarray]:
