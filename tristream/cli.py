@@ -14,9 +14,11 @@ import typer
 
 app = typer.Typer(
     name="tristream",
-    help="Real-time tri-modal AI runtime: align, generate, transcribe, chat, serve.",
+    help="Real-time tri-modal AI runtime: align, generate, transcribe, chat, serve. "
+         "Errors print one line; pass --debug for the traceback.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_enable=False,
 )
 
 # Order is the order shown in --help; a module that does not exist yet is skipped.
@@ -46,7 +48,12 @@ _register_all()
 
 
 def main() -> None:
-    app()
+    """The console entry point: one-line errors for user mistakes (`tristream.commands.errors`)."""
+    import sys
+
+    from tristream.commands.errors import run
+
+    sys.exit(run(app))
 
 
 if __name__ == "__main__":

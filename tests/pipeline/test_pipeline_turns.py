@@ -8,7 +8,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tristream.pipeline.clock import VirtualClock
-from tristream.pipeline.turns import Conversation, HeardText, LexicalEndOfTurn, SilenceEndOfTurn, TurnTaker
+from tristream.pipeline.prompt import Conversation, scene_relevant
+from tristream.pipeline.turns import HeardText, LexicalEndOfTurn, SilenceEndOfTurn, TurnTaker
 
 MS = 1_000_000
 
@@ -92,10 +93,19 @@ def test_conversation_prompt_has_scene_and_bounded_history() -> None:
         c.add_user(f"q{i}")
         c.add_assistant(f"a{i}")
     c.add_assistant("   ")  # nothing heard: nothing recorded
-    msgs = c.prompt("now?", scene="camera: 1 face (centre, mid)")
+    msgs = c.prompt("what do you see now?", scene="camera: 1 face (centre, mid)")
     assert msgs[0] == {"role": "system", "content": "Be brief."}
     assert [m["content"] for m in msgs[1:-1]] == ["q3", "a3", "q4", "a4"]
-    assert msgs[-1]["role"] == "user" and "1 face" in msgs[-1]["content"] and msgs[-1]["content"].endswith("now?")
+    assert msgs[-1]["role"] == "user" and "1 face" in msgs[-1]["content"]
+    assert msgs[-1]["content"].endswith("what do you see now?")
+    assert len(c.messages) <= 2 * 2 + 2  # the stored history is bounded too
+
+
+def test_scene_goes_with_the_question_only_when_it_is_about_the_camera() -> None:
+    c = Conversation("Be brief.")
+    assert c.prompt("What is the capital of France?", scene="1 face")[-1]["content"] == "What is the capital of France?"
+    assert "1 face" in c.prompt("Can you see me?", scene="1 face")[-1]["content"]
+    assert scene_relevant("What am I holding?") and not scene_relevant("How many days are in a week?")
 
 
 def test_virtual_clock_wakes_sleepers_in_order() -> None:

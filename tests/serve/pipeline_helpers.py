@@ -23,13 +23,23 @@ SENTENCES = (
 )
 
 
+def _always_scene() -> object:
+    from tristream.pipeline.session import SessionConfig
+
+    return SessionConfig(scene_when="always")
+
+
+ALWAYS_SCENE = _always_scene()
+"""Sessions whose prompt carries the scene on every turn (the alignment tests check it arrives)."""
+
+
 class RepeatChat:
     """A deterministic chat backend: "You said: <user text>", plus a marker when a scene was aligned."""
 
     name = "repeat"
 
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
-        # The pipeline prefixes the user message with the aligned scene: "(<scene>)\n<text>".
+        # The prompt prefixes the user message with the aligned scene: "(The camera sees: <scene>)\n<text>".
         lines = messages[-1]["content"].splitlines()
         has_scene = len(lines) > 1 and lines[0].startswith("(") and lines[0].endswith(")")
         seen = " (camera seen)" if has_scene else ""

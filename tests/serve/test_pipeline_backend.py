@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from tests.serve.helpers import TOKEN, run, url
-from tests.serve.pipeline_helpers import SENTENCES, frames, speech, words
+from tests.serve.pipeline_helpers import ALWAYS_SCENE, SENTENCES, frames, speech, words
 from tristream.serve.client import stream_media
 from tristream.serve.limits import ServerLimits
 from tristream.serve.server import RealtimeServer
@@ -46,7 +46,7 @@ def test_twenty_clients_real_pipeline_transcripts(models: object) -> None:
         from tristream.serve.pipeline_backend import STAGE_TOTALS
 
         def factory() -> PipelineBackend:
-            return PipelineBackend(models)
+            return PipelineBackend(models, session_config=ALWAYS_SCENE)
 
         factory.collect = STAGE_TOTALS.families  # type: ignore[attr-defined]
         live: list[str] = []

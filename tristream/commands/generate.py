@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(None),
         stop: list[str] = typer.Option([], help="Stop strings (repeatable)."),
         raw: bool = typer.Option(False, help="Do not apply the chat template."),
+        system: str = typer.Option(None, help="System prompt (default: the assistant's, tristream.pipeline.prompt; "
+                                   "'' for none)."),
         device: str = typer.Option("auto", help="cpu, cuda or auto."),
         quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4."),
         stats: bool = typer.Option(False, help="Print timing to stderr."),
@@ -27,10 +29,13 @@ def register(app: typer.Typer) -> None:
         import sys
         import time
 
+        from tristream.commands.errors import check_device, check_model
         from tristream.engine.cli_support import load_engine
         from tristream.engine.sequence import SamplingParams
 
         t0 = time.perf_counter()
+        check_device(device)
+        check_model(model)
         eng = load_engine(model, device, quant)
         t_load = time.perf_counter() - t0
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -38,7 +43,11 @@ def register(app: typer.Typer) -> None:
         if raw or eng.tokenizer is None:
             sid = eng.add_request(prompt, params)
         else:
-            sid = eng.add_request(None, params, chat=[{"role": "user", "content": prompt}])
+            from tristream.pipeline.prompt import Conversation
+
+            chat = Conversation(system) if system is not None else Conversation()
+            messages = chat.prompt(prompt) if chat.system else [{"role": "user", "content": prompt}]
+            sid = eng.add_request(None, params, chat=messages)
         t1 = time.perf_counter()
         first = None
         n = 0

@@ -19,15 +19,11 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from tristream.observe.record import RecordingError, read_recording
+        from tristream.observe.record import read_recording
         from tristream.serve.report import draw_report, turns_from_events
 
         console = Console()
-        try:
-            events = read_recording(file)
-        except RecordingError as exc:
-            console.print(f"[red]error:[/red] {exc}")
-            raise typer.Exit(2) from exc
+        events = read_recording(file)  # a RecordingError is one line from the CLI (commands.errors)
         paths = draw_report(events, out or file.parent, file.stem)
         table = Table(title=f"{file.name}")
         for col in ("turn", "status", "EoS->transcript ms", "EoS->text ms", "EoS->audio ms"):

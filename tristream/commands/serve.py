@@ -17,10 +17,15 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8765, help="TCP port for WebSocket, page, /metrics, /healthz."),
         token: list[str] = typer.Option(None, help="Accepted bearer token (repeatable); default $TRISTREAM_TOKEN."),
         no_auth: bool = typer.Option(False, "--no-auth", help="Accept clients without a token (trusted demo only)."),
-        backend: str = typer.Option("echo", help="Session backend: echo (no models), pipeline (the embedded "
-                                    "assistant) or engine[:device=cuda,model=...,stages=...,sched=ours|fifo|none] "
-                                    "(our LLM engine under the scheduler; docs/protocol.md). Tokens may carry a "
-                                    "tier: SECRET@gold|silver|bronze."),
+        backend: str = typer.Option("assistant", help="Session backend: assistant (the default: VAD, Whisper ASR, "
+                                    "SmolLM2 on our engine, piper TTS, camera scene; `pipeline` is the same), "
+                                    "engine[:device=cuda,model=...,stages=none|embedded|gpu,sched=ours|fifo|none] "
+                                    "(our engine under the scheduler; docs/protocol.md) or echo (a test backend, "
+                                    "no models). Tokens may carry a tier: SECRET@gold|silver|bronze."),
+        model: str = typer.Option(None, "--model", "-m", help="assistant: a .gguf file or Hugging Face folder "
+                                  "instead of the embedded SmolLM2-135M-Instruct."),
+        device: str = typer.Option("auto", help="assistant: the LLM's device (cpu, cuda or auto)."),
+        quant: str = typer.Option("auto", help="assistant: LLM weights (auto = int4 on CPU, none, int8, int4)."),
         record: Path = typer.Option(None, "--record", help="Write every session to DIR/<session>.mcap."),
         max_sessions: int = typer.Option(64, help="Concurrent sessions; more get HTTP 503."),
         max_session_s: float = typer.Option(3600.0, help="Session length limit in seconds."),
@@ -55,7 +60,27 @@ def register(app: typer.Typer) -> None:
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("websockets.server").setLevel(logging.WARNING)  # not a line per connection
+        from tristream.commands.errors import UserError, check_device, check_model
+        from tristream.serve.backends import BACKENDS, parse_spec
+
         tokens = list(token or []) or ([os.environ["TRISTREAM_TOKEN"]] if os.environ.get("TRISTREAM_TOKEN") else [])
+        if not tokens and not no_auth:  # before loading any model
+            raise UserError("auth is required but no token was given: pass --token SECRET (or set "
+                            "TRISTREAM_TOKEN), or --no-auth for a trusted local demo")
+        base, opts = parse_spec(backend)
+        if base in ("assistant", "pipeline"):
+            check_device(device)
+            check_model(model)
+            extra = {"model": model, "device": None if device == "auto" else device,
+                     "quant": None if quant == "auto" else quant}
+            opts.update({k: v for k, v in extra.items() if v})
+            backend = base + (":" + ",".join(f"{k}={v}" for k, v in opts.items()) if opts else "")
+        elif model or device != "auto" or quant != "auto":
+            raise UserError(f"--model/--device/--quant are options of the assistant backend; with {base!r} "
+                            f"put them in the backend spec (e.g. --backend engine:device=cpu,model=PATH)")
+        if base not in BACKENDS and not ray:
+            make_factory(backend)  # raises UnknownBackend with a did-you-mean hint, before any loading
+        _port_free(host, port)
         if ray:
             _serve_ray(host, port, tokens, no_auth, backend, max_sessions, replicas, min_replicas, max_replicas,
                        replica_gpus, ray_address, record, ray_ingress)
@@ -68,7 +93,11 @@ def register(app: typer.Typer) -> None:
             if memory_trim_s < 0:
                 raise typer.BadParameter("--memory-trim-s must be >= 0 (0 turns trimming off)")
             limits.memory_trim_s = memory_trim_s
-        server = RealtimeServer(make_factory(backend, pace=pace), host=host, port=port, tokens=tokens,
+        try:
+            factory = make_factory(backend, pace=pace)
+        except ValueError as exc:  # a bad engine option value
+            raise UserError(f"--backend {backend}: {exc}") from exc
+        server = RealtimeServer(factory, host=host, port=port, tokens=tokens,
                                 require_auth=not no_auth, limits=limits, record_dir=record,
                                 tracer=TurnTracer(otlp_endpoint=otlp_endpoint))
 
@@ -89,6 +118,26 @@ def register(app: typer.Typer) -> None:
             await server.stop()
 
         asyncio.run(main())
+
+
+def _port_free(host: str, port: int) -> None:
+    """Fail fast (before loading models) when HOST:PORT is taken."""
+    import errno
+    import socket
+
+    from tristream.commands.errors import UserError
+
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise UserError(f"port {port} on {host} is already in use (another server?): stop it or "
+                                "pass another --port") from exc
+            raise UserError(f"cannot listen on {host}:{port}: {exc.strerror}") from exc
 
 
 FD_RESERVE = 128  # model files, logs, the listening socket, the event loop's own descriptors

@@ -112,9 +112,10 @@ def read_recording(path: Path) -> list[RecordedEvent]:
                     continue
                 out.append((msg.log_time, msg.sequence,
                             RecordedEvent(d, msg.log_time, msg.publish_time, json.loads(msg.data))))
-    except (OSError, ValueError) as exc:
-        if isinstance(exc, RecordingError):
-            raise
-        raise RecordingError(f"{path}: cannot read MCAP recording: {exc}") from exc
+    except RecordingError:
+        raise
+    except Exception as exc:  # the mcap reader raises its own types (InvalidMagic, EndOfFile, ...)
+        raise RecordingError(f"{path} is not a tristream recording ({type(exc).__name__}: {exc}); give an "
+                             ".mcap file written by `tristream serve --record DIR`") from exc
     out.sort(key=lambda t: (t[0], t[1]))
     return [e for _, _, e in out]

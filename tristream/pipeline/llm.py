@@ -15,6 +15,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
+from tristream.pipeline.prompt import DECODE, DecodeSettings
+
 
 class LlmEndpointError(RuntimeError):
     """The OpenAI-compatible endpoint refused, failed or answered something unusable."""
@@ -43,10 +45,9 @@ class EngineChatBackend:
 
     name = "engine"
 
-    def __init__(self, engine: Any, temperature: float = 0.0, repetition_penalty: float = 1.1) -> None:
+    def __init__(self, engine: Any, decode: DecodeSettings | None = None) -> None:
         self.engine = engine
-        self.temperature = temperature
-        self.repetition_penalty = repetition_penalty
+        self.decode = decode or DECODE
         self._routes: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[tuple[str | Exception, bool]]]] = {}
         self._lock = threading.Lock()
         self._wake = threading.Event()
@@ -62,12 +63,13 @@ class EngineChatBackend:
         self._thread.start()
 
     @classmethod
-    def from_path(cls, path: str, **kw: Any) -> EngineChatBackend:
-        """Load a GGUF file or Hugging Face folder into our engine (CPU, eager)."""
-        from tristream.engine.engine import EngineConfig, LLMEngine
+    def load(cls, model: str | None = None, device: str = "auto", quant: str = "auto",
+             decode: DecodeSettings | None = None) -> EngineChatBackend:
+        """Our engine for `model` (a GGUF file or Hugging Face folder; None: the embedded SmolLM2)
+        through the one engine factory, warmed up."""
+        from tristream.engine.cli_support import load_engine
 
-        cfg = EngineConfig(use_graphs=False, max_model_len=2048, kv_cache_bytes=64 << 20)
-        backend = cls(LLMEngine.from_path(path, config=cfg), **kw)
+        backend = cls(load_engine(model, device, quant), decode)
         backend.warm_up()
         return backend
 
@@ -77,12 +79,12 @@ class EngineChatBackend:
         Only safe before the first `stream()`: the engine thread is idle until then.
         """
         from tristream.engine.sequence import SamplingParams
-        from tristream.pipeline.turns import DEFAULT_SYSTEM
+        from tristream.pipeline.prompt import SYSTEM_PROMPT
 
         if self._routes:
             return
         # with the default system prompt, so that its KV blocks sit in the prefix cache
-        chat = [{"role": "system", "content": DEFAULT_SYSTEM}, {"role": "user", "content": "Hi"}]
+        chat = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": "Hi"}]
         self.engine.add_request(chat=chat, params=SamplingParams(max_tokens=2))
         while self.engine.has_work():
             self.engine.step()
@@ -156,10 +158,7 @@ class EngineChatBackend:
 
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
         """Generate an answer to `messages`; cancelling the consumer cancels the sequence."""
-        from tristream.engine.sequence import SamplingParams
-
-        params = SamplingParams(max_tokens=max_tokens, temperature=self.temperature,
-                                repetition_penalty=self.repetition_penalty)
+        params = self.decode.sampling(max_tokens)
         q: asyncio.Queue[tuple[str | Exception, bool]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         with self._lock:
@@ -167,13 +166,18 @@ class EngineChatBackend:
             self._routes[seq_id] = (loop, q)
         self._wake.set()
         done = False
+        cut = self.decode.cut()
         try:
             while not done:
                 text, done = await q.get()
                 if isinstance(text, Exception):
                     raise text
                 if text:
-                    yield text
+                    keep = cut.push(text)
+                    if keep:
+                        yield keep
+                    if cut.done:  # the answer is complete (`prompt.SentenceCut`): the engine stops now
+                        break
         finally:
             if not done:
                 with self._lock:

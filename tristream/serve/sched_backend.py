@@ -164,7 +164,7 @@ class EngineSessionBackend:
     def clear_audio(self, ref_ns: int) -> None:
         """No audio buffer."""
 
-    def create_response(self, instructions: str | None, ref_ns: int) -> None:
+    def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
         """Answer the pending text (or the last user message again) as one scheduled turn."""
         user = " ".join(self.pending) or next((m["content"] for m in reversed(self.history)
                                                 if m["role"] == "user"), "Hello.")
@@ -231,10 +231,6 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
     """
     from tristream.sched.real import build_engine
 
-    if model == "smollm2":
-        from tristream.pipeline.models import smollm2_gguf
-
-        model = smollm2_gguf()
     if kv_bytes is None:
         kv_bytes = (8 << 30) if device.startswith("cuda") else (64 << 20)
     if sched == "none":

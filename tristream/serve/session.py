@@ -124,6 +124,7 @@ class RealtimeSession:
         self.closed = False
         self._last_ts: dict[str, int] = {}  # newest capture_ts_us per media stream
         self._in_item = False
+        self._next_modalities: list[str] | None = None  # of the answer a response.create asked for
 
     # ------------------------------------------------------------------ output
     def send(self, event: dict[str, Any]) -> None:
@@ -265,7 +266,8 @@ class RealtimeSession:
                 self.turn = TurnTiming(requested=now)
             else:  # a committed turn answered on request: the answer's latency counts from here
                 self.turn.requested = now
-            self.backend.create_response(ev.instructions, now)
+            self._next_modalities = list(ev.modalities) if ev.modalities else None
+            self.backend.create_response(ev.instructions, now, modalities=self._next_modalities)
         elif isinstance(ev, P.ResponseCancel):
             if self._response is None or (ev.response_id and ev.response_id != self._response.id):
                 raise P.ProtocolError(P.E_NO_ACTIVE_RESPONSE, "no response in progress to cancel"
@@ -317,7 +319,8 @@ class RealtimeSession:
             self.send(P.server_event("conversation.item.input_audio_transcription.completed",
                                      item_id=self._item_id or "", content_index=0, transcript=ev.text, **extra))
         elif isinstance(ev, ResponseStarted):
-            resp = _Response(P.new_id("resp"), P.new_id("item"), list(self.settings.modalities))
+            mods, self._next_modalities = self._next_modalities or list(self.settings.modalities), None
+            resp = _Response(P.new_id("resp"), P.new_id("item"), mods)
             self._response = resp
             self.turn.response_started = now
             self.send(P.server_event("response.created", response=P.response_object(resp.id, "in_progress", [],
@@ -332,6 +335,9 @@ class RealtimeSession:
         elif isinstance(ev, AudioDelta):
             aresp = self._active("audio")
             if aresp is None:
+                return
+            if "audio" not in aresp.modalities:  # a text-only answer: audio never goes out
+                self.metrics.inc("tristream_events_dropped_total", reason="audio_in_text_response")
                 return
             self._on_audio(aresp, ev, now)
         elif isinstance(ev, ResponseDone):
