@@ -16,7 +16,16 @@ Measures, in one run on one core:
 4. the same for offline `tristream align` (the real two-pass file path), target P99 <= 0.5 ms;
 5. naive arrival-time stamping (and arrival minus the known latency) as the baseline;
 6. robustness rows: the same recordings with 0.5 % (online) / 2 % (offline) of packets stamped
-   late, i.e. arriving 1-9 ms earlier than physically possible.
+   late, i.e. arriving 1-9 ms earlier than physically possible;
+7. the scenario family (`tristream.core.family`): for each fault (drift, wrap, loss, network,
+   reset; `--family-seeds` seeds each) and all of them together (`--all-seeds` seeds), five-minute
+   recordings fitted offline (`fit_source`) and online (clocks + rings + sync, as the session
+   runs them), by this tree and by the previous fit (the time core of `--baseline-commit`,
+   taken from git and run in a subprocess on the same recordings): cross-modal error P99 after
+   10 s, events more than 5 ms off, the online clock's uncertainty coverage, the counters
+   against the truth, and CPU per packet;
+8. `tristream align` throughput (events/s, thread CPU time, best of 2) on a one-hour recording
+   of the whole family.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import bisect
 import collections
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,10 +48,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._common import write_results  # noqa: E402
+from tristream.core.family import FAULTS, generate_family  # noqa: E402
 from tristream.core.offline import align_file, fit_source  # noqa: E402
 from tristream.core.ring import ObjectRing, TimeIndexedRing  # noqa: E402
 from tristream.core.scenario import cross_modal_error, naive_refs, run_online, set_report  # noqa: E402
 from tristream.core.synth import generate, stamp_late, to_events, tri_modal_specs  # noqa: E402
+from tristream.core.units import parse_unit  # noqa: E402
 
 CHUNK = 320
 RATE = 16000
@@ -188,18 +200,227 @@ def bench_alignment(seeds: list[int], seconds: float, warmup: float) -> dict[str
             "align_events_per_s": round(float(np.mean(align_eps)))}
 
 
+_BASELINE = r"""
+import json, sys, time
+import numpy as np
+from tristream.core.offline import fit_source
+from tristream.core.scenario import run_online
+from tristream.core.synth import SourceSpec, SyntheticStream
+out = {}
+for path in sys.argv[1:]:
+    z = np.load(path, allow_pickle=False)
+    streams = {}
+    for sid in [str(x) for x in z["sources"]]:
+        spec = SourceSpec(sid, str(z[sid + ".modality"]), str(z[sid + ".unit"]), 1, int(z[sid + ".samples"]),
+                          latency_ns=int(z[sid + ".latency"]))
+        n = z[sid + ".src"].size
+        streams[sid] = SyntheticStream(spec, z[sid + ".src"], z[sid + ".src"], z[sid + ".dur"], z[sid + ".arr"],
+                                       z[sid + ".true"], np.zeros(n, np.int64))
+    off = {sid: fit_source(sid, s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=s.spec.latency_ns).ref_ns
+           for sid, s in streams.items()}
+    on = run_online(streams, sync=True)
+    n = sum(len(s) for s in streams.values())
+    np.savez(path + ".out.npz", **{"off." + k: v for k, v in off.items()}, **{"on." + k: v for k, v in on.refs.items()})
+    out[path] = on.seconds * 1e6 / n
+print(json.dumps(out))
+"""
+
+
+def _save(path: Path, streams: dict[str, Any]) -> None:
+    arrs: dict[str, Any] = {"sources": np.array(list(streams))}
+    for sid, s in streams.items():
+        arrs.update({sid + ".src": s.src_ns, sid + ".dur": s.dur_ns, sid + ".arr": s.arrival_ns,
+                     sid + ".true": s.true_ref_ns, sid + ".modality": np.array(s.spec.modality),
+                     sid + ".unit": np.array(s.spec.unit), sid + ".samples": np.array(s.spec.samples),
+                     sid + ".latency": np.array(s.spec.latency_ns)})
+    np.savez(path, **arrs)
+
+
+def _baseline(commit: str, paths: list[Path], tmp: Path) -> dict[str, float] | None:
+    """Run the time core of `commit` on the saved recordings; None when git cannot give it."""
+    tree = tmp / "baseline"
+    tree.mkdir()
+    try:
+        arch = subprocess.run(["git", "archive", commit, "tristream/__init__.py", "tristream/core"], cwd=ROOT,
+                              capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(tree)], input=arch, check=True)
+        res = subprocess.run([sys.executable, "-c", _BASELINE, *map(str, paths)], cwd=tmp, capture_output=True,
+                             text=True, check=True, env={**os.environ, "PYTHONPATH": str(tree)})
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print("baseline run failed:", getattr(exc, "stderr", exc))
+        return None
+    return {k: float(v) for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
+def _score(streams: dict[str, Any], refs: dict[str, np.ndarray], warmup: float) -> dict[str, Any]:
+    err = cross_modal_error(streams, refs, warmup_s=warmup)
+    off5 = {sid: int(np.sum(np.abs(refs[sid] - s.true_ref_ns) > 5e6)) for sid, s in streams.items()}
+    return {"p99_ms": err["all"]["p99"], "max_ms": err["all"]["max"], "events_over_5ms": sum(off5.values()),
+            "events_over_5ms_per_source": off5, "absolute_p99_ms": {k: v["p99"] for k, v in err["absolute"].items()}}
+
+
+def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: float, baseline: str) -> dict[str, Any]:
+    cases = [(f, seed) for f in FAULTS for seed in range(1, seeds_per_fault + 1)]
+    cases += [("all", seed) for seed in range(1, all_seeds + 1)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmpd:
+        tmp = Path(tmpd)
+        recs = []
+        for k, (fault, seed) in enumerate(cases):
+            streams = generate_family(fault, seed, seconds)
+            path = tmp / f"rec{k}.npz"
+            _save(path, streams)
+            recs.append((fault, seed, streams, path))
+        base_cpu = _baseline(baseline, [r[3] for r in recs], tmp)
+        for fault, seed, streams, path in recs:
+            n = sum(len(s) for s in streams.values())
+            t0 = time.thread_time()
+            fits = {sid: fit_source(sid, s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=s.spec.latency_ns,
+                                    wrap_ns=parse_unit(s.spec.unit).wrap_ns) for sid, s in streams.items()}
+            fit_s = time.thread_time() - t0
+            online = run_online(streams, sync=True)
+            unc = run_online(streams, sync=False, uncertainty=True)
+            cov, u50 = {}, {}
+            for sid, s in streams.items():
+                keep = s.true_ref_ns >= s.true_ref_ns.min() + warmup * 1e9
+                e = np.abs(unc.refs[sid] - s.true_ref_ns)[keep]
+                cov[sid] = round(float(np.mean(e <= unc.uncertainty[sid][keep])), 5)
+                u50[sid] = round(float(np.median(unc.uncertainty[sid][keep])) / 1e6, 4)
+            truth = {sid: s.meta["truth"] for sid, s in streams.items()}
+            counted_off = {sid: {k: f.summary[k] for k in ("wraps", "duplicates", "gaps", "lost_packets", "resets")}
+                           for sid, f in fits.items()}
+            counted_on = {sid: {k: online.counters[f"clock:{sid}"].get(k, 0)
+                                for k in ("wrap", "duplicate", "gap", "lost", "reset", "outlier")} for sid in streams}
+            row: dict[str, Any] = {
+                "fault": fault, "seed": seed, "packets": n,
+                "offline": _score(streams, {sid: f.ref_ns for sid, f in fits.items()}, warmup),
+                "online": _score(streams, online.refs, warmup),
+                "online_uncertainty_coverage": cov, "online_uncertainty_p50_ms": u50,
+                "online_cpu_us_per_packet": round(online.seconds * 1e6 / n, 2),
+                "offline_fit_events_per_s": round(n / fit_s),
+                "truth": truth, "counted_offline": counted_off, "counted_online": counted_on,
+            }
+            if base_cpu is not None:
+                z = np.load(str(path) + ".out.npz")
+                row["baseline_offline"] = _score(streams, {sid: z["off." + sid] for sid in streams}, warmup)
+                row["baseline_online"] = _score(streams, {sid: z["on." + sid] for sid in streams}, warmup)
+                row["baseline_online_cpu_us_per_packet"] = round(base_cpu[str(path)], 2)
+            rows.append(row)
+    summary: dict[str, Any] = {}
+    for key in ("offline", "online", "baseline_offline", "baseline_online"):
+        got = [r for r in rows if key in r]
+        if not got:
+            continue
+        summary[key] = {
+            "p99_ms_worst": max(r[key]["p99_ms"] for r in got),
+            "p99_ms_median": float(np.median([r[key]["p99_ms"] for r in got])),
+            "events_over_5ms_worst": max(r[key]["events_over_5ms"] for r in got),
+            "per_fault_p99_ms_worst": {f: max(r[key]["p99_ms"] for r in got if r["fault"] == f)
+                                       for f in (*FAULTS, "all")},
+        }
+    summary["online_coverage_worst"] = min(min(r["online_uncertainty_coverage"].values()) for r in rows)
+    summary["online_coverage_pooled"] = round(float(np.mean([np.mean(list(r["online_uncertainty_coverage"].values()))
+                                                             for r in rows])), 5)
+    summary["online_cpu_us_per_packet_best"] = min(r["online_cpu_us_per_packet"] for r in rows)
+    summary["online_cpu_us_per_packet_median"] = float(np.median([r["online_cpu_us_per_packet"] for r in rows]))
+    if rows and "baseline_online_cpu_us_per_packet" in rows[0]:
+        summary["baseline_online_cpu_us_per_packet_median"] = float(
+            np.median([r["baseline_online_cpu_us_per_packet"] for r in rows]))
+    summary["counts_match_truth_offline"] = all(
+        r["counted_offline"][sid] == {"wraps": t["wraps"], "duplicates": t["duplicates"], "gaps": t["gaps"],
+                                      "lost_packets": t["lost"], "resets": t["resets"]}
+        for r in rows for sid, t in r["truth"].items())
+    summary["counts_match_truth_online"] = all(
+        {k: r["counted_online"][sid][k] for k in ("wrap", "duplicate", "gap", "lost", "reset")}
+        == {"wrap": t["wraps"], "duplicate": t["duplicates"], "gap": t["gaps"], "lost": t["lost"], "reset": t["resets"]}
+        for r in rows for sid, t in r["truth"].items())
+    return {"seconds": seconds, "warmup_s": warmup, "baseline_commit": baseline, "summary": summary, "rows": rows,
+            "targets": {"offline_p99_ms": 0.3, "offline_events_over_5ms": 5, "online_p99_ms": 1.0,
+                        "online_coverage": 0.99, "online_cpu_us_per_packet": 10.0}}
+
+
+def bench_align_throughput(seconds: float, repeats: int = 2) -> dict[str, Any]:
+    streams = generate_family("all", 7, seconds)
+    events = to_events(streams)
+    for e in events:  # the family's own units (wrapping RTP/PTS) travel in the file
+        if e["modality"] == "audio" and not e["unit"].startswith("samples@"):
+            e["sample_rate"] = parse_unit(e["unit"]).ticks_per_s
+    best = 0.0
+    with tempfile.TemporaryDirectory() as tmp:
+        inp, outp = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+        inp.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+        for _ in range(repeats):
+            t0 = time.thread_time()
+            summary = align_file(inp, outp)
+            best = max(best, len(events) / (time.thread_time() - t0))
+        size = inp.stat().st_size
+    return {"seconds": seconds, "events": len(events), "bytes": size, "events_per_s_best": round(best),
+            "repeats": repeats, "target_events_per_s": 1_000_000,
+            "counts": {k: {kk: v[kk] for kk in ("epochs", "wraps", "duplicates", "gaps", "resets")}
+                       for k, v in summary["sources"].items()}}
+
+
+def _lscpu() -> dict[str, str]:
+    try:
+        txt = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    out = {}
+    for line in txt.splitlines():
+        k, _, v = line.partition(":")
+        if k.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Flags", "CPU max MHz"):
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _print_family(fam: dict[str, Any], thr: dict[str, Any]) -> None:
+    sm = fam["summary"]
+    print(f"scenario family, {fam['seconds']:.0f} s recordings, error after {fam['warmup_s']:.0f} s "
+          f"(P99 ms worst per fault; events > 5 ms worst):")
+    print(f"  {'fit':18s} " + " ".join(f"{f:>8s}" for f in (*FAULTS, "all")) + "   >5ms  target")
+    for key, tgt in (("offline", "P99 <= 0.3, <= 5"), ("baseline_offline", "previous fit"),
+                     ("online", "P99 <= 1"), ("baseline_online", "previous clock")):
+        if key in sm:
+            v = sm[key]
+            print(f"  {key:18s} " + " ".join(f"{v['per_fault_p99_ms_worst'][f]:8.3f}" for f in (*FAULTS, "all"))
+                  + f" {v['events_over_5ms_worst']:6d}  {tgt}")
+    print(f"  online uncertainty coverage: worst source {sm['online_coverage_worst']}, mean {sm['online_coverage_pooled']}"
+          f" (target >= 0.99); counts match truth: offline {sm['counts_match_truth_offline']}, online "
+          f"{sm['counts_match_truth_online']}")
+    print(f"  online clock+ring+sync CPU: best {sm['online_cpu_us_per_packet_best']} µs/packet, median "
+          f"{sm['online_cpu_us_per_packet_median']} (previous clock median "
+          f"{sm.get('baseline_online_cpu_us_per_packet_median')}; target <= 10)")
+    print(f"tristream align, {thr['seconds']:.0f} s recording ({thr['events']:,d} events): "
+          f"{thr['events_per_s_best']:,d} events/s (thread CPU, best of {thr['repeats']}; target >= 1M)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-write", action="store_true")
+    ap.add_argument("--family-seeds", type=int, default=3)
+    ap.add_argument("--all-seeds", type=int, default=5)
+    ap.add_argument("--baseline-commit", default="b9c10f6", help="time core to compare with (git commit)")
+    ap.add_argument("--only-family", action="store_true", help="skip the ring and old-scenario sections")
     args = ap.parse_args()
     n_app = 50_000 if args.quick else 300_000
     seeds = [1, 2] if args.quick else [1, 2, 3, 4, 5]
-    res = {
+    res: dict[str, Any] = {"lscpu": _lscpu(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    res["family"] = bench_family(1 if args.quick else args.family_seeds, 1 if args.quick else args.all_seeds,
+                                 60.0 if args.quick else 300.0, 10.0, args.baseline_commit)
+    res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0)
+    _print_family(res["family"], res["align_throughput"])
+    if args.only_family:
+        res["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
+        print(f"load average during the run: {res['load_average_1_5_15']} on {os.cpu_count()} CPUs")
+        if not args.no_write:
+            print("wrote", write_results("core_family", res))
+        return
+    res.update({
         "append": bench_append(n_app),
         "window": bench_window(2_000 if args.quick else 20_000),
         "alignment": bench_alignment(seeds, 60.0, 10.0),
-    }
+    })
     a, w, al = res["append"], res["window"], res["alignment"]
     print(f"{'metric':58s} {'tristream':>14s} {'baseline':>14s} {'target':>10s}")
     print(f"{'16 kHz ring, 20 ms chunk appends/s (one core)':58s} {a['appends_per_s']:>14,d} "

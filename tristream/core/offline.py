@@ -1,11 +1,12 @@
 """Offline (two-pass) alignment of a recorded JSONL event file onto the reference clock.
 
 Pass 1 reads every line, validates it and keeps only numbers per source. The fit then runs
-per source: the online `SourceClock` replays the source in arrival order to find its epochs
-(resets) and outliers, and a single lower-envelope fit over *all* of the source's packets
-(shared drift, one offset per epoch, `q` ~ 0.2 %) gives the final map - far tighter than the
-online estimate because it sees the whole file. Pass 2 re-reads the file and writes every
-valid event back, in input order, with all its fields plus `ref_ns`.
+per source, vectorised over the whole recording (`epochs.py`, `curve.py`): wrapping timestamps
+are unwrapped, duplicates (the same capture again) set aside, epochs (resets) found from jumps
+no delay explains, and each epoch's map is a piecewise-linear lower-envelope curve (knots every
+5 s), so a drift that follows temperature or steps is followed. Pass 2 re-reads the file and
+writes every valid event back, in input order, with all its fields plus `ref_ns` (and
+`ref_flag`: `duplicate` - it gets its first copy's time - or `outlier`, placed from arrival).
 
 Input line: {"source": "mic0", "ts": 48000, "unit": "samples@16000", "samples": 320,
 "arrival_ns": 1000020456, ...}. `ts` is the first sample; the duration comes from `samples`
@@ -227,6 +228,7 @@ def align_file(
     """
     latency_ns = latency_ns or {}
     per: dict[str, list[list[int]]] = {}
+    wrap: dict[str, float] = {}
     line_src: list[tuple[str, int] | None] = []
     bad = 0
     with inp.open("r", encoding="utf-8") as fh:
@@ -235,7 +237,8 @@ def align_file(
                 line_src.append(None)
                 continue
             try:
-                source, s0, s1, arr = parse_event(json.loads(line))
+                obj = json.loads(line)
+                source, s0, s1, arr = parse_event(obj)
             except (json.JSONDecodeError, TimeCoreError, ValueError) as exc:
                 msg = f"not valid JSON ({exc.msg} at column {exc.colno})" if isinstance(exc, json.JSONDecodeError) \
                     else str(exc)
@@ -247,6 +250,8 @@ def align_file(
                 if on_error is not None:
                     on_error(err)
                 continue
+            if source not in wrap:
+                wrap[source] = parse_unit(obj["unit"]).wrap_ns
             cols = per.setdefault(source, [[], [], []])
             line_src.append((source, len(cols[0])))
             cols[0].append(s0)
@@ -254,7 +259,7 @@ def align_file(
             cols[2].append(arr)
     fits = {
         src: fit_source(src, np.array(c[0], np.int64), np.array(c[1], np.int64), np.array(c[2], np.int64),
-                        latency_ns=latency_ns.get(src, 0))
+                        latency_ns=latency_ns.get(src, 0), wrap_ns=wrap.get(src, 0.0))
         for src, c in per.items()
     }
     written = 0
@@ -262,12 +267,21 @@ def align_file(
         for (_, line), slot in zip(_lines(fh, progress), line_src, strict=True):
             if slot is None:
                 continue
-            obj = json.loads(line)
             f = fits[slot[0]]
-            obj["ref_ns"] = int(f.ref_ns[slot[1]])
-            if f.outlier[slot[1]]:
-                obj["ref_flag"] = "outlier"
-            fo.write(json.dumps(obj))
+            k = slot[1]
+            flag = "outlier" if f.outlier[k] else "duplicate" if f.duplicate[k] else None
+            text = line.rstrip()
+            if text.endswith("}") and '"ref_ns"' not in text and '"ref_flag"' not in text:
+                # The event's own text with the new fields appended: no second JSON round trip.
+                tail = f', "ref_ns": {int(f.ref_ns[k])}' + (f', "ref_flag": "{flag}"}}' if flag else "}")
+                fo.write(text[:-1].rstrip())
+                fo.write(tail)
+            else:
+                obj = json.loads(line)
+                obj["ref_ns"] = int(f.ref_ns[k])
+                if flag:
+                    obj["ref_flag"] = flag
+                fo.write(json.dumps(obj))
             fo.write("\n")
             written += 1
     return {
