@@ -286,7 +286,7 @@ class DecodeGraphs:
         the input ids (the next step's, when it is chained: `decode_chain.ChainedDecode`). Returns the
         head's logits as it computes them (the model dtype for the cuBLAS head): `logits` makes the
         float32 copy outside the graph, for the steps that sample otherwise (a copy in the graph, even
-        on a forked stream, lengthened the greedy step: bench/results/llm_gpu_s11.json)."""
+        on a forked stream, lengthened the greedy step: bench/results/llm_gpu_s11.json at 08aadf0)."""
         m = self.model
         h = advance_embed(self.dev_buf, m.embed_tokens, b, self.cache.block_size, self.o_pos, self.o_slot, self.o_ctx,
                           self.o_bt, self.o_flag, self.max_blocks)

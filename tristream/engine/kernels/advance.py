@@ -4,7 +4,7 @@ A decode step's inputs (positions, cache slots, context lengths, block tables: `
 change in a fixed way from one step of a batch to the next: every live row feeds the position after
 the last one, into the next cache slot of its block table. Copying them from the host before every
 step put a host→device copy between two decode graphs (~10 us of GPU time each on the H200,
-bench/results/step_host.json). So the graph's first kernel moves them itself, steered by a flag word
+bench/results/step_host.json at ccbc598). So the graph's first kernel moves them itself, steered by a flag word
 that the host's copies carry:
 
 - 1 (`FRESH`): the host has just copied the inputs; use them as they are and set the flag to 0;

@@ -2,7 +2,7 @@
 
 `torch.argmax` reduces a row in one thread block: on the H200 a [1, 49152] float32 row took
 13.9 µs, most of an overlapped SmolLM2-135M decode step's time outside its graph
-(bench/results/step_overlap_mlp.json). Here the row is split into BLOCK-sized chunks, one
+(bench/results/step_overlap_mlp.json at e80efaf). Here the row is split into BLOCK-sized chunks, one
 program each; every program writes its chunk's (max, first index of the max) and counts itself
 in a per-row counter, and the last program of the row to finish merges the partials and
 resets the counter (the pattern of the split attention merge in `triton_ops`). Ties go to the
@@ -99,7 +99,7 @@ class GraphArgmax:
 
     On CUDA the tokens also go straight into pinned host memory (`host`, mapped into the device's
     address space): no device→host copy between two decode graphs (each such copy cost ~10 us of
-    GPU time between graphs, bench/results/step_host.json). Two slots alternate, chosen by a
+    GPU time between graphs, bench/results/step_host.json at ccbc598). Two slots alternate, chosen by a
     per-row call counter on the device; call k (counted from 1) writes slot k & 1 as
     [k, token of row 0, row 1, ...]. `calls` mirrors that count on the host: every call and every
     replay of a graph holding one must count itself (`count_replay`), and `check_host` checks the

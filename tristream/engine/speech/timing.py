@@ -57,7 +57,7 @@ def median7(v: list[torch.Tensor]) -> torch.Tensor:
     """Elementwise median of 7 same-shaped tensors by a compare-exchange network (min/max only, so
     the result is exactly one of the inputs, as `torch.median` returns). On a GPU this replaces
     `unfold(...).median()`, whose gather-median kernel took 1.9 of the 5.3 ms of kernel time of a
-    16-stream Whisper-tiny update (bench/results/encoders_whisper.json, kernel profile); on a CPU
+    16-stream Whisper-tiny update (bench/results/encoders_whisper.json at 938d43a, kernel profile); on a CPU
     its 26 temporaries make it no faster, so `alignment_matrix` keeps unfold/median there."""
     if len(v) != 7:
         raise ValueError(f"median7 takes 7 tensors, got {len(v)}")
