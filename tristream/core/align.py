@@ -73,6 +73,8 @@ class _Queues:
     def pop_until(self, stream: str, t_ns: int, reason: str | None) -> list[Member]:
         """Remove members with time <= t_ns; count them under `reason` (unless None)."""
         ts = self.t[stream]
+        if not ts or ts[0] > t_ns:
+            return []
         k = bisect.bisect_right(ts, t_ns)
         out = list(zip(ts[:k], self.v[stream][:k], strict=True))
         del ts[:k]

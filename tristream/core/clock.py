@@ -31,7 +31,8 @@ source's known fixed capture-to-arrival delay; it cannot be observed from timest
 
 `uncertainty_ns` is a bound on the mapping error of the newest packet: `uncertainty_k` times
 (the scatter of the window representatives around the line + how far the last refits moved the
-prediction for "now"), plus `uncertainty_floor_ns`; a young epoch (fewer than 4 closed windows)
+prediction for "now" + the mean gap between a window's two least delays, which estimates how
+far the least one sits above the true minimum delay), plus `uncertainty_floor_ns`; a young epoch (fewer than 4 closed windows)
 reports at least `young_uncertainty_ns`.
 """
 
@@ -69,6 +70,9 @@ class _Epoch:
     key: int = -1  # newest window key
     cycle: int = 0  # highest wrap cycle seen in this epoch
     held: int = 0  # refits in a row that found every point far above the line
+    fit_packets: int = 0  # packets and closed windows at the last refit
+    fit_windows: int = 0
+    floor_gap: float = 0.0  # running mean gap between the two least delays of a window (ns)
 
     def y_of(self, src_ns: int, arrival_ns: int) -> tuple[float, float]:
         x = float(src_ns - self.s0)
@@ -119,6 +123,8 @@ class SourceClock:
         uncertainty_floor_ns: float = 50_000.0,
         young_uncertainty_ns: float = 5_000_000.0,
         congestion_ns: float = 1_000_000.0,
+        refit_packets: int = 10,
+        silence_ns: int = 5_000_000_000,
     ) -> None:
         if window_ns <= 0 or history < 4 or reset_confirm < 1 or wrap_ns < 0:
             raise ValueError("window_ns must be > 0, history >= 4, reset_confirm >= 1 and wrap_ns >= 0")
@@ -143,6 +149,8 @@ class SourceClock:
         self.uncertainty_floor_ns = float(uncertainty_floor_ns)
         self.young_uncertainty_ns = float(young_uncertainty_ns)
         self.congestion_ns = float(congestion_ns)
+        self.refit_packets = int(refit_packets)
+        self.silence_ns = int(silence_ns)
         self.counts = DropCounter(f"clock:{source_id}")
         self._d = 0.0
         self._slope_fitted = False
@@ -183,7 +191,7 @@ class SourceClock:
         if not self._epochs:
             return math.inf
         ep = self.last_epoch if self.last_epoch is not None else self._epochs[-1]
-        u = self.uncertainty_k * (ep.spread + self._innov) + self.uncertainty_floor_ns
+        u = self.uncertainty_k * (ep.spread + self._innov + ep.floor_gap) + self.uncertainty_floor_ns
         if len(ep.rx) < 4 or ep is not self._epochs[-1]:
             u = max(u, self.young_uncertainty_ns)
         return u
@@ -359,6 +367,14 @@ class SourceClock:
             if ep.holes:
                 self._fill(ep, start, src_ns)
         else:
+            if ep.packets > 1 and start - ep.last_end > self.silence_ns:
+                # Back after a long silence: the drift may have wandered meanwhile, so the line is
+                # re-anchored on what comes now (drift kept, offset refitted, reported as young).
+                ep.rx.clear()
+                ep.ry.clear()
+                ep.fitted = False
+                ep.c = math.inf
+                ep.fit_windows = ep.held = 0
             if ep.packets > 1:
                 span = src_ns - start
                 if span > 0:
@@ -380,7 +396,7 @@ class SourceClock:
         x = float(src_ns - ep.s0)
         y = float(arrival_ns - ep.a0) - x
         z = y - self._d * x
-        if ep.packets == 1:
+        if ep.packets == 1 or ep.c == math.inf:
             ep.c = z
         key = int(x // self.window_ns)
         pts = ep.windows.get(key)
@@ -391,12 +407,24 @@ class SourceClock:
                     closed = ep.windows.get(ep.key)
                     if closed is not None:
                         rep = self._rep(closed)[0]
+                        if len(closed) > 1:
+                            # The gap between a window's two least delays estimates how far its
+                            # least one sits above the true floor (order statistics of the delay).
+                            g = closed[1][0] - closed[0][0]
+                            if g <= self.early_tolerance_ns:
+                                ep.floor_gap += 0.1 * (g - ep.floor_gap)
                         ep.rx.append(rep[1])
                         ep.ry.append(rep[2])
                         if len(ep.rx) > 2 * self.history:
                             del ep.rx[: self.history]
                             del ep.ry[: self.history]
-                        self._refit(ep)
+                        # A refit per window, but not for fewer than `refit_packets` new packets
+                        # (a slow sensor) unless four windows went by.
+                        if ep.packets - ep.fit_packets >= self.refit_packets or len(ep.rx) - ep.fit_windows >= 4 \
+                                or len(ep.rx) < 8:
+                            ep.fit_packets = ep.packets
+                            ep.fit_windows = len(ep.rx)
+                            self._refit(ep)
                 ep.key = key
             while len(ep.windows) > 4:
                 ep.windows.popitem(last=False)
@@ -462,56 +490,58 @@ class SourceClock:
         x = np.array(ep.rx[-h:])
         y = np.array(ep.ry[-h:])
         x_now = float(ep.max_src - ep.s0)
-        old = ep.c + self._d * x_now
-        if n >= 4 and x[-1] - x[0] >= self.min_span_ns:
-            rec = np.exp2((x - x[-1]) / self.recency_ns)
-            d = self._d
-            c = ep.c
-            # Points far above the current line (a congestion episode, a stall) get no weight: they
-            # cannot tilt the line; the rest weigh 1 below it and `above_weight` above it.
+        d = self._d
+        c = ep.c
+        old = c + d * x_now
+        x_end = x[-1]
+        if n >= 4 and x_end - x[0] >= self.min_span_ns:
+            x -= x_end  # centred on the newest window: no cancellation in the sums
+            c0 = c + d * x_end
+            r = y - c0 - d * x
+            # Which points may move the line is decided against the line before this refit, so a
+            # slow congestion ramp cannot walk the line upwards; one reweighting step per refit
+            # (the fit is iterated across refits, a window apart). Points far above (congestion,
+            # stalls) get no weight, the rest 1 below the line and `above_weight` above it.
             tol = self.congestion_ns + 2.0 * ep.spread
-            # Which points may move the line is decided once, against the line before this refit,
-            # so a slow congestion ramp cannot walk the line upwards iteration by iteration.
-            acc = y - c - d * x <= tol
-            if not acc.any():
+            w = np.where(r <= 0.0, 1.0, np.where(r <= tol, self.above_weight, 0.0))
+            w *= np.exp2(x * (1.0 / self.recency_ns))
+            sw = float(w.sum())
+            if sw <= 0.0:
                 # Every point far above the line: congestion holds the line; only when it lasts
                 # a whole history has the floor itself moved, and the line follows it.
                 ep.held += 1
-                if ep.held >= self.history:
-                    acc[:] = True
-                    tol = math.inf
+                if ep.held < self.history:
+                    return
+                w = np.exp2(x * (1.0 / self.recency_ns))
+                sw = float(w.sum())
             else:
                 ep.held = 0
-            xa = x[acc]
-            for _ in range(4 if acc.any() else 0):
-                r = y - c - d * x
-                if xa.size < 3 or float(xa[-1] - xa[0]) < self.min_span_ns:
-                    # too few trustworthy points to tilt the line: keep the drift, move the offset
-                    z = (y - d * x)[acc]
-                    c = float(z.min()) if z.size < 3 else float(np.partition(z, 1)[1])
-                    break
-                w = rec * np.where(r <= 0.0, 1.0, self.above_weight) * acc
-                sw = float(w.sum())
-                mx = float(w @ x) / sw
-                my = float(w @ y) / sw
-                dx = x - mx
-                sxx = float(w @ (dx * dx))
-                if sxx <= 0:
-                    break
-                d = min(max(float(w @ (dx * (y - my))) / sxx, -self.slope_bound), self.slope_bound)
-                c = my - d * mx
-            if abs(d) >= self.slope_bound * 0.999:
-                self.counts.add("drift_at_bound")
+            wx = w * x
+            sx = float(wx.sum())
+            sy = float(w @ y)
+            sxx = float(wx @ x) - sx * sx / sw
+            acc = x[w > 0]
+            if acc.size >= 3 and acc[-1] - acc[0] >= self.min_span_ns and sxx > 0:
+                d = (float(wx @ y) - sx * sy / sw) / sxx
+                d = min(max(d, -self.slope_bound), self.slope_bound)
+                if abs(d) >= self.slope_bound * 0.999:
+                    self.counts.add("drift_at_bound")
+                c0 = (sy - d * sx) / sw
+            else:
+                # too few trustworthy points to tilt the line: keep the drift, move the offset
+                z = (y - d * x)[w > 0]
+                c0 = float(z.min()) if z.size < 3 else float(np.partition(z, 1)[1])
             self._d = d
             self._slope_fitted = True
-            ep.c = c
+            ep.c = c0 - d * x_end
             ep.fitted = True
-            r = (y - c - d * x)[-16:]
+            r = (y - c0 - d * x)[-16:]
             ok = r <= self.congestion_ns
             if ok.any():
-                ep.spread = float(np.median(np.abs(r[ok])))
+                a = np.abs(r[ok])
+                ep.spread = float(np.partition(a, a.size // 2)[a.size // 2])
         else:
-            z = y - self._d * x
+            z = y - d * x
             c = float(z.min()) if n < 3 else float(np.partition(z, 1)[1])
             if not ep.fitted or c < ep.c:
                 ep.c = c

@@ -20,7 +20,7 @@ import bisect
 from typing import Any
 
 from tristream.core.align import AlignedWindow, _QueuedJoin, _Queues
-from tristream.core.watermark import POS_INF
+from tristream.core.watermark import NEG_INF, POS_INF
 
 
 class ApproximateTimeSync(_QueuedJoin):
@@ -44,24 +44,73 @@ class ApproximateTimeSync(_QueuedJoin):
         self.max_interval_ns = int(max_interval_ns)
         self.age_penalty = float(age_penalty)
         self.queue_size = int(queue_size)
+        # Where the last emission pass stopped: its horizon, the streams holding the combined
+        # watermark at its minimum, the active streams and when the first of them turns idle.
+        # A push from another active stream, later than that horizon, before that deadline,
+        # cannot make any set final (the horizon, the heads and the active set are unchanged),
+        # so it returns at once: most pushes take this path.
+        self._bh: int | None = None
+        self._bmin: frozenset[str] = frozenset()
+        self._bactive: frozenset[str] = frozenset()
+        self._bdeadline = 0
+        self._last_h: int | None = None
 
     def push(self, stream: str, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
         """Add a message; returns the sets that became final."""
-        if self.q.push(stream, ref_ns, item, now_ns) and len(self.q.t[stream]) > self.queue_size:
-            self.q.t[stream].pop(0)
-            self.q.v[stream].pop(0)
+        q = self.q
+        if q.push(stream, ref_ns, item, now_ns) and len(q.t[stream]) > self.queue_size:
+            q.t[stream].pop(0)
+            q.v[stream].pop(0)
             self.counts.add(f"overflow:{stream}")
+            self._bh = None
+        bh = self._bh
+        if (bh is not None and ref_ns > bh and stream in self._bactive and stream not in self._bmin
+                and q.now <= self._bdeadline and not q.flushed):
+            return []
         return self._emit()
+
+    def _emit(self) -> list[AlignedWindow]:
+        out = self._emit_sets()
+        q = self.q
+        if q.flushed:
+            self._bh = None
+            return out
+        now = q.now
+        low = POS_INF
+        mins: list[str] = []
+        act: list[str] = []
+        deadline = POS_INF
+        for n, st in q.wm.streams.items():
+            if st.closed or (st.last_active_ns > NEG_INF and now - st.last_active_ns > st.idle_timeout_ns):
+                continue
+            act.append(n)
+            m = st.max_seen_ns - st.lateness_ns if st.max_seen_ns > NEG_INF else NEG_INF
+            if m < low:
+                low, mins = m, [n]
+            elif m == low:
+                mins.append(n)
+            d = st.last_active_ns + st.idle_timeout_ns
+            if d < deadline:
+                deadline = d
+        if not act or self._last_h is None:
+            self._bh = None
+            return out
+        self._bh = self._last_h
+        self._bmin = frozenset(mins)
+        self._bactive = frozenset(act)
+        self._bdeadline = deadline
+        return out
 
     def pending(self) -> dict[str, int]:
         """Messages waiting per stream."""
         return {s: len(ts) for s, ts in self.q.t.items()}
 
-    def _emit(self) -> list[AlignedWindow]:
+    def _emit_sets(self) -> list[AlignedWindow]:
         out: list[AlignedWindow] = []
         q = self.q
         while True:
             h = q.horizon()
+            self._last_h = h
             active = set(self.streams) if q.flushed else set(q.wm.active(q.now))
             heads: list[tuple[int, int, str]] = []
             absent: set[str] = set()

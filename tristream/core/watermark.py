@@ -52,6 +52,7 @@ class WatermarkTracker:
         self.streams: dict[str, StreamWatermark] = {}
         self.counts = DropCounter("watermark")
         self._combined = NEG_INF
+        self._unstarted = False  # a registered stream has no processing time yet
 
     def add_stream(self, name: str, *, lateness_ns: int | None = None, idle_timeout_ns: int | None = None) -> None:
         """Register a stream (streams are also added on first `observe`)."""
@@ -61,10 +62,14 @@ class WatermarkTracker:
                 self.lateness_ns if lateness_ns is None else int(lateness_ns),
                 self.idle_timeout_ns if idle_timeout_ns is None else int(idle_timeout_ns),
             )
+            self._unstarted = True
 
     def _start(self, now_ns: int) -> None:
         # A registered stream that has not delivered yet counts as active from the first
         # processing time the tracker sees, so it gets one idleness timeout to start.
+        if not self._unstarted:
+            return
+        self._unstarted = False
         for s in self.streams.values():
             if s.last_active_ns == NEG_INF:
                 s.last_active_ns = now_ns
@@ -75,9 +80,11 @@ class WatermarkTracker:
         Late means older than the stream's own watermark or than the combined watermark already
         published; it is counted as `late:<stream>` and the caller should not use it.
         """
-        self.add_stream(name)
+        s = self.streams.get(name)
+        if s is None:
+            self.add_stream(name)
+            s = self.streams[name]
         self._start(now_ns)
-        s = self.streams[name]
         s.last_active_ns = max(s.last_active_ns, now_ns)
         if s.closed:
             s.closed = False
@@ -106,10 +113,14 @@ class WatermarkTracker:
         if not self.streams:
             return self._combined
         self._start(now_ns)
-        marks = [s.watermark_ns for s in self.streams.values() if not s.is_idle(now_ns)]
-        if marks:
-            value = min(marks)
-        else:
+        value = POS_INF
+        for s in self.streams.values():
+            if s.closed or (s.last_active_ns > NEG_INF and now_ns - s.last_active_ns > s.idle_timeout_ns):
+                continue
+            m = s.max_seen_ns - s.lateness_ns if s.max_seen_ns > NEG_INF else NEG_INF
+            if m < value:
+                value = m
+        if value == POS_INF:
             value = max(s.watermark_ns if s.closed else s.max_seen_ns for s in self.streams.values())
         if value > self._combined:
             self._combined = value
