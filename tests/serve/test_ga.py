@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from tests.serve.helpers import TOKEN, run, running_server, tone_turns
-from tristream.serve.backend import AudioDelta, ResponseDone, ResponseStarted, TextDelta
+from tristream.observe.events import AnswerAudio, AnswerText, ResponseDone, ResponseStarted
 from tristream.serve.echo import EchoBackend
 from tristream.serve.replay import VirtualClock
 from tristream.serve.session import RealtimeSession
@@ -29,7 +29,7 @@ def make() -> tuple[RealtimeSession, list[dict[str, Any]]]:
 
 
 def answer(s: RealtimeSession) -> None:
-    for ev in (ResponseStarted(0), TextDelta("hi", 0), AudioDelta(np.zeros(240, np.int16), 0),
+    for ev in (ResponseStarted(0), AnswerText("hi", 0), AnswerAudio(np.zeros(240, np.int16), 0),
                ResponseDone("completed", 0)):
         s.on_backend_event(ev)
 

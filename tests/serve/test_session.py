@@ -7,13 +7,13 @@ from typing import Any
 
 import numpy as np
 
-from tristream.serve.backend import (
-    AudioDelta,
+from tristream.observe.events import (
+    AnswerAudio,
+    AnswerText,
     ResponseDone,
     ResponseStarted,
     SpeechStarted,
     SpeechStopped,
-    TextDelta,
     TranscriptDelta,
     TranscriptDone,
 )
@@ -52,9 +52,9 @@ def test_turn_latencies_on_virtual_clock_and_response_done() -> None:
     s.on_backend_event(TranscriptDone("hi", 0))
     s.on_backend_event(ResponseStarted(0))
     clock.advance_to(2_400_000_000)
-    s.on_backend_event(TextDelta("hello", 0))
+    s.on_backend_event(AnswerText("hello", 0))
     clock.advance_to(2_500_000_000)
-    s.on_backend_event(AudioDelta(np.zeros(240, np.int16), 0))
+    s.on_backend_event(AnswerAudio(np.zeros(240, np.int16), 0))
     clock.advance_to(3_000_000_000)
     s.on_backend_event(ResponseDone("completed", 0))
     done = out[-1]
@@ -71,7 +71,7 @@ def test_turn_latencies_on_virtual_clock_and_response_done() -> None:
 def test_events_without_a_response_are_counted_not_sent() -> None:
     s, out, _ = make()
     n = len(out)
-    s.on_backend_event(TextDelta("stray", 0))
+    s.on_backend_event(AnswerText("stray", 0))
     s.on_backend_event(ResponseDone("completed", 0))
     assert len(out) == n
     assert s.metrics.count("tristream_events_dropped_total", reason="text_without_response") == 1

@@ -3,8 +3,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tristream.observe.events import SpeechEvent, SpeechEventKind
 from tristream.stages.asr import UtteranceStream, transcribe_offline
-from tristream.stages.base import BadAudio, ModelUnavailable, SpeechEvent, SpeechEventKind
+from tristream.stages.base import BadAudio, ModelUnavailable
 
 from .conftest import word_recall
 

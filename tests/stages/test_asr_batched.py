@@ -19,9 +19,9 @@ from tristream.engine.speech.config import WhisperDims, WhisperTokens
 from tristream.engine.speech.runner import WhisperRunner
 from tristream.engine.speech.streaming import StreamingWhisper
 from tristream.engine.speech.whisper import Whisper
+from tristream.observe.events import SpeechEvent, SpeechEventKind
 from tristream.stages.asr_batched import BatchedWhisperASR, drop_loops
 from tristream.stages.asr_batched_stream import TimedTranscript
-from tristream.stages.base import SpeechEvent, SpeechEventKind
 
 TINY = WhisperDims(d_model=64, encoder_layers=2, decoder_layers=2, heads=4, ffn=128,
                    max_source_positions=250, max_target_positions=64)

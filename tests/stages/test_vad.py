@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tristream.stages.base import BadAudio, SpeechEventKind, StageClosed
+from tristream.observe.events import SpeechEventKind
+from tristream.stages.base import BadAudio, StageClosed
 from tristream.stages.vad import VADOptions
 
 from .conftest import chunks

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -24,18 +25,12 @@ import numpy as np
 
 from tristream.core.metrics import DropCounter
 from tristream.core.ring import ObjectRing
+from tristream.observe.events import AudioIn, EventSink, FrameIn, ResponseDone, ResponseStarted, SessionEvent
 from tristream.pipeline.clock import Clock, MonotonicClock
+from tristream.pipeline.llm import ChatBackend
 from tristream.pipeline.models import SharedModels
 from tristream.pipeline.prompt import SYSTEM_PROMPT, Conversation
-from tristream.pipeline.session_stages import (
-    AsrStage,
-    AudioIn,
-    FrameIn,
-    InputStage,
-    LlmStage,
-    PlayoutStage,
-    TtsStage,
-)
+from tristream.pipeline.session_stages import AsrStage, InputStage, LlmStage, PlayoutStage, TtsStage
 from tristream.pipeline.speculative_asr import SpeculativeRecognizer
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import (
@@ -126,6 +121,8 @@ class TurnRecord:
     heard: str = ""
     interrupted: bool = False
     scene: str | None = None
+    status: str = ""
+    """How the answer ended for the observers: ``completed``, ``cancelled``, ``failed`` ("" while it runs)."""
 
     def latency_ms(self) -> dict[str, float | None]:
         """End of speech → ASR final / first token / first audio, in ms."""
@@ -143,7 +140,9 @@ class Session:
 
     def __init__(self, models: SharedModels, sink: AudioSink | None = None, clock: Clock | None = None,
                  config: SessionConfig | None = None, session_id: str | None = None,
-                 pool: ThreadPoolExecutor | None = None) -> None:
+                 pool: ThreadPoolExecutor | None = None, llm: ChatBackend | None = None) -> None:
+        """``llm``: this session's chat backend instead of the shared ``models.llm`` (a scheduled
+        engine's per-session handle)."""
         from tristream.stages.vad import VADOptions
 
         self.id = session_id or f"s{next(_ids)}"
@@ -164,7 +163,8 @@ class Session:
             self.asr = models.asr.stream(self.id, partial_every_s=None)
         self.tts = models.tts.stream(self.id)
         self.scene_stream = models.vision.stream(self.id) if models.vision is not None else None
-        self.llm = models.llm
+        self.llm: ChatBackend = llm or models.llm
+        self._observers: list[EventSink] = []
         self.frames: ObjectRing[np.ndarray] = ObjectRing(cfg.frame_ring, name=f"{self.id}.frames")
         self.turns = TurnTaker(cfg.end_of_turn)
         self.conversation = Conversation(cfg.system_prompt, cfg.max_history_turns, scene_when=cfg.scene_when)
@@ -184,6 +184,29 @@ class Session:
         self.stages: list[Stage] = [self.input, self.asr_stage, self.llm_stage, self.tts_stage, self.playout]
         for a, b in zip(self.stages, self.stages[1:], strict=False):
             a.link(b)
+
+    # ---- observers --------------------------------------------------------------------
+    def subscribe(self, observer: EventSink) -> Callable[[], None]:
+        """Call `observer` with every `SessionEvent` of this session, in order, on the loop thread
+        (speech edges, transcripts, answer start, text and end); returns the unsubscribe function.
+        Answer audio goes to the session's `AudioSink`."""
+        self._observers.append(observer)
+        return lambda: self._observers.remove(observer) if observer in self._observers else None
+
+    def publish(self, event: SessionEvent) -> None:
+        """Hand one event to every observer (an observer that raises is counted, never fatal)."""
+        for obs in tuple(self._observers):
+            try:
+                obs(event)
+            except Exception:
+                self.drops.add("observer_failed")
+
+    def end_response(self, rec: TurnRecord, status: str, reason: str = "", stats: dict[str, Any] | None = None) -> None:
+        """Publish the end of `rec`'s answer once (``completed``, ``cancelled`` or ``failed``)."""
+        if rec.status:
+            return
+        rec.status = status
+        self.publish(ResponseDone(status, self.clock.now_ns(), reason, stats or {}))
 
     # ---- life cycle -------------------------------------------------------------------
     def start(self) -> None:
@@ -220,7 +243,7 @@ class Session:
     async def settle_input(self) -> None:
         """Wait until the input stage has handled everything queued (tests, file playback)."""
         inbox = self.input.inbox
-        while inbox.data or self.input._busy:
+        while inbox.data or self.input.busy:
             await asyncio.sleep(0)
 
     # ---- vision -----------------------------------------------------------------------
@@ -252,6 +275,7 @@ class Session:
         self.current = rec
         self.assistant_active = True
         self.turn_done.clear()
+        self.publish(ResponseStarted(self.clock.now_ns()))
         return rec
 
     def finish_turn(self, turn_id: int, heard: str) -> None:
@@ -261,6 +285,7 @@ class Session:
             return
         rec.heard = heard
         self.conversation.add_assistant(rec.answer)
+        self.end_response(rec, "completed")
         self.current = None
         self.assistant_active = False
         self.turn_done.set()
@@ -277,6 +302,7 @@ class Session:
             rec.interrupted = True
             rec.heard = heard
             self.conversation.add_assistant(heard)
+            self.end_response(rec, "cancelled", "barge_in")
         self.barge_ins.append({"t_ns": t_ns, "at_ns": self.clock.now_ns(), "dropped": dropped,
                                "turn_id": rec.turn_id if rec else None, "heard": heard})
         self.current = None

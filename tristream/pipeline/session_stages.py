@@ -11,14 +11,22 @@ import asyncio
 import contextlib
 import logging
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
+from tristream.observe.events import (
+    AnswerText,
+    AudioIn,
+    FrameIn,
+    ReplyEnd,
+    SilenceOnset,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    TranscriptDelta,
+    TranscriptDone,
+)
 from tristream.pipeline.inbox import OverflowPolicy
 from tristream.pipeline.llm import EngineStepError, LlmEndpointError
-from tristream.pipeline.speculative_asr import SilenceOnset, SpeechResumed
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import HeardText, UserTurn
 
@@ -26,39 +34,7 @@ if TYPE_CHECKING:
     from tristream.pipeline.session import Session
 
 log = logging.getLogger("tristream.pipeline")
-
-
-@dataclass(slots=True)
-class AudioIn:
-    """A chunk of 16 kHz mono microphone audio; `ref_ns` is its first sample's capture time."""
-
-    pcm: np.ndarray
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class FrameIn:
-    """A camera frame (HxWx3 uint8) captured at `ref_ns`."""
-
-    image: np.ndarray
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class TextOut:
-    """A text delta of the answer to turn `turn_id` (`speak`: the TTS stage synthesises it)."""
-
-    turn_id: int
-    text: str
-    speak: bool = True
-
-
-@dataclass(slots=True)
-class ReplyEnd:
-    """The answer to `turn_id` is complete (no more text or audio will follow)."""
-
-    turn_id: int
-    speak: bool = True
+SAMPLE_RATE = 16_000  # the session's input audio (`AudioIn`)
 
 
 class InputStage(Stage):
@@ -85,14 +61,15 @@ class InputStage(Stage):
         for ev in vad.poll():
             if ev.kind == "start" and s.assistant_active:
                 s.barge_in(ev.decided_ns)
+            ms = int(ev.sample_index * 1000 // SAMPLE_RATE)
+            s.publish(SpeechStarted(ms, s.clock.now_ns()) if ev.kind == "start" else SpeechStopped(ms, s.clock.now_ns()))
             self.emit(ev)
         if s.spec_asr is not None:
             self._mark_silence(vad)
 
     def _mark_silence(self, vad: Any) -> None:
-        # The VAD's silence-candidate start inside speech (VADStream keeps it private; no
-        # speculation happens if it is ever renamed).
-        temp_end = getattr(vad, "_temp_end", None)
+        # the VAD's silence-candidate start inside speech
+        temp_end = vad.silence_start
         if vad.speaking and temp_end is not None:
             if not self._silence_marked and vad.clock.total - temp_end >= self.s.spec_after:
                 self._silence_marked = True
@@ -159,8 +136,12 @@ class AsrStage(Stage):
     def _collect(self) -> None:
         s = self.s
         for tr in s.asr.poll():
+            s.publish(TranscriptDelta(tr.text, s.clock.now_ns()))
             if not tr.final:
                 continue
+            timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript` times its words
+            words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
+            s.publish(TranscriptDone(tr.text, s.clock.now_ns(), words))
             self._final_pending = False
             turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking)
             if turn is not None:
@@ -199,11 +180,17 @@ class LlmStage(Stage):
                     if rec.first_token_ns is None:
                         rec.first_token_ns = s.clock.now_ns()
                     rec.answer += delta
-                    self.emit(TextOut(turn.turn_id, delta, speak))
+                    out = AnswerText(delta, s.clock.now_ns(), turn.turn_id, speak)
+                    if not rec.status:
+                        s.publish(out)
+                    self.emit(out)
         except (EngineStepError, LlmEndpointError) as exc:
             # The answer is lost, the session is not: end the turn so the next one can start.
             self.errors.add(type(exc).__name__)
             log.warning("llm failed on turn %d: %s", turn.turn_id, exc)
+            shed = getattr(exc, "shed_reason", None)  # the scheduler shed the turn (`sched_backend.TurnShed`)
+            s.end_response(rec, "failed", f"{type(exc).__name__}: {exc}",
+                           {"shed": shed, "tier": getattr(exc, "tier", "")} if shed else {})
         rec.llm_done_ns = s.clock.now_ns()
         self.emit(ReplyEnd(turn.turn_id, speak))
 
@@ -243,7 +230,7 @@ class TtsStage(Stage):
             return
         loop = asyncio.get_running_loop()
         text = None
-        if type(item) is TextOut:
+        if type(item) is AnswerText:
             text = item.text
             k = self.s.config.tts_first_words
             if not self._first_cut and k and text[:1].isspace() and len(self._acc.split()) >= k:

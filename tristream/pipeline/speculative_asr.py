@@ -14,26 +14,9 @@ give; `hits`/`misses` count how often the speculation was used.
 from __future__ import annotations
 
 import concurrent.futures
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-
-@dataclass(slots=True, frozen=True)
-class SilenceOnset:
-    """The VAD has heard `silence_ms` of silence inside an utterance (marker, in audio order)."""
-
-    sample_index: int
-    t_ns: int
-    """Reference time of the first silent sample (≈ the end of speech)."""
-
-
-@dataclass(slots=True, frozen=True)
-class SpeechResumed:
-    """The user spoke again after a `SilenceOnset` (marker, in audio order)."""
-
-    sample_index: int
 
 
 class SpeculativeRecognizer:

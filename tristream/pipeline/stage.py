@@ -147,6 +147,11 @@ class Stage:
             if type(x) is Flush and not x.done.done():
                 x.done.set_result(None)
 
+    @property
+    def busy(self) -> bool:
+        """Whether the stage is handling an item right now."""
+        return self._busy
+
     def stats(self) -> dict[str, Any]:
         """Counters and timing of this stage (µs), for reports and metrics export."""
         return {

@@ -18,15 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from tristream.serve.backend import (
-    BackendConfig,
-    BackendFactory,
-    EventSink,
-    ResponseDone,
-    ResponseStarted,
-    TextDelta,
-    VideoFrame,
-)
+from tristream.observe.events import AnswerText, EncodedFrame, EventSink, ResponseDone, ResponseStarted
+from tristream.serve.backend import BackendConfig, BackendFactory
 
 
 class EngineTextBackend:
@@ -57,7 +50,7 @@ class EngineTextBackend:
         """Not handled by this backend: counted."""
         self._count("ignored_audio_chunks")
 
-    def push_frame(self, frame: VideoFrame) -> None:
+    def push_frame(self, frame: EncodedFrame) -> None:
         """Not handled by this backend: counted."""
         self._count("ignored_frames")
 
@@ -93,7 +86,7 @@ class EngineTextBackend:
         async for d in stream:
             if d.token_id is not None:
                 self.history.append(d.token_id)
-                self._emit(TextDelta(d.text or f" t{d.token_id}", time.monotonic_ns()))
+                self._emit(AnswerText(d.text or f" t{d.token_id}", time.monotonic_ns()))
             if d.finished and d.finish_reason is not None and d.finish_reason.name in ("ERROR", "CANCELLED"):
                 status = "failed" if d.finish_reason.name == "ERROR" else "cancelled"
         self._emit(ResponseDone(status, time.monotonic_ns()))

@@ -15,10 +15,12 @@ can replay a session on a virtual clock.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
+
+from tristream.observe.events import EncodedFrame, EventSink
 
 
 @dataclass(slots=True)
@@ -37,97 +39,6 @@ class BackendConfig:
     interrupt_response: bool = True
     tier: str = "silver"
     """SLA tier (gold / silver / bronze) for backends that schedule turns (``--backend engine``)."""
-
-
-@dataclass(slots=True)
-class VideoFrame:
-    """One decoded-or-not camera frame with its capture time on the client's clock (µs)."""
-
-    data: bytes
-    format: str
-    capture_ts_us: int
-    width: int | None
-    height: int | None
-    stream_id: str
-    ref_ns: int
-
-
-# ---- events a backend emits (ref_ns: server reference time when the event became true)
-
-
-@dataclass(slots=True)
-class SpeechStarted:
-    """Server VAD found the start of a user turn at ``audio_ms`` into the session's audio."""
-
-    audio_ms: int
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class SpeechStopped:
-    """Server VAD found the end of the user turn (``audio_ms`` into the session's audio)."""
-
-    audio_ms: int
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class TranscriptDelta:
-    """The transcript hypothesis so far (full text, not an increment) of the current user turn."""
-
-    text: str
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class TranscriptDone:
-    """Final transcript of the user turn; ``words``: (word, start_ms, end_ms) in ms of the session's
-    audio (the axis of ``audio_start_ms``), when the ASR times its words."""
-
-    text: str
-    ref_ns: int
-    words: list[tuple[str, int, int]] | None = None
-
-
-@dataclass(slots=True)
-class ResponseStarted:
-    """The assistant began an answer (after a turn end, ``response.create`` or text input)."""
-
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class TextDelta:
-    """Streaming answer text."""
-
-    text: str
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class AudioDelta:
-    """Streaming answer audio: int16 mono PCM at ``BackendConfig.output_sample_rate``."""
-
-    pcm: np.ndarray
-    ref_ns: int
-
-
-@dataclass(slots=True)
-class ResponseDone:
-    """The answer ended: ``completed``, ``cancelled`` (barge-in / response.cancel) or ``failed``."""
-
-    status: str
-    ref_ns: int
-    reason: str = ""
-    stats: dict[str, Any] = field(default_factory=dict)
-
-
-BackendEvent = (
-    SpeechStarted | SpeechStopped | TranscriptDelta | TranscriptDone | ResponseStarted | TextDelta
-    | AudioDelta | ResponseDone
-)
-
-EventSink = Callable[[BackendEvent], None]
 
 
 class SessionBackend(Protocol):
@@ -150,7 +61,7 @@ class SessionBackend(Protocol):
         """int16 mono samples at ``config.sample_rate``."""
         ...
 
-    def push_frame(self, frame: VideoFrame) -> None:
+    def push_frame(self, frame: EncodedFrame) -> None:
         """One camera frame for the aligner."""
         ...
 

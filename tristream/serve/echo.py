@@ -16,20 +16,20 @@ from collections.abc import Awaitable, Callable
 
 import numpy as np
 
-from tristream.serve.audio import resample_int16
-from tristream.serve.backend import (
-    AudioDelta,
-    BackendConfig,
+from tristream.observe.events import (
+    AnswerAudio,
+    AnswerText,
+    EncodedFrame,
     EventSink,
     ResponseDone,
     ResponseStarted,
     SpeechStarted,
     SpeechStopped,
-    TextDelta,
     TranscriptDelta,
     TranscriptDone,
-    VideoFrame,
 )
+from tristream.serve.audio import resample_int16
+from tristream.serve.backend import BackendConfig
 
 FRAME_MS = 20
 CHUNK_MS = 100
@@ -132,7 +132,7 @@ class EchoBackend:
         if manual or self._cfg.create_response:
             self.create_response(None, ref_ns)
 
-    def push_frame(self, frame: VideoFrame) -> None:
+    def push_frame(self, frame: EncodedFrame) -> None:
         """Count frames; the echo answer says how many arrived."""
         self._frames += 1
         self._count("video_frames_in")
@@ -197,9 +197,9 @@ class EchoBackend:
         assert self._cfg is not None
         step = self._cfg.output_sample_rate * CHUNK_MS // 1000
         if i < len(words):
-            self._emit(TextDelta(words[i] if i == 0 else " " + words[i], 0))
+            self._emit(AnswerText(words[i] if i == 0 else " " + words[i], 0))
         if speak and i * step < out.size:
-            self._emit(AudioDelta(out[i * step:(i + 1) * step], 0))
+            self._emit(AnswerAudio(out[i * step:(i + 1) * step], 0))
 
     async def _answer(self, words: list[str], out: np.ndarray, ref_ns: int, prev: asyncio.Task[None] | None,
                       start: int, speak: bool) -> None:

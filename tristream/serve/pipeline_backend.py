@@ -1,10 +1,9 @@
 """`PipelineBackend`: the assistant pipeline (`tristream.pipeline.session.Session`) behind the server.
 
-The pipeline session has no event callbacks, so the adapter observes it at its seams
-without changing it: a proxy around the session's VAD stream (speech start/end), one around
-its ASR stream (transcripts), one around its chat backend (answer text deltas), the audio
-sink (answer audio, converted to int16 at the client's output rate) and the turn hooks
-(`begin_turn`, `finish_turn`, `barge_in`) of a `Session` subclass.
+The adapter observes the session through its observer API (`Session.subscribe`: speech
+edges, transcripts, answer start, text and end, all `tristream.observe.events` types, passed
+to the server as they are) and is the session's audio sink (answer audio, converted to int16
+at the client's output rate); a per-session chat backend goes in through `Session(llm=...)`.
 
 Time: when the client sends capture timestamps (``capture_ts_us`` on audio and video),
 both streams are mapped onto the server's reference clock by one `SourceClock` per session
@@ -27,24 +26,19 @@ from typing import Any, cast
 
 import numpy as np
 
-from tristream.serve.audio import resample_int16
-from tristream.serve.backend import (
-    AudioDelta,
-    BackendConfig,
-    BackendFactory,
+from tristream.observe.events import (
+    AnswerAudio,
+    EncodedFrame,
     EventSink,
     ResponseDone,
     ResponseStarted,
-    SpeechStarted,
-    SpeechStopped,
-    TextDelta,
     TranscriptDelta,
     TranscriptDone,
-    VideoFrame,
 )
+from tristream.serve.audio import resample_int16
+from tristream.serve.backend import BackendConfig, BackendFactory
 from tristream.serve.media import MediaError
 from tristream.serve.pipeline_metrics import STAGE_TOTALS, Family, StageTotals, stage_gauges
-from tristream.serve.pipeline_taps import EventAudioSink, StreamTap, TappedChat
 from tristream.serve.pipeline_turns import ManualAudioBuffer, TurnGate, decode_image, transcribe_utterance
 
 __all__ = ["STAGE_TOTALS", "PipelineBackend", "StageTotals", "pipeline_factory"]
@@ -96,45 +90,22 @@ class PipelineBackend:
         return int(self._session.clock.now_ns())
 
     async def start(self, config: BackendConfig, sink: EventSink) -> None:
-        """Build the pipeline session and hook its seams."""
+        """Build the pipeline session and observe it (`Session.subscribe`); answer audio comes
+        through this object's `write` (the session's `AudioSink`)."""
+        import dataclasses
+
         from tristream.core.clock import SourceClock
         from tristream.pipeline.session import Session, SessionConfig
 
-        backend = self
-
-        class _HookedSession(Session):  # type: ignore[misc]
-            def begin_turn(self, turn: Any) -> Any:
-                rec = super().begin_turn(turn)
-                backend._active = True
-                backend._emit(ResponseStarted(backend._now()))
-                return rec
-
-            def finish_turn(self, turn_id: int, heard: str) -> None:
-                was = self.current is not None and self.current.turn_id == turn_id
-                super().finish_turn(turn_id, heard)
-                if was and backend._active:
-                    backend._active = False
-                    backend._emit(ResponseDone("completed", backend._now()))
-
-            def barge_in(self, t_ns: int) -> None:
-                super().barge_in(t_ns)
-                if backend._active:
-                    backend._active = False
-                    backend._emit(ResponseDone("cancelled", backend._now(), "barge_in"))
-
         self._cfg = config
         self._sink = sink
-        import dataclasses
-
         base = self._base_config or SessionConfig()
         scfg = dataclasses.replace(base, system_prompt=config.instructions or base.system_prompt,
                                    hangover_ms=float(config.silence_duration_ms), speak="audio" in config.modalities)
-        s = _HookedSession(self.models, sink=EventAudioSink(self), clock=self._session_clock, config=scfg)
-        s.vad = cast(Any, StreamTap(s.vad, self._on_vad))
-        s.asr = cast(Any, StreamTap(s.asr, self._on_asr))
         if self._chat_for_session is not None:
             self._own_chat = self._chat_for_session(lambda: self._cfg.tier if self._cfg else "silver")
-        s.llm = cast(Any, TappedChat(self._own_chat or s.llm, self._on_text, self._on_llm_error))
+        s = Session(self.models, sink=self, clock=self._session_clock, config=scfg, llm=self._own_chat)
+        s.subscribe(self._emit)
         self._gate = TurnGate(s.llm_stage.inbox, self._hold_turns, self._count)
         s.asr_stage.downstream = [cast(Any, self._gate)]
         self._session = s
@@ -153,43 +124,18 @@ class PipelineBackend:
             self._session.conversation.system = config.instructions
         self._count("session_updates")
 
-    # ---- seams
-    def _on_vad(self, evs: list[Any]) -> None:
-        for ev in evs:
-            ms = int(ev.sample_index * 1000 // 16_000)
-            if str(ev.kind) == "start":
-                self._emit(SpeechStarted(ms, self._now()))
-            else:
-                self._emit(SpeechStopped(ms, self._now()))
-
-    def _on_asr(self, evs: list[Any]) -> None:
-        for tr in evs:
-            if tr.final:
-                timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript`
-                words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
-                self._emit(TranscriptDelta(tr.text, self._now()))
-                self._emit(TranscriptDone(tr.text, self._now(), words))
-            else:
-                self._emit(TranscriptDelta(tr.text, self._now()))
-
-    def _on_llm_error(self, exc: Exception) -> None:
-        self._count("llm_failures")
-        if self._active:
-            self._active = False
-            shed = getattr(exc, "shed_reason", None)  # `sched_backend.TurnShed`
-            stats = {"shed": shed, "tier": getattr(exc, "tier", "")} if shed else {}
-            self._emit(ResponseDone("failed", self._now(), f"{type(exc).__name__}: {exc}", stats))
-
-    def _on_text(self, delta: str) -> None:
-        if self._active:
-            self._emit(TextDelta(delta, self._now()))
-
-    def _on_audio(self, pcm: np.ndarray, rate: int) -> None:
-        if not self._active or self._cfg is None:
+    # ---- the session's audio sink
+    def write(self, pcm: np.ndarray, rate: int) -> None:
+        """One played chunk of answer audio: int16 at the client's output rate, as `AnswerAudio`."""
+        if self._session is None or not self._session.assistant_active or self._cfg is None:
             self._count("audio_after_response_dropped")
             return
         i16 = np.clip(np.rint(np.asarray(pcm, np.float32) * 32767), -32768, 32767).astype(np.int16)
-        self._emit(AudioDelta(resample_int16(i16, rate, self._cfg.output_sample_rate), self._now()))
+        self._emit(AnswerAudio(resample_int16(i16, rate, self._cfg.output_sample_rate), self._now()))
+
+    def interrupt(self) -> None:
+        """Barge-in: nothing is buffered here beyond the chunk handed over; counted."""
+        self._count("sink_interrupts")
 
     # ---- inputs
     def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
@@ -209,7 +155,7 @@ class PipelineBackend:
         if not self._session.push_audio(f32, ref):
             self._count("audio_chunks_dropped_input_full")
 
-    def push_frame(self, frame: VideoFrame) -> None:
+    def push_frame(self, frame: EncodedFrame) -> None:
         """Decode to RGB and file it in the session's frame ring at its capture time."""
         import cv2
 

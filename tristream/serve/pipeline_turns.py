@@ -70,7 +70,7 @@ def transcribe_utterance(asr: Any, session_id: str, pcm: np.ndarray, start_ns: i
     Runs in a worker thread. The stream sees the same START / audio / END sequence the VAD
     would give it, so long turns are split and decoded exactly as in VAD mode.
     """
-    from tristream.stages.base import SpeechEvent, SpeechEventKind
+    from tristream.observe.events import SpeechEvent, SpeechEventKind
 
     stream = asr.stream(f"{session_id}.manual", partial_every_s=None)
     try:

@@ -26,17 +26,18 @@ from typing import Any
 
 import numpy as np
 
-from tristream.pipeline.llm import EngineStepError
-from tristream.sched.types import Modality
-from tristream.serve.backend import (
-    BackendConfig,
-    BackendFactory,
+from tristream.observe.events import (
+    AnswerText,
+    EncodedFrame,
     EventSink,
     ResponseDone,
     ResponseStarted,
-    TextDelta,
-    VideoFrame,
+    TurnDelta,
+    TurnEnd,
 )
+from tristream.pipeline.llm import EngineStepError
+from tristream.sched.types import Modality
+from tristream.serve.backend import BackendConfig, BackendFactory
 from tristream.serve.sched_engine import ScheduledEngine
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
@@ -83,15 +84,16 @@ class ScheduledChat:
         ended = False
         try:
             while True:
-                kind, value = await h.events.get()
-                if kind == "delta":
-                    yield value
+                ev = await h.events.get()
+                if type(ev) is TurnDelta:
+                    yield ev.text
                     continue
+                assert type(ev) is TurnEnd
                 ended = True
-                if kind == "shed":
-                    raise TurnShed(value, self._open_tier)
-                if kind == "error":
-                    raise EngineStepError(value)
+                if ev.kind == "shed":
+                    raise TurnShed(ev.detail, self._open_tier)
+                if ev.kind == "error":
+                    raise EngineStepError(ev.detail)
                 return
         finally:
             if not ended:
@@ -140,7 +142,7 @@ class EngineSessionBackend:
         """No speech models in this backend (``stages=embedded`` has them): counted."""
         self._count("ignored_audio_chunks")
 
-    def push_frame(self, frame: VideoFrame) -> None:
+    def push_frame(self, frame: EncodedFrame) -> None:
         """No vision here: counted."""
         self._count("ignored_frames")
 
@@ -184,7 +186,7 @@ class EngineSessionBackend:
             async with contextlib.aclosing(self.chat.stream(messages, self.max_tokens)) as deltas:  # type: ignore[type-var]
                 async for d in deltas:
                     parts.append(d)
-                    self._emit(TextDelta(d, time.monotonic_ns()))
+                    self._emit(AnswerText(d, time.monotonic_ns()))
         except TurnShed as exc:
             self._count(f"shed_{exc.shed_reason}")
             status, reason, stats = "failed", str(exc), {"shed": exc.shed_reason, "tier": exc.tier}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tristream.observe.events import TurnDelta, TurnEnd, TurnEvent
 from tristream.sched.admission import ShedReason
 from tristream.sched.backend import WallClock
 from tristream.sched.config import SchedulerConfig, ours_config
@@ -42,13 +43,13 @@ TIERS = {t.name.lower(): t for t in Tier}
 class TurnHandle:
     """One answer in flight: its events arrive on ``events`` (on the submitting loop).
 
-    Events: ``("delta", text)``, ``("done", finish_reason)``, ``("shed", reason)``,
-    ``("error", message)``; the last three end the turn.
+    Events (`tristream.observe.events`): `TurnDelta` with answer text, then one `TurnEnd`
+    (``done`` with the finish reason, ``shed`` with the scheduler's reason, ``error`` with the message).
     """
 
     sid: int
     turn: int
-    events: asyncio.Queue[tuple[str, str]] = field(default_factory=asyncio.Queue)
+    events: asyncio.Queue[TurnEvent] = field(default_factory=asyncio.Queue)
     loop: asyncio.AbstractEventLoop | None = None
     t_submit_ns: int = 0
 
@@ -138,8 +139,10 @@ class ScheduledEngine:
         self.counters[name] = self.counters.get(name, 0) + n
 
     def _send(self, h: TurnHandle, kind: str, value: str) -> None:
+        """``kind`` ``delta``: answer text; ``done`` / ``shed`` / ``error``: the end of the turn."""
         if h.loop is not None and not h.loop.is_closed():
-            h.loop.call_soon_threadsafe(h.events.put_nowait, (kind, value))
+            ev: TurnEvent = TurnDelta(value) if kind == "delta" else TurnEnd(kind, value)
+            h.loop.call_soon_threadsafe(h.events.put_nowait, ev)
 
     def _end(self, sid: int, kind: str, value: str) -> None:
         h = self.handles.pop(sid, None)

@@ -15,22 +15,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tristream.serve import protocol as P
-from tristream.serve.audio import decode_pcm16, encode_pcm16_b64, resample_int16
-from tristream.serve.backend import (
-    AudioDelta,
-    BackendConfig,
-    BackendEvent,
+from tristream.observe.events import (
+    AnswerAudio,
+    AnswerText,
+    EncodedFrame,
     ResponseDone,
     ResponseStarted,
-    SessionBackend,
+    SessionEvent,
     SpeechStarted,
     SpeechStopped,
-    TextDelta,
     TranscriptDelta,
     TranscriptDone,
-    VideoFrame,
 )
+from tristream.serve import protocol as P
+from tristream.serve.audio import decode_pcm16, encode_pcm16_b64, resample_int16
+from tristream.serve.backend import BackendConfig, SessionBackend
 from tristream.serve.ga import API_GA, to_ga
 from tristream.serve.limits import ServerLimits, TokenBucket
 from tristream.serve.media import MediaError
@@ -219,7 +218,7 @@ class RealtimeSession:
             self.backend.push_audio(resample_int16(pcm, rate, BACKEND_RATE), now, ev.capture_ts_us)
             self._uncommitted_ms += pcm.size * 1000 / rate
         elif isinstance(ev, P.VideoFrameAppend):
-            self.backend.push_frame(VideoFrame(ev.data, ev.format, ev.capture_ts_us, ev.width, ev.height,
+            self.backend.push_frame(EncodedFrame(ev.data, ev.format, ev.capture_ts_us, ev.width, ev.height,
                                                ev.stream_id, now))
         if stream is not None:  # only media that was taken moves its stream's clock
             self._last_ts[stream] = ts
@@ -287,7 +286,7 @@ class RealtimeSession:
         self._item_id = item_id
 
     # ----------------------------------------------------------------- backend
-    def on_backend_event(self, ev: BackendEvent) -> None:
+    def on_backend_event(self, ev: SessionEvent) -> None:
         """Translate one backend event into server events (called on the loop thread)."""
         now = self.clock_ns()
         if isinstance(ev, SpeechStarted):
@@ -327,12 +326,12 @@ class RealtimeSession:
                                                                                     resp.modalities)))
             self.send(P.server_event("response.output_item.added", response_id=resp.id, output_index=0,
                                      item=self._out_item(resp, "in_progress")))
-        elif isinstance(ev, TextDelta):
+        elif isinstance(ev, AnswerText):
             tresp = self._active("text")
             if tresp is None:
                 return
             self._on_text(tresp, ev, now)
-        elif isinstance(ev, AudioDelta):
+        elif isinstance(ev, AnswerAudio):
             aresp = self._active("audio")
             if aresp is None:
                 return
@@ -343,7 +342,7 @@ class RealtimeSession:
         elif isinstance(ev, ResponseDone):
             self._finish_response(ev, now)
 
-    def _on_text(self, resp: _Response, ev: TextDelta, now: int) -> None:
+    def _on_text(self, resp: _Response, ev: AnswerText, now: int) -> None:
         resp.text.append(ev.text)
         if not self.turn.first_text:
             self.turn.first_text = now
@@ -351,7 +350,7 @@ class RealtimeSession:
         self.send(P.server_event(kind, response_id=resp.id, item_id=resp.item_id, output_index=0,
                                  content_index=0, delta=ev.text))
 
-    def _on_audio(self, resp: _Response, ev: AudioDelta, now: int) -> None:
+    def _on_audio(self, resp: _Response, ev: AnswerAudio, now: int) -> None:
         if not self.turn.first_audio:
             self.turn.first_audio = now
         resp.audio_samples += int(ev.pcm.size)

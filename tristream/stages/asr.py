@@ -20,14 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
-from tristream.stages.base import (
-    SampleClock,
-    SpeechEvent,
-    SpeechEventKind,
-    Stream,
-    Transcript,
-    as_float_mono,
-)
+from tristream.observe.events import SpeechEvent, SpeechEventKind, Transcript
+from tristream.stages.base import SampleClock, Stream, as_float_mono
 
 __all__ = ["Recognizer", "UtteranceDecoder", "UtteranceStream", "transcribe_offline"]
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from tristream.observe.events import Transcript
 from tristream.stages.asr import SAMPLE_RATE, UtteranceStream
 from tristream.stages.asr_batched import BatchedWhisperASR
-from tristream.stages.base import Transcript
 
 __all__ = ["BatchedUtteranceStream", "TimedTranscript", "WordTime"]
 

@@ -35,10 +35,11 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Generic, TypeVar
 
 import numpy as np
+
+from tristream.observe.events import AudioOut, SceneDescription, SpeechEvent, SpeechEventKind, Transcript
 
 __all__ = [
     "AudioOut",
@@ -73,74 +74,6 @@ class BadAudio(StageError, ValueError):
 
 class StageClosed(StageError):
     """`push` after `close()`."""
-
-
-class SpeechEventKind(StrEnum):
-    """What a VAD event marks."""
-
-    START = "start"
-    END = "end"
-
-
-@dataclass(slots=True, frozen=True)
-class SpeechEvent:
-    """A speech edge from the VAD: `t_ns` is the edge, `decided_ns` when it became known."""
-
-    session_id: str
-    kind: SpeechEventKind
-    t_ns: int
-    decided_ns: int
-    sample_index: int
-    probability: float
-    start_ns: int | None = None
-    """For END events: the START edge of the segment that ends here."""
-
-
-@dataclass(slots=True, frozen=True)
-class Transcript:
-    """ASR text for one utterance: partials while speaking, one final after the end."""
-
-    session_id: str
-    text: str
-    final: bool
-    start_ns: int
-    end_ns: int
-    decided_ns: int
-    compute_s: float
-    """Wall seconds the model spent producing this hypothesis (for latency tables)."""
-
-
-@dataclass(slots=True, frozen=True)
-class AudioOut:
-    """A piece of synthesised speech: `pcm` mono float32 at `sample_rate`."""
-
-    session_id: str
-    pcm: np.ndarray
-    sample_rate: int
-    text: str
-    """The sentence this audio speaks (history keeps only what was actually played)."""
-    seq: int
-    last: bool
-    compute_s: float
-
-    @property
-    def duration_s(self) -> float:
-        """Seconds of audio in this piece."""
-        return float(self.pcm.shape[0]) / self.sample_rate
-
-
-@dataclass(slots=True, frozen=True)
-class SceneDescription:
-    """A compact text description of one video frame for a text-only LLM."""
-
-    session_id: str
-    ref_ns: int
-    text: str
-    faces: tuple[tuple[str, float], ...]
-    """(position word, relative size) per face, left to right."""
-    motion: float
-    brightness: float
-    compute_s: float
 
 
 @dataclass(slots=True)

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from tristream.stages.base import AudioOut, ModelUnavailable, Stream
+from tristream.observe.events import AudioOut
+from tristream.stages.base import ModelUnavailable, Stream
 
 __all__ = [
     "EspeakTTS",

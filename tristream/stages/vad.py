@@ -24,15 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tristream.stages.base import (
-    BadAudio,
-    ModelUnavailable,
-    SampleClock,
-    SpeechEvent,
-    SpeechEventKind,
-    Stream,
-    as_float_mono,
-)
+from tristream.observe.events import SpeechEvent, SpeechEventKind
+from tristream.stages.base import BadAudio, ModelUnavailable, SampleClock, Stream, as_float_mono
 
 __all__ = ["SileroVAD", "VADOptions", "VADStream", "silero_onnx_path"]
 
@@ -167,6 +160,11 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
     def buffered(self) -> int:
         """Samples waiting for inference."""
         return int(self._buf.shape[0])
+
+    @property
+    def silence_start(self) -> int | None:
+        """Sample index where the silence now running inside speech began (None: no silence candidate)."""
+        return self._temp_end
 
     @property
     def speaking(self) -> bool:

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tristream.stages.base import ModelUnavailable, SceneDescription, StageError, Stream
+from tristream.observe.events import SceneDescription
+from tristream.stages.base import ModelUnavailable, StageError, Stream
 
 __all__ = ["BadFrame", "SceneDescriber", "SceneStream", "VisionOptions"]
 
