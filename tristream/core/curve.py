@@ -9,6 +9,9 @@ piecewise-linear curve with knots every `knot_ns` of source time, fitted to the 
 2. the knot values minimise an *asymmetric* penalised least-squares objective over the bin
    minima: points below the curve weigh 1, points above weigh `above_weight`, plus `smooth`
    times the squared second differences of the knots (this also bridges silent stretches).
+   Bins more than `congestion_ns` above the lowest bin within `congestion_window_ns` (drift
+   removed) are left out first: a congestion episode lifts every delay for seconds, and at the
+   end of an epoch nothing else would hold the curve down.
    Iterated (IRLS) it settles on the low edge of the bin minima; bins far above (congestion
    episodes, stalls) or implausibly far below (stamped late) are then rejected and the curve
    refitted.
@@ -132,6 +135,8 @@ def fit_lower_curve(
     above_weight: float = 0.001,
     smooth: float = 0.2,
     iters: int = 12,
+    congestion_ns: float = 2e6,
+    congestion_window_ns: float = 12e9,
 ) -> tuple[LowerCurve, dict[str, int]]:
     """Fit the lower-envelope curve of (x, y) (both ns, float); returns it and what was set aside."""
     x = np.asarray(x, dtype=np.float64)
@@ -153,6 +158,9 @@ def fit_lower_curve(
     if span < 2 * bin_ns or xb.size < 3:
         k = int(np.argmin(yb))
         return LowerCurve(x0, max(span, 1.0), np.array([yb[k], yb[k]])), {"early_bins": n_early, "rejected_bins": 0}
+    congested = _congested(xb, yb, bin_ns, congestion_ns, congestion_window_ns)
+    if congested.any() and not congested.all():
+        xb, yb = xb[~congested], yb[~congested]
     m = max(2, int(math.ceil(span / knot_ns)) + 1)
     step = span / (m - 1)
     u = (xb - x0) / step
@@ -189,4 +197,23 @@ def fit_lower_curve(
             if not bad.all():
                 rejected = int(bad.sum())
                 live &= ~bad
-    return LowerCurve(x0, step, v), {"early_bins": n_early, "rejected_bins": rejected}
+    return LowerCurve(x0, step, v), {"early_bins": n_early, "rejected_bins": rejected + int(congested.sum())}
+
+
+def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
+    """Bins more than `tol_ns` above the lowest bin within +-`window_ns` (after removing the
+    overall drift): a congestion episode or a stall, which lifts every delay for seconds."""
+    n = xb.size
+    k = int(window_ns // bin_ns)
+    if n < 8 or k < 1:
+        return np.zeros(n, bool)
+    xc = xb - xb.mean()
+    # overall drift: a straight line through the lower half of the bins
+    d, c = np.polyfit(xc, yb, 1)
+    low = yb - (c + d * xc) <= np.median(yb - (c + d * xc))
+    if low.sum() >= 2:
+        d, c = np.polyfit(xc[low], yb[low], 1)
+    r = yb - (c + d * xc)
+    pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
+    floor = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1).min(axis=1)
+    return np.asarray(r - floor > tol_ns)

