@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tristream.pipeline.clock import VirtualClock
 from tristream.pipeline.demo import DemoInputError, demo_frames, run_demo, run_session
 from tristream.pipeline.session import AudioCollector, Session, SessionConfig
+from tristream.sched.clock import VirtualClock
 
 CHUNK = 320
 CHUNK_NS = 20_000_000

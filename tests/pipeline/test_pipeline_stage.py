@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from tristream.pipeline.inbox import Inbox, OverflowPolicy
 from tristream.pipeline.pipeline import Pipeline
-from tristream.pipeline.stage import ControlPacket, Stage, StageError
+from tristream.pipeline.stage import ControlPacket, Stage, StageLifecycleError
 
 
 class Gate(Stage):
@@ -262,7 +262,7 @@ def test_stage_timing_and_stats() -> None:
 
 
 def test_life_cycle_errors_are_specific() -> None:
-    with pytest.raises(StageError, match="at least one stage"):
+    with pytest.raises(StageLifecycleError, match="at least one stage"):
         Pipeline([])
     with pytest.raises(ValueError, match="capacity must be >= 1"):
         Inbox("x", capacity=0)
@@ -270,7 +270,7 @@ def test_life_cycle_errors_are_specific() -> None:
     async def main() -> None:
         s = Stage("twice")
         s.start()
-        with pytest.raises(StageError, match="already started"):
+        with pytest.raises(StageLifecycleError, match="already started"):
             s.start()
         await s.stop()
         assert s.inbox.put_data(1) is False

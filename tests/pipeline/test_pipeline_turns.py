@@ -7,9 +7,9 @@ import asyncio
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tristream.pipeline.clock import VirtualClock
 from tristream.pipeline.prompt import Conversation, scene_relevant
 from tristream.pipeline.turns import HeardText, LexicalEndOfTurn, SilenceEndOfTurn, TurnTaker
+from tristream.sched.clock import VirtualClock
 
 MS = 1_000_000
 

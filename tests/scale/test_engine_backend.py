@@ -8,9 +8,9 @@ import base64
 import time
 
 from tests.serve.helpers import run
-from tristream.scale.engine_backend import engine_factory
 from tristream.serve import protocol as P
 from tristream.serve.session import RealtimeSession
+from tristream.serve.unscheduled import engine_factory
 
 
 def test_text_turns_on_the_shared_engine() -> None:

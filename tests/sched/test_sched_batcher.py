@@ -15,14 +15,14 @@ from tristream.sched.steptime import (
     fit_step_time,
     read_samples_csv,
 )
-from tristream.sched.types import Kind, Modality, Tier, WorkItem
+from tristream.sched.types import Kind, Tier, WorkItem, WorkModality
 
 DATA = Path(__file__).resolve().parents[2] / "bench" / "data" / "sched_steptime.csv"
 _ids = iter(range(1, 10**9))
 
 
 def wi(kind: Kind, tokens: int = 0, images: int = 0, asr: int = 0, sid: int = 0) -> WorkItem:
-    mod = {Kind.ASR_CHUNK: Modality.SPEECH, Kind.VISION_FRAME: Modality.VISION}.get(kind, Modality.TEXT)
+    mod = {Kind.ASR_CHUNK: WorkModality.SPEECH, Kind.VISION_FRAME: WorkModality.VISION}.get(kind, WorkModality.TEXT)
     return WorkItem(next(_ids), sid, Tier.SILVER, mod, kind, 0, 0, tokens=tokens, images=images, asr_units=asr)
 
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 from tristream.engine.config import ModelConfig  # noqa: E402
 from tristream.engine.engine import EngineConfig, LLMEngine  # noqa: E402
-from tristream.sched.backend import VirtualClock  # noqa: E402
+from tristream.sched.clock import VirtualClock  # noqa: E402
 from tristream.sched.config import PRESETS  # noqa: E402
 from tristream.sched.driver import run  # noqa: E402
 from tristream.sched.real import RealEngineBackend, random_llama  # noqa: E402

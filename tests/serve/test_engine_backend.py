@@ -22,7 +22,7 @@ import pytest
 from tests.serve.helpers import TOKEN, run, url
 from tristream.sched.admission import QueuePolicy
 from tristream.sched.config import ours_config
-from tristream.sched.types import Kind, Modality, Tier
+from tristream.sched.types import Kind, Tier, WorkModality
 from tristream.serve.client import RealtimeClient
 from tristream.serve.server import RealtimeServer
 
@@ -122,7 +122,7 @@ def test_tier_from_token_caps_session_update(factory: Any) -> None:
             evs, _ = await ask(g, "hi again")
             assert evs[-1]["response"]["status"] == "completed"
             tiers = [(r.tier, r.modality) for r in se.sched.turns[n0:]]
-            assert tiers == [(Tier.BRONZE, Modality.TEXT), (Tier.GOLD, Modality.TEXT), (Tier.SILVER, Modality.TEXT)]
+            assert tiers == [(Tier.BRONZE, WorkModality.TEXT), (Tier.GOLD, WorkModality.TEXT), (Tier.SILVER, WorkModality.TEXT)]
             await c.close()
             await g.close()
     run(go(), timeout=60)
@@ -231,4 +231,4 @@ def test_spoken_turns_through_the_scheduler_with_embedded_stages(pipeline_models
     assert res[0].status == "completed" and res[0].audio_samples > 0
     assert "weather" in res[0].transcript.lower()
     assert re.fullmatch(r"( t\d+)+", res[0].answer), res[0].answer
-    assert [(r.tier, r.modality) for r in se.sched.turns] == [(Tier.SILVER, Modality.SPEECH)]
+    assert [(r.tier, r.modality) for r in se.sched.turns] == [(Tier.SILVER, WorkModality.SPEECH)]

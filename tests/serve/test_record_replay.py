@@ -9,9 +9,10 @@ from typer.testing import CliRunner
 from tests.serve.helpers import TOKEN, run, running_server, tone_turns, url
 from tristream.cli import app
 from tristream.observe.record import read_recording
+from tristream.sched.clock import VirtualClock
 from tristream.serve.backends import make_factory
 from tristream.serve.client import stream_media
-from tristream.serve.replay import VirtualClock, replay_file
+from tristream.serve.replay import replay_file
 from tristream.serve.report import turns_from_events
 
 

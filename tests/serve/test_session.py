@@ -17,8 +17,8 @@ from tristream.observe.events import (
     TranscriptDelta,
     TranscriptDone,
 )
+from tristream.sched.clock import VirtualClock
 from tristream.serve.echo import EchoBackend
-from tristream.serve.replay import VirtualClock
 from tristream.serve.session import RealtimeSession
 
 

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from tristream.pipeline.clock import MonotonicClock
 from tristream.pipeline.models import SharedModels, load_models
 from tristream.pipeline.session import AudioCollector, Session, SessionConfig, TurnRecord
+from tristream.sched.clock import MonotonicClock
 
 SAMPLE_RATE = 16_000
 CHUNK = 320  # 20 ms

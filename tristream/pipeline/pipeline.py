@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tristream.pipeline.inbox import Inbox, OverflowPolicy
-from tristream.pipeline.stage import EndOfStream, Flush, Stage, StageError
+from tristream.pipeline.stage import EndOfStream, Flush, Stage, StageLifecycleError
 
 
 class Pipeline:
@@ -26,7 +26,7 @@ class Pipeline:
         out_policy: OverflowPolicy = OverflowPolicy.BLOCK,
     ) -> None:
         if not stages:
-            raise StageError("a pipeline needs at least one stage")
+            raise StageLifecycleError("a pipeline needs at least one stage")
         self.stages = list(stages)
         self.out = Inbox("pipeline_out", out_capacity, out_policy)
         for a, b in itertools.pairwise(self.stages):
@@ -43,7 +43,7 @@ class Pipeline:
     def start(self) -> None:
         """Start one task per stage on the running loop."""
         if self._started:
-            raise StageError("pipeline already started")
+            raise StageLifecycleError("pipeline already started")
         self._started = True
         for s in self.stages:
             s.start()

@@ -26,7 +26,6 @@ import numpy as np
 from tristream.core.metrics import DropCounter
 from tristream.core.ring import ObjectRing
 from tristream.observe.events import AudioIn, EventSink, FrameIn, ResponseDone, ResponseStarted, SessionEvent
-from tristream.pipeline.clock import Clock, MonotonicClock
 from tristream.pipeline.llm import ChatBackend
 from tristream.pipeline.models import SharedModels
 from tristream.pipeline.prompt import SYSTEM_PROMPT, Conversation
@@ -40,6 +39,7 @@ from tristream.pipeline.turns import (
     TurnTaker,
     UserTurn,
 )
+from tristream.sched.clock import Clock, MonotonicClock
 
 
 class AudioSink(Protocol):
@@ -84,7 +84,7 @@ class SessionConfig:
     hangover_ms: float = DEFAULT_HANGOVER_MS
     max_tokens: int = 48
     system_prompt: str = SYSTEM_PROMPT
-    max_history_turns: int = 3
+    max_history_turns: int = 2
     scene_when: str = "relevant"
     """When the camera's scene goes into the prompt: ``relevant`` (the user's words are about it), ``always``, ``never``."""
     speak: bool = True

@@ -47,7 +47,7 @@ class Flush:
     done: asyncio.Future[None]
 
 
-class StageError(RuntimeError):
+class StageLifecycleError(RuntimeError):
     """A stage was used in a way its life cycle does not allow (e.g. started twice)."""
 
 
@@ -115,7 +115,7 @@ class Stage:
     def start(self) -> asyncio.Task[None]:
         """Start the stage's task on the running loop."""
         if self.task is not None:
-            raise StageError(f"stage {self.name!r} is already started")
+            raise StageLifecycleError(f"stage {self.name!r} is already started")
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"stage:{self.name}")
         return self.task
 

@@ -31,15 +31,12 @@ from typing import Any
 from tristream.observe.gcpause import gc_pauses, settle_heap
 from tristream.scale.load import LoadReport, LoadTracker
 from tristream.scale.wire import EVENT, Endpoint, WireServer
+from tristream.sched.types import UnknownSession
 from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory
 from tristream.serve.limits import ServerLimits
 from tristream.serve.metrics import ServeMetrics
 from tristream.serve.session import RealtimeSession, TurnTiming
-
-
-class UnknownSession(KeyError):
-    """A call for a session this replica does not hold (it closed, or lived on another replica)."""
 
 
 @dataclass(slots=True)

@@ -11,7 +11,8 @@ a Triton-like static-priority batcher.
 
 from __future__ import annotations
 
-from tristream.sched.backend import EngineBackend, StepResult, VirtualClock, WallClock
+from tristream.sched.backend import EngineBackend, StepResult
+from tristream.sched.clock import VirtualClock, WallClock
 from tristream.sched.config import (
     PRESETS,
     SchedulerConfig,
@@ -19,20 +20,20 @@ from tristream.sched.config import (
     ours_config,
     static_priority_config,
 )
-from tristream.sched.scheduler import Scheduler, TurnRecord
-from tristream.sched.types import Kind, Modality, SessionRefused, Tier, WorkItem
+from tristream.sched.scheduler import Scheduler, ServedTurn
+from tristream.sched.types import Kind, SessionRefused, Tier, WorkItem, WorkModality
 
 __all__ = [
     "PRESETS",
     "EngineBackend",
     "Kind",
-    "Modality",
+    "WorkModality",
     "Scheduler",
     "SchedulerConfig",
     "SessionRefused",
     "StepResult",
     "Tier",
-    "TurnRecord",
+    "ServedTurn",
     "VirtualClock",
     "WallClock",
     "WorkItem",

@@ -11,17 +11,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tristream.sched.backend import Clock, EngineBackend
-from tristream.sched.scheduler import Scheduler, TurnRecord
+from tristream.sched.backend import EngineBackend
+from tristream.sched.clock import Clock
+from tristream.sched.scheduler import Scheduler, ServedTurn
 from tristream.sched.trace import EventKind, TraceEvent
-from tristream.sched.types import Modality, SessionRefused, UnknownSession
+from tristream.sched.types import SessionRefused, UnknownSession, WorkModality
 
 
 @dataclass(slots=True)
 class RunResult:
     """What a run produced."""
 
-    turns: list[TurnRecord]
+    turns: list[ServedTurn]
     steps: int
     busy_ns: int
     end_ns: int
@@ -42,7 +43,7 @@ def apply_event(sched: Scheduler, ev: TraceEvent, refused: set[int]) -> None:
         elif ev.kind is EventKind.SPEECH_START:
             sched.speech_start(ev.session_id, ev.t_ns)
         elif ev.kind is EventKind.TURN_END:
-            sched.turn_end(ev.session_id, ev.t_ns, ev.tokens, ev.answer, Modality.SPEECH)
+            sched.turn_end(ev.session_id, ev.t_ns, ev.tokens, ev.answer, WorkModality.SPEECH)
         elif ev.kind is EventKind.TEXT:
             sched.text_message(ev.session_id, ev.t_ns, ev.tokens, ev.answer)
     except SessionRefused:

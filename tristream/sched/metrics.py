@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
-from tristream.sched.scheduler import TurnRecord
+from tristream.sched.scheduler import ServedTurn
 from tristream.sched.types import DEFAULT_TIERS, Tier, TierSpec
 
 
@@ -38,11 +38,11 @@ class TierSummary:
         return asdict(self)
 
 
-def summarize(turns: Iterable[TurnRecord], since_ns: int = 0,
+def summarize(turns: Iterable[ServedTurn], since_ns: int = 0,
               tiers: dict[Tier, TierSpec] | None = None) -> dict[Tier, TierSummary]:
     """Summaries of turns that ended at or after `since_ns` (skips warm-up)."""
     specs = tiers or DEFAULT_TIERS
-    by: dict[Tier, list[TurnRecord]] = {t: [] for t in specs}
+    by: dict[Tier, list[ServedTurn]] = {t: [] for t in specs}
     for r in turns:
         if r.turn_end_ns >= since_ns:
             by[r.tier].append(r)

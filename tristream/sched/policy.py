@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from tristream.sched.types import MS, Kind, Modality, Tier, WorkItem
+from tristream.sched.types import MS, Kind, Tier, WorkItem, WorkModality
 
 
 class Ordering(StrEnum):
@@ -54,7 +54,7 @@ class PolicyConfig:
     """Knobs of the ordering policy."""
 
     ordering: Ordering = Ordering.TIER_MAJOR
-    modality_order: tuple[Modality, ...] = (Modality.SPEECH, Modality.VISION, Modality.TEXT)
+    modality_order: tuple[WorkModality, ...] = (WorkModality.SPEECH, WorkModality.VISION, WorkModality.TEXT)
     tier_order: tuple[Tier, ...] = (Tier.GOLD, Tier.SILVER, Tier.BRONZE)
     aging_step_ms: float | None = 500.0
     """A: waiting this long lifts an item one rank; None disables aging. Keep K*A above the
@@ -75,7 +75,7 @@ class PolicyConfig:
     fast first tokens and the rest of the lower tiers' work (answer pace, frames) gives."""
 
     def __post_init__(self) -> None:
-        if sorted(self.modality_order) != sorted(Modality):
+        if sorted(self.modality_order) != sorted(WorkModality):
             raise ValueError(f"modality_order must list each modality once, got {self.modality_order}")
         if sorted(self.tier_order) != sorted(Tier):
             raise ValueError(f"tier_order must list each tier once, got {self.tier_order}")
@@ -108,7 +108,7 @@ class PriorityPolicy:
 
     @property
     def _per_tier(self) -> int:
-        return len(Modality) + (1 if self.config.turn_end_first else 0)
+        return len(WorkModality) + (1 if self.config.turn_end_first else 0)
 
     def base_rank(self, item: WorkItem) -> int:
         """Rank of the item's class before aging (DELAY-demoted items get the last rank)."""

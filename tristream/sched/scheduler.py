@@ -28,7 +28,7 @@ from tristream.sched.controller import TierControllers
 from tristream.sched.policy import PriorityPolicy
 from tristream.sched.session import AnswerState, SessionState
 from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
-from tristream.sched.types import MS, Kind, Modality, SessionRefused, Tier, UnknownSession, WorkItem
+from tristream.sched.types import MS, Kind, SessionRefused, Tier, UnknownSession, WorkItem, WorkModality
 
 _ASR, _VISION = 0, 1
 VISION_LATENCY_KEEP = 1 << 20
@@ -36,12 +36,12 @@ VISION_LATENCY_KEEP = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
-class TurnRecord:
+class ServedTurn:
     """Outcome of one user turn: latency to first token, or the reason it got none."""
 
     session_id: int
     tier: Tier
-    modality: Modality
+    modality: WorkModality
     turn_end_ns: int
     latency_ms: float
     """math.inf when the turn was shed."""
@@ -68,7 +68,7 @@ class Scheduler:
         self.ledger = ShedLedger()
         self.items: dict[int, WorkItem] = {}
         self.sessions: dict[int, SessionState] = {}
-        self.turns: list[TurnRecord] = []
+        self.turns: list[ServedTurn] = []
         self.stats: Counter[str] = Counter()
         """`<tier>/decode_tokens`, `<tier>/decode_late` (after the pace deadline), `<tier>/frames_encoded`."""
         self.vision_latency_ms: dict[Tier, deque[float]] = {t: deque(maxlen=VISION_LATENCY_KEEP) for t in Tier}
@@ -121,15 +121,15 @@ class Scheduler:
         self._push_timer(now_ns + int(self.config.shape.asr_interval_ms * MS), sid, _ASR, s.gen)
 
     def turn_end(self, sid: int, now_ns: int, tail_tokens: int, answer_tokens: int,
-                 modality: Modality = Modality.SPEECH) -> None:
+                 modality: WorkModality = WorkModality.SPEECH) -> None:
         """End of the user's turn: queue the final prefill whose completion is the first token."""
         s = self._session(sid)
-        if modality is not Modality.SPEECH:
+        if modality is not WorkModality.SPEECH:
             self._barge_in(s)
             s.turn_id += 1
         s.speaking = False
         s.gen += 1
-        tokens, asr = tail_tokens, (1 if modality is Modality.SPEECH else 0)
+        tokens, asr = tail_tokens, (1 if modality is WorkModality.SPEECH else 0)
         for it in (s.queued_asr, s.queued_prefill):
             if it is not None:
                 tokens += it.tokens
@@ -160,7 +160,7 @@ class Scheduler:
 
     def text_message(self, sid: int, now_ns: int, tokens: int, answer_tokens: int) -> None:
         """A typed message: a text turn that ends as it arrives."""
-        self.turn_end(sid, now_ns, tokens, answer_tokens, Modality.TEXT)
+        self.turn_end(sid, now_ns, tokens, answer_tokens, WorkModality.TEXT)
 
     # ------------------------------------------------------------------ planning
     def plan(self, now_ns: int) -> BatchPlan:
@@ -268,7 +268,7 @@ class Scheduler:
         except KeyError:
             raise UnknownSession(f"session {sid} is not open (closed, refused or never opened)") from None
 
-    def _new_item(self, s: SessionState, modality: Modality, kind: Kind, arrival: int, deadline: int,
+    def _new_item(self, s: SessionState, modality: WorkModality, kind: Kind, arrival: int, deadline: int,
                   tokens: int = 0, asr_units: int = 0, images: int = 0, token_index: int = 0,
                   frame_index: int = -1) -> WorkItem:
         self._next_id += 1
@@ -312,7 +312,7 @@ class Scheduler:
         self.ledger.add(reason, it.tier, it.kind)
         s = self.sessions.get(it.session_id)
         if it.kind is Kind.TURN_END:
-            self.turns.append(TurnRecord(it.session_id, it.tier, it.modality, it.turn_end_ns, math.inf, reason))
+            self.turns.append(ServedTurn(it.session_id, it.tier, it.modality, it.turn_end_ns, math.inf, reason))
             self.controllers.record(it.tier, now_ns, math.inf)
         elif it.kind is Kind.DECODE and s is not None and s.answer is not None:
             self.ledger.add(ShedReason.ANSWER_ABORTED, it.tier, Kind.DECODE, s.answer.total - s.answer.produced)
@@ -336,14 +336,14 @@ class Scheduler:
             dl = now_ns + int(self.config.shape.prefill_deadline_ms * MS)
             # Incremental prefill of a spoken turn is speech work: it is what keeps the end of
             # the turn small (and its first token fast) when the turn ends.
-            mod = Modality.SPEECH if s.speaking else Modality.TEXT
+            mod = WorkModality.SPEECH if s.speaking else WorkModality.TEXT
             it = self._new_item(s, mod, Kind.PREFILL, now_ns, dl, tokens=n)
             if self._enqueue(it, now_ns):
                 s.queued_prefill = it
 
     def _first_token(self, s: SessionState, it: WorkItem, now_ns: int) -> None:
         lat = (now_ns - it.turn_end_ns) / MS
-        self.turns.append(TurnRecord(s.sid, s.tier, it.modality, it.turn_end_ns, lat))
+        self.turns.append(ServedTurn(s.sid, s.tier, it.modality, it.turn_end_ns, lat))
         self.controllers.record(s.tier, now_ns, lat)
         total = it.meta.get("answer", 1)
         s.answer = AnswerState(it.turn_id, total, 1, now_ns)
@@ -364,7 +364,7 @@ class Scheduler:
             self.ledger.note("answers_completed")
             return
         pace = int(self.config.shape.decode_pace_ms * MS)
-        it = self._new_item(s, Modality.TEXT, Kind.DECODE, now_ns, a.first_ns + pace * a.produced,
+        it = self._new_item(s, WorkModality.TEXT, Kind.DECODE, now_ns, a.first_ns + pace * a.produced,
                             tokens=1, token_index=a.produced)
         it.turn_id = a.turn_id
         if self._enqueue(it, now_ns):
@@ -391,7 +391,7 @@ class Scheduler:
                 if s.queued_asr is not None:
                     self.ledger.note("asr_updates_merged")
                 else:
-                    it = self._new_item(s, Modality.SPEECH, Kind.ASR_CHUNK, t,
+                    it = self._new_item(s, WorkModality.SPEECH, Kind.ASR_CHUNK, t,
                                         t + int(sh.asr_deadline_ms * MS), asr_units=1)
                     if self._enqueue(it, now_ns):
                         s.queued_asr = it
@@ -415,7 +415,7 @@ class Scheduler:
             for old in list(s.queued_frames):
                 self._remove(old)
                 self.ledger.add(ShedReason.STALE_VIDEO, s.tier, Kind.VISION_FRAME)
-        it = self._new_item(s, Modality.VISION, Kind.VISION_FRAME, t, t + int(sh.vision_deadline_ms * MS),
+        it = self._new_item(s, WorkModality.VISION, Kind.VISION_FRAME, t, t + int(sh.vision_deadline_ms * MS),
                             images=1, frame_index=frame)
         if self._enqueue(it, now_ns):
             s.queued_frames.append(it)

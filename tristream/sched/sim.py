@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import random
 
-from tristream.sched.backend import StepResult, VirtualClock
+from tristream.sched.backend import StepResult
 from tristream.sched.batcher import BatchPlan
+from tristream.sched.clock import VirtualClock
 from tristream.sched.config import SchedulerConfig
 from tristream.sched.driver import RunResult, run
 from tristream.sched.scheduler import Scheduler

@@ -21,7 +21,7 @@ class Tier(IntEnum):
     BRONZE = 2
 
 
-class Modality(IntEnum):
+class WorkModality(IntEnum):
     """Input modality a piece of work serves (default priority speech > vision > text)."""
 
     SPEECH = 0
@@ -70,7 +70,7 @@ class WorkItem:
     item_id: int
     session_id: int
     tier: Tier
-    modality: Modality
+    modality: WorkModality
     kind: Kind
     arrival_ns: int
     deadline_ns: int

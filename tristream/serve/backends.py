@@ -15,7 +15,7 @@
   Whisper folder); ``model=smollm2`` is the embedded
   GGUF, a path loads a HF folder or GGUF file). ``sched=ours|fifo|static_priority`` picks the
   scheduler preset, ``sched=none`` the engine's own continuous batching without our scheduler
-  (`tristream.scale.engine_backend`, the baseline); ``turn_timeout_ms=T`` sets the silver and
+  (`tristream.serve.unscheduled`, the baseline); ``turn_timeout_ms=T`` sets the silver and
   bronze end-of-turn queue timeout (a shed probe: ``-1`` sheds every such turn).
 """
 

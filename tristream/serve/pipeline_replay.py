@@ -22,7 +22,7 @@ class PipelineReplayDriver:
     """
 
     def __init__(self, models: Any, step_ns: int = 10_000_000, settle_timeout_s: float = 120.0) -> None:
-        from tristream.pipeline.clock import VirtualClock
+        from tristream.sched.clock import VirtualClock
 
         self.models = models
         self.vc = VirtualClock(0)
@@ -48,9 +48,9 @@ class PipelineReplayDriver:
             if b.busy:  # a manual-mode transcription in a worker thread
                 return True
             for st in s.stages:
-                if st is s.playout and st._busy and self.vc._sleepers:
+                if st is s.playout and st.busy and self.vc.sleepers:
                     continue  # waiting for virtual time to play the next chunk
-                if st.inbox.data or st.inbox.control or st._busy:
+                if st.inbox.data or st.inbox.control or st.busy:
                     return True
         return False
 
@@ -78,7 +78,7 @@ class PipelineReplayDriver:
         """Let answers play out (virtual time) until everything is idle."""
         end = self.clock_ns() + int(max_virtual_s * 1e9)
         await self._settle()
-        while (self.vc._sleepers or self._busy()) and self.clock_ns() < end:
+        while (self.vc.sleepers or self._busy()) and self.clock_ns() < end:
             self.vc.advance(self.step_ns)
             await self._settle()
 

@@ -17,26 +17,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tristream.observe.record import RecordedEvent, read_recording
+from tristream.sched.clock import VirtualClock
 from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory, SessionBackend
 from tristream.serve.limits import ServerLimits
 from tristream.serve.session import RealtimeSession, TurnTiming
 
 _VOLATILE = {"event_id", "item_id", "previous_item_id", "response_id", "id", "x_tristream"}
-
-
-class VirtualClock:
-    """A settable ns clock; never goes backwards."""
-
-    def __init__(self, start_ns: int = 0) -> None:
-        self.now_ns = start_ns
-
-    def __call__(self) -> int:
-        return self.now_ns
-
-    def advance_to(self, t_ns: int) -> None:
-        """Move forward to ``t_ns`` (earlier times are ignored)."""
-        self.now_ns = max(self.now_ns, t_ns)
 
 
 def normalise(event: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from tristream.observe.events import (
     TurnEnd,
 )
 from tristream.pipeline.llm import EngineStepError
-from tristream.sched.types import Modality
+from tristream.sched.types import WorkModality
 from tristream.serve.backend import BackendConfig, BackendFactory
 from tristream.serve.sched_engine import ScheduledEngine
 
@@ -57,7 +57,7 @@ class ScheduledChat:
 
     name = "engine+sched"
 
-    def __init__(self, se: ScheduledEngine, tier: Callable[[], str], modality: Modality = Modality.SPEECH,
+    def __init__(self, se: ScheduledEngine, tier: Callable[[], str], modality: WorkModality = WorkModality.SPEECH,
                  max_tokens: int | None = None) -> None:
         """``max_tokens``: a cap on every answer (below the caller's own)."""
         self.se = se
@@ -132,7 +132,7 @@ class EngineSessionBackend:
     async def start(self, config: BackendConfig, sink: EventSink) -> None:
         """Bind the session to the scheduler (opened at its first turn, at the tier then in force)."""
         self.cfg, self.sink = config, sink
-        self.chat = ScheduledChat(self.se, lambda: self.cfg.tier if self.cfg else "silver", Modality.TEXT)
+        self.chat = ScheduledChat(self.se, lambda: self.cfg.tier if self.cfg else "silver", WorkModality.TEXT)
 
     def update(self, config: BackendConfig) -> None:
         """Instructions and tier apply from the next turn."""
@@ -238,7 +238,7 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
     if sched == "none":
         if stages != "none":
             raise ValueError("sched=none (no scheduler) serves text turns only: use stages=none")
-        from tristream.scale.engine_backend import engine_factory as unscheduled
+        from tristream.serve.unscheduled import engine_factory as unscheduled
 
         return unscheduled(model=model, device=device, kv_bytes=kv_bytes, max_tokens=max_tokens)
     if scheduler is None:

@@ -27,11 +27,11 @@ from typing import Any
 
 from tristream.observe.events import TurnDelta, TurnEnd, TurnEvent
 from tristream.sched.admission import ShedReason
-from tristream.sched.backend import WallClock
+from tristream.sched.clock import WallClock
 from tristream.sched.config import SchedulerConfig, ours_config
 from tristream.sched.scheduler import Scheduler
 from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
-from tristream.sched.types import Modality, SessionRefused, Tier, UnknownSession
+from tristream.sched.types import SessionRefused, Tier, UnknownSession, WorkModality
 from tristream.serve.turn_executor import TurnExecutor
 
 log = logging.getLogger("tristream.serve")
@@ -105,7 +105,7 @@ class ScheduledEngine:
         self._put(lambda: self._open(sid, t))
         return sid
 
-    def submit(self, sid: int, prompt: list[int], max_tokens: int, modality: Modality) -> TurnHandle:
+    def submit(self, sid: int, prompt: list[int], max_tokens: int, modality: WorkModality) -> TurnHandle:
         """End of a user turn: answer ``prompt`` (call on the event loop; events come back there)."""
         h = TurnHandle(sid, 0, loop=asyncio.get_running_loop(), t_submit_ns=self.clock.now_ns())
         self._put(lambda: self._turn(h, prompt, max_tokens, modality))
@@ -157,7 +157,7 @@ class ScheduledEngine:
             self._count("sessions_refused")
             self.tiers[sid] = tier  # turns of a refused session are shed one by one (below)
 
-    def _turn(self, h: TurnHandle, prompt: list[int], max_tokens: int, modality: Modality) -> None:
+    def _turn(self, h: TurnHandle, prompt: list[int], max_tokens: int, modality: WorkModality) -> None:
         sid = h.sid
         if sid not in self.sched.sessions:  # refused at open (overload): retry admission now
             try:
