@@ -1,4 +1,4 @@
-"""Reliability and security suite, full versions (issue 9 items 1-8 and 11).
+"""Reliability and security suite, full versions (items 1-8 and 11 of `tests/reliability/`).
 
 Runs the heavier forms of `tests/reliability/` and writes `bench/results/reliability.json`:
 overload at 2x capacity for 60 s (simulated engine, virtual clock), deadlines, 10% of 100

@@ -11,7 +11,7 @@ delta: it includes every hop (Serve proxy, ingress, replica and back).
    difference (median and range over the repeats).
 2. **Capacity** (``--sessions`` ladder, ``--duration`` s each): the largest N whose response
    P99 stays ≤ ``--target-ms`` with 1 replica and with 2; the ratio is the scale-out factor
-   (the issue asks ≥ 1.8× with 2 GPUs).
+   (the target is ≥ 1.8× with 2 GPUs).
 
 Ingress (``--ingress direct proxy``, each measured in turn, results under ``ingress.<kind>``):
 ``direct`` — the ingress replicas listen on one port themselves (SO_REUSEPORT), one per

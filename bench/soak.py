@@ -1,4 +1,4 @@
-"""Soak test (issue 9, item 10): a server under 50% load with session churn, watched for leaks.
+"""Soak test (reliability item 10): a server under 50% load with session churn, watched for leaks.
 
 The server runs in a child process (``--child``) so its RSS, open file descriptors, threads
 and asyncio tasks are its own; it prints one JSON line of those every ``--sample-s``.

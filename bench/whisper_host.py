@@ -241,7 +241,7 @@ def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32,
     `median_step_cpu_ms` counts the whole step, the stand-in runner included (its host DTW, its
     scripted hearing); `median_step_host_ms` leaves the runner's calls out: what the real path pays
     on the host besides the runner. `speech_mask`: voiced only inside scripted words (edges snap onto
-    the pauses), else every frame voiced (the figures before session 7)."""
+    the pauses), else every frame voiced."""
     from tristream.engine.speech.streaming import StreamingWhisper
 
     rng = np.random.default_rng(0)

@@ -1,7 +1,7 @@
 """Overlapped greedy decode: step i+1 is launched before the host waits for step i's tokens.
 
 A synchronous step leaves the GPU idle while the host schedules, writes the inputs, launches
-the graph, reads the tokens back and accepts them (0.12-0.16 ms per step on an H200, issue #3).
+the graph, reads the tokens back and accepts them (0.12-0.16 ms per step on an H200).
 In steady decode (`EngineConfig.overlap`), each `step()` call instead:
 
 1. launches step i+1 for the sequences of step i, less those that finish with step i by

@@ -96,7 +96,7 @@ def test_committed_text_only_grows_and_is_monotonic_in_time(seq: list[list[str]]
 
 
 class FormerLocalAgreement:
-    """`LocalAgreement` before session 8 (key lists per comparison, a result object per insert),
+    """Reference `LocalAgreement` (key lists per comparison, a result object per insert),
     pinned as the reference for the rewritten one."""
 
     def __init__(self, n: int = 2, tolerance_ns: int = 100_000_000, max_ngram: int = 5) -> None:

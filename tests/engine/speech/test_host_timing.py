@@ -71,7 +71,7 @@ def test_snap_words_equals_the_former_loop(t: int, n_words: int, seed: int) -> N
 
 def snap_spans_regex(out: list[tuple[int, int]], v: bytes, window: int = 20, min_gap: int = 2, pos: int = 0
                      ) -> tuple[list[tuple[int, int]], list[int]]:
-    """`snap_spans` before session 8 (pauses by a regex scan, candidates by four bisections)."""
+    """Reference `snap_spans`: pauses by a regex scan, candidates by four bisections."""
     t = len(v)
     mids = [a for a, _ in out]
     if not out or t == 0:

@@ -25,7 +25,7 @@ PIECES = {1: " a", 2: "b", 3: "", 4: " cd", 5: "'s", 6: " e", 7: "  ", 8: "f"}
 
 def tokens_to_words_reference(token_ids: list[int], frames: list[int], text_of: Callable[[int], str], eot: int,
                               t0_ns: int, valid_frames: int, voiced: np.ndarray | None = None) -> list[Word]:
-    """The implementation before the host-side rework of issue #4 (one branchy pass per token)."""
+    """The reference implementation: one branchy pass per token (the vectorised code must equal it)."""
     texts: list[str] = []
     bounds: list[list[int]] = []
     last = 0

@@ -17,27 +17,19 @@ or at its exit.
   while the kernels before it run. Correct for the same reason as mode 1: every kernel still waits
   for its predecessor, which cannot finish before its own wait returned, so each waits for all
   earlier kernels; none stores before its wait.
-
-`EARLY_TRIGGER` picks mode 2 over mode 1 for every launch with PDL (environment variable
-`TRISTREAM_PDL_EARLY=1`, or set the attribute before the kernels are captured).
 """
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
-EARLY_TRIGGER = os.environ.get("TRISTREAM_PDL_EARLY", "0") == "1"
-
 
 def pdl_mode(pdl: bool | int) -> int:
-    """The `USE_PDL` constexpr of a launch: 0 without PDL; 2 (early trigger) for `pdl == 2` or
-    under `EARLY_TRIGGER`; else 1."""
+    """The `USE_PDL` constexpr of a launch: 0 without PDL; 2 (early trigger) for `pdl == 2`; else 1."""
     if not pdl:
         return 0
-    return 2 if pdl == 2 or EARLY_TRIGGER else 1
+    return 2 if pdl == 2 else 1
 
 
 @triton.jit

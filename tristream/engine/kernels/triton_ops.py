@@ -337,8 +337,7 @@ def short_ctx_default(hd: int) -> int:
 def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                            block_tables: torch.Tensor, ctx_lens: torch.Tensor, page: int, scale: float,
                            splits: int, block_n: int = 64, pdl: bool | int = False,
-                           counters: torch.Tensor | None = None, short_ctx: int | None = None,
-                           num_warps: int = 4) -> torch.Tensor:
+                           counters: torch.Tensor | None = None, short_ctx: int | None = None) -> torch.Tensor:
     """One query per sequence over its paged context. q [B, nh, hd]; caches [slots, nkv, hd].
     pdl: launch with Programmatic Dependent Launch (Hopper+; see `decode_fused.py`).
     counters: int32 zeros, ≥ B·nh of them, kept between calls: with splits > 1 the last split of
@@ -346,9 +345,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     the splits whose span holds positions take part.
     short_ctx (with counters only; None: `short_ctx_default(hd)`, 0: off, else a power of two):
     a row whose context is at most this long is done by one program per head, every position but
-    the newest loaded before the PDL wait, without partials or merge.
-    num_warps: of the attention kernel (with short_ctx, 8 warps made the split path slower on the H200:
-    SmolLM2-135M step at a 512-token context 0.469 vs 0.434 ms, decode_ablate_short.json at 13166b6)."""
+    the newest loaded before the PDL wait, without partials or merge. The kernel runs 4 warps: 8 made
+    the split path slower on the H200 (docs/engine-decode.md)."""
     b, nh, hd = q.shape
     nkv = k_cache.shape[1]
     out = torch.empty_like(q)
@@ -369,7 +367,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         q, k_cache, v_cache, block_tables, ctx_lens, out, po, pm, pl, counters if fused else out,
         block_tables.stride(0), scale,
         NH=nh, NKV=nkv, GROUP=nh // nkv, HD=hd, PAGE=page, BLOCK_N=block_n, SPLITS=splits, USE_PDL=pdl_mode(pdl),
-        FUSED_MERGE=fused, SHORT=short, num_warps=num_warps, **launch,
+        FUSED_MERGE=fused, SHORT=short, num_warps=4, **launch,
     )
     if splits > 1 and not fused:
         _merge_splits_kernel[(b * nh,)](po, pm, pl, out, HD=hd, SPLITS=splits, USE_PDL=pdl_mode(pdl), **launch)

@@ -107,26 +107,23 @@ def ct2_to_hf_state(v: dict[str, np.ndarray]) -> tuple[WhisperDims, dict[str, to
     sd[dc + "embed_tokens.weight"] = t("decoder/embeddings/weight")
     sd[dc + "embed_positions.weight"] = t("decoder/position_encodings/encodings")
     ln(dc + "layer_norm", "decoder/layer_norm")
-    for i in range(n_enc):
-        o, c = f"{e}layers.{i}.", f"encoder/layer_{i}/"
+    def self_attention_and_mlp(o: str, c: str) -> None:  # what encoder and decoder layers share
         ln(o + "self_attn_layer_norm", c + "self_attention/layer_norm")
         split((o + "self_attn.q_proj", o + "self_attn.k_proj", o + "self_attn.v_proj"), c + "self_attention/linear_0")
         lin(o + "self_attn.out_proj", c + "self_attention/linear_1")
         ln(o + "final_layer_norm", c + "ffn/layer_norm")
         lin(o + "fc1", c + "ffn/linear_0")
         lin(o + "fc2", c + "ffn/linear_1")
+
+    for i in range(n_enc):
+        self_attention_and_mlp(f"{e}layers.{i}.", f"encoder/layer_{i}/")
     for i in range(n_dec):
         o, c = f"{dc}layers.{i}.", f"decoder/layer_{i}/"
-        ln(o + "self_attn_layer_norm", c + "self_attention/layer_norm")
-        split((o + "self_attn.q_proj", o + "self_attn.k_proj", o + "self_attn.v_proj"), c + "self_attention/linear_0")
-        lin(o + "self_attn.out_proj", c + "self_attention/linear_1")
+        self_attention_and_mlp(o, c)
         ln(o + "encoder_attn_layer_norm", c + "attention/layer_norm")
         lin(o + "encoder_attn.q_proj", c + "attention/linear_0")
         split((o + "encoder_attn.k_proj", o + "encoder_attn.v_proj"), c + "attention/linear_1")
         lin(o + "encoder_attn.out_proj", c + "attention/linear_2")
-        ln(o + "final_layer_norm", c + "ffn/layer_norm")
-        lin(o + "fc1", c + "ffn/linear_0")
-        lin(o + "fc2", c + "ffn/linear_1")
     return dims, sd
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Generic, TypeVar, cast
 
 import torch
@@ -31,8 +30,9 @@ def _fused_qkv(state: dict[str, torch.Tensor], p: str) -> tuple[torch.Tensor, to
     return w, torch.cat([bq, torch.zeros_like(bq), bv])
 
 
-class EncoderLayer(nn.Module):
-    """Pre-norm self-attention + GELU MLP block."""
+class _Block(nn.Module):
+    """What both layer kinds hold: self-attention (`ln1`, fused `qkv`, `out`) and, registered by the
+    subclass after its own modules, the GELU MLP (`ln2`, `fc1`, `fc2`)."""
 
     def __init__(self, dims: WhisperDims) -> None:
         super().__init__()
@@ -41,16 +41,29 @@ class EncoderLayer(nn.Module):
         self.ln1 = nn.LayerNorm(d)
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, dims.ffn)
-        self.fc2 = nn.Linear(dims.ffn, d)
+
+    def _add_mlp(self, dims: WhisperDims) -> None:
+        self.ln2 = nn.LayerNorm(dims.d_model)
+        self.fc1 = nn.Linear(dims.d_model, dims.ffn)
+        self.fc2 = nn.Linear(dims.ffn, dims.d_model)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the MLP."""
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+
+
+class EncoderLayer(_Block):
+    """Pre-norm self-attention + GELU MLP block."""
+
+    def __init__(self, dims: WhisperDims) -> None:
+        super().__init__(dims)
+        self._add_mlp(dims)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         a = F.scaled_dot_product_attention(q, k, v)
-        x = x + self.out(a.transpose(1, 2).reshape(b, n, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return self._mlp(x + self.out(a.transpose(1, 2).reshape(b, n, d)))
 
     def forward_fused(self, x: torch.Tensor, h: torch.Tensor, next_ln: nn.LayerNorm, gelu_epilogue: bool = False
                       ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -79,22 +92,16 @@ def gelu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.T
     return y.view(*x.shape[:-1], w.shape[0])
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(_Block):
     """Causal self-attention (static cache) + cross-attention + MLP."""
 
     def __init__(self, dims: WhisperDims) -> None:
-        super().__init__()
+        super().__init__(dims)
         d = dims.d_model
-        self.heads = dims.heads
-        self.ln1 = nn.LayerNorm(d)
-        self.qkv = nn.Linear(d, 3 * d)
-        self.out = nn.Linear(d, d)
         self.lnx = nn.LayerNorm(d)
         self.xq = nn.Linear(d, d)
         self.xout = nn.Linear(d, d)
-        self.ln2 = nn.LayerNorm(d)
-        self.fc1 = nn.Linear(d, dims.ffn)
-        self.fc2 = nn.Linear(dims.ffn, d)
+        self._add_mlp(dims)
 
     def self_attend(self, x: torch.Tensor, kv_cache: torch.Tensor, kv_index: tuple[torch.Tensor, ...],
                     mask: torch.Tensor) -> torch.Tensor:
@@ -149,8 +156,7 @@ class DecoderLayer(nn.Module):
         b, s, d = x.shape
         x = self.self_attend(x, kv_cache, kv_index, mask)
         a = F.scaled_dot_product_attention(self.cross_query(x), xk, xv)
-        x = x + self.xout(a.transpose(1, 2).reshape(b, s, d))
-        return x + self.fc2(F.gelu(self.fc1(self.ln2(x))))
+        return self._mlp(x + self.xout(a.transpose(1, 2).reshape(b, s, d)))
 
 
 @dataclass(slots=True)
@@ -391,8 +397,7 @@ class Whisper(nn.Module):
             out += self._head_logits(i, q, xk)
             if i < last:
                 a = F.scaled_dot_product_attention(q, xk, xv)
-                x = x + layer.xout(a.transpose(1, 2).reshape(b, s, d))
-                x = x + layer.fc2(F.gelu(layer.fc1(layer.ln2(x))))
+                x = layer._mlp(x + layer.xout(a.transpose(1, 2).reshape(b, s, d)))
         return torch.cat(out, dim=1)
 
     def _alignment_logits_fused(self, tokens: torch.Tensor, pos: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
@@ -500,12 +505,3 @@ def load_whisper(dims: WhisperDims, state: dict[str, torch.Tensor]) -> Whisper:
     model = Whisper(dims)
     model.load_state_dict(sd, strict=True)
     return model
-
-
-def load_whisper_folder(folder: str | Path, dtype: torch.dtype = torch.float32,
-                        device: str | torch.device = "cpu") -> Whisper:
-    """Load an HF Whisper folder (config.json + safetensors)."""
-    from tristream.engine.vision.weights import read_config, read_safetensors
-
-    m = load_whisper(WhisperDims.from_hf(read_config(folder)), read_safetensors(folder))
-    return m.to(device=device, dtype=dtype)
