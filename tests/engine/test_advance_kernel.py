@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tristream.engine.decode_inputs import ADVANCE, FRESH, HOLD, advance_reference
+from tests.engine._reference import advance_reference
+from tristream.engine.decode_inputs import ADVANCE, FRESH, HOLD
 
 pytestmark = pytest.mark.gpu
 

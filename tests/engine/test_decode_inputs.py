@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from tristream.engine.decode_inputs import ADVANCE, FRESH, HOLD, InputState, advance_reference
+from tests.engine._reference import advance_reference
+from tristream.engine.decode_inputs import ADVANCE, FRESH, HOLD, InputState
 
 BS = 16
 

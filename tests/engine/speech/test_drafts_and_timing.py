@@ -8,9 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.engine.speech._reference import dtw_reference
 from tristream.engine.speech.config import WhisperDims, WhisperTokens
 from tristream.engine.speech.runner import WhisperRunner
-from tristream.engine.speech.timing import alignment_matrix, dtw_reference, dtw_token_starts
+from tristream.engine.speech.timing import alignment_matrix, dtw_token_starts
 from tristream.engine.speech.whisper import Whisper, load_whisper
 
 TOKENS = WhisperTokens.for_vocab(51865)

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.engine.speech._reference import dtw_reference
 from tristream.engine.speech.timing import (
     anchored_token_starts,
-    dtw_reference,
     snap_spans,
     snap_words,
     voiced_bytes,

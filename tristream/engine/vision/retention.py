@@ -9,7 +9,7 @@ hands the LLM engine's block manager the ids to `release` and never touches tens
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -123,14 +123,3 @@ class ModalityAwareRetention:
         for r, n in plan.reasons.items():
             self.evicted[r] = self.evicted.get(r, 0) + n
         return plan
-
-
-def apply_plan(plan: EvictionPlan, block_table: list[int], release: Callable[[list[int]], object]) -> list[int]:
-    """Release the plan's blocks through the block manager's `release(ids)`; return the kept table."""
-    gone = set(plan.evict)
-    missing = gone.difference(block_table)
-    if missing:
-        raise ValueError(f"plan evicts blocks {sorted(missing)} that are not in the sequence's block table")
-    if plan.evict:
-        release(list(plan.evict))
-    return [b for b in block_table if b not in gone]
