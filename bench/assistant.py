@@ -31,7 +31,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
-QUESTIONS: list[tuple[str, str]] = [
+QUESTIONS: list[tuple[str, ...]] = [
     ("What is the capital of France?", r"\bparis\b"),
     ("What is the capital of Japan?", r"\btokyo\b"),
     ("What is the capital of Germany?", r"\bberlin\b"),
@@ -42,8 +42,8 @@ QUESTIONS: list[tuple[str, str]] = [
     ("What color are bananas when they are ripe?", r"\byellow\b"),
     ("What do bees make?", r"\bhoney\b"),
     ("What is the largest ocean on Earth?", r"\bpacific\b"),
-    ("Which planet do we live on?", r"\bearth\b"),
-    ("What is the closest star to Earth?", r"\bsun\b"),
+    ("Which planet do we live on?", r"\bearth\b", r"\b(jupiter|mars|venus|saturn)\b"),
+    ("What is the closest star to Earth?", r"\bsun\b", r"\bproxima\b"),
     ("What gas do people need to breathe?", r"\boxygen\b"),
     ("What is frozen water called?", r"\bice\b"),
     ("At what temperature in Celsius does water freeze?", r"\b(0|zero)\b"),
@@ -69,11 +69,44 @@ QUESTIONS: list[tuple[str, str]] = [
     ("Which animal says moo?", r"\bcows?\b"),
     ("What day comes after Monday?", r"\btuesday\b"),
 ]
-"""(question, accepted-answer pattern): 36 everyday questions."""
+"""(question, accepted-answer pattern[, rejected pattern]): 36 everyday questions. An answer that
+also names a rejected alternative ("the largest planet is Jupiter, but ... Earth") is wrong."""
+
+HELD_OUT: list[tuple[str, ...]] = [
+    ("What is the capital of England?", r"\blondon\b"),
+    ("What is the capital of Russia?", r"\bmoscow\b"),
+    ("How many wheels does a car have?", r"\b(4|four) wheels\b"),
+    ("How many months are in a year?", r"\b(12|twelve)\b"),
+    ("How many seconds are in a minute?", r"\b(60|sixty)\b"),
+    ("What color is a ripe tomato?", r"\bred\b"),
+    ("What color is coal?", r"\bblack\b"),
+    ("What animal gives us wool?", r"\bsheep\b"),
+    ("Which bird is a symbol of peace?", r"\bdoves?\b"),
+    ("What do you call a baby dog?", r"\bpupp(y|ies)\b"),
+    ("What is the opposite of up?", r"\bdown\b"),
+    ("What is the opposite of day?", r"\bnight\b"),
+    ("What language is spoken in France?", r"\bfrench\b"),
+    ("Who painted the Mona Lisa?", r"\b(leonardo|da vinci)\b"),
+    ("What is the largest desert in Africa?", r"\bsahara\b"),
+    ("Which organ pumps blood through the body?", r"\bheart\b"),
+    ("What do we use to see?", r"\beyes?\b"),
+    ("What is the first month of the year?", r"\bjanuary\b"),
+    ("What season comes after summer?", r"\b(autumn|fall)\b"),
+    ("Which planet is known as the red planet?", r"\bmars\b"),
+    ("What is the capital of Spain?", r"\bmadrid\b"),
+    ("What do caterpillars turn into?", r"\bbutterfl(y|ies)\b"),
+    ("What is the hottest planet in our solar system?", r"\bvenus\b"),
+    ("What metal is a wedding ring often made of?", r"\b(gold|silver|platinum)\b"),
+]
+"""A second set, never used while designing the prompt: how well the design generalises."""
+
+SETS = {"main": QUESTIONS, "held_out": HELD_OUT, "all": QUESTIONS + HELD_OUT}
 
 
-def correct(answer: str, pattern: str) -> bool:
-    """Whether `answer` matches the accepted-answer `pattern`."""
+def correct(answer: str, pattern: str, reject: str | None = None) -> bool:
+    """Whether `answer` matches the accepted-answer `pattern` and not the `reject` one."""
+    if reject and re.search(reject, answer, re.IGNORECASE):
+        return False
     return re.search(pattern, answer, re.IGNORECASE) is not None
 
 
@@ -83,7 +116,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def ask_server(url: str, token: str, timeout_s: float) -> list[dict[str, Any]]:
+async def ask_server(url: str, token: str, timeout_s: float, questions: list[tuple[str, ...]]) -> list[dict[str, Any]]:
     """Every question as a text turn in one Realtime session; answers as the client saw them."""
     from tristream.serve.client import RealtimeClient
 
@@ -91,7 +124,7 @@ async def ask_server(url: str, token: str, timeout_s: float) -> list[dict[str, A
     rows: list[dict[str, Any]] = []
     try:
         await cli.send({"type": "session.update", "session": {"modalities": ["text"]}})
-        for q, pattern in QUESTIONS:
+        for q, pattern, *reject in questions:
             t0 = time.perf_counter()
             await cli.send({"type": "conversation.item.create",
                             "item": {"type": "message", "role": "user",
@@ -114,7 +147,7 @@ async def ask_server(url: str, token: str, timeout_s: float) -> list[dict[str, A
                 if kind == "response.done":
                     status = ev["response"]["status"]
                     break
-            rows.append({"question": q, "answer": answer, "accepted": pattern, "correct": correct(answer, pattern),
+            rows.append({"question": q, "answer": answer, "accepted": pattern, "correct": correct(answer, pattern, *reject),
                          "status": status, "first_text_s": first, "answer_s": time.perf_counter() - t0,
                          "audio_deltas": audio_deltas})
             print(f"{'ok ' if rows[-1]['correct'] else 'NO '} {q} -> {answer!r}", flush=True)
@@ -123,7 +156,8 @@ async def ask_server(url: str, token: str, timeout_s: float) -> list[dict[str, A
     return rows
 
 
-def run_server(serve_args: list[str], timeout_s: float) -> tuple[list[dict[str, Any]], float]:
+def run_server(serve_args: list[str], timeout_s: float, questions: list[tuple[str, ...]]
+               ) -> tuple[list[dict[str, Any]], float]:
     """Start the real server, ask, stop it; returns the rows and the server's start-up seconds."""
     import urllib.request
 
@@ -141,7 +175,7 @@ def run_server(serve_args: list[str], timeout_s: float) -> tuple[list[dict[str, 
             except OSError:
                 time.sleep(0.5)
         startup = time.perf_counter() - t0
-        rows = asyncio.run(ask_server(f"ws://127.0.0.1:{port}/v1/realtime", token, timeout_s))
+        rows = asyncio.run(ask_server(f"ws://127.0.0.1:{port}/v1/realtime", token, timeout_s, questions))
         return rows, startup
     finally:
         proc.terminate()
@@ -151,24 +185,30 @@ def run_server(serve_args: list[str], timeout_s: float) -> tuple[list[dict[str, 
             proc.kill()
 
 
-def run_direct(quant: str, history: int, system: str | None = None) -> list[dict[str, Any]]:
+def run_direct(quant: str, history: int, questions: list[tuple[str, ...]], system: str | None = None
+               ) -> list[dict[str, Any]]:
     """The session's LLM path (`EngineChatBackend` with the prompt module) in-process, one
     conversation, no server: quick prompt iteration."""
     from tristream.pipeline.llm import EngineChatBackend
-    from tristream.pipeline.prompt import Conversation
+    from tristream.pipeline.prompt import DECODE, Conversation
 
     chat = EngineChatBackend.load(None, "cpu", quant)
     conv = Conversation(max_turns=history) if system is None else Conversation(system, max_turns=history)
 
     async def go() -> list[dict[str, Any]]:
         rows = []
-        for q, pattern in QUESTIONS:
+        for q, pattern, *reject in questions:
             t0 = time.perf_counter()
             msgs = conv.prompt(q)
             conv.add_user(q)
-            answer = "".join([d async for d in chat.stream(msgs, 48)]).strip()
+            cut, answer = DECODE.cut(), ""
+            async for d in chat.stream(msgs, DECODE.max_tokens):  # what the session's LLM stage does
+                answer += cut.push(d)
+                if cut.done:
+                    break
+            answer = answer.strip()
             conv.add_assistant(answer)
-            rows.append({"question": q, "answer": answer, "accepted": pattern, "correct": correct(answer, pattern),
+            rows.append({"question": q, "answer": answer, "accepted": pattern, "correct": correct(answer, pattern, *reject),
                          "answer_s": time.perf_counter() - t0})
             print(f"{'ok ' if rows[-1]['correct'] else 'NO '} {q} -> {answer!r}", flush=True)
         return rows
@@ -181,6 +221,7 @@ def main() -> None:
     ap.add_argument("--direct", action="store_true", help="in-process engine instead of the server")
     ap.add_argument("--quant", default="auto", help="--direct: engine weights (auto, none, int8, int4)")
     ap.add_argument("--history", type=int, default=3, help="--direct: exchanges of history in the prompt")
+    ap.add_argument("--set", choices=sorted(SETS), default="main", help="which questions")
     ap.add_argument("--system-file", type=Path, help="--direct: a system prompt to try instead of the module's")
     ap.add_argument("--serve-arg", action="append", default=[], help="extra `tristream serve` argument")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for any one event")
@@ -189,9 +230,9 @@ def main() -> None:
     t0 = time.perf_counter()
     startup = None
     if a.direct:
-        rows = run_direct(a.quant, a.history, a.system_file.read_text().strip() if a.system_file else None)
+        rows = run_direct(a.quant, a.history, SETS[a.set], a.system_file.read_text().strip() if a.system_file else None)
     else:
-        rows, startup = run_server(a.serve_arg, a.timeout)
+        rows, startup = run_server(a.serve_arg, a.timeout, SETS[a.set])
     n_ok = sum(r["correct"] for r in rows)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
                             text=True).stdout.strip()
@@ -200,7 +241,7 @@ def main() -> None:
         "mode": "direct (in-process engine)" if a.direct else "server (tristream serve, Realtime over WebSocket)",
         "serve_args": a.serve_arg, "quant": a.quant if a.direct else None,
         "history": a.history if a.direct else None, "system_file": str(a.system_file) if a.system_file else None,
-        "questions": len(rows), "correct": n_ok, "accuracy": n_ok / max(1, len(rows)),
+        "set": a.set, "questions": len(rows), "correct": n_ok, "accuracy": n_ok / max(1, len(rows)),
         "audio_deltas_total": sum(r.get("audio_deltas", 0) for r in rows),
         "server_startup_s": startup, "wall_s": time.perf_counter() - t0,
         "load_average_at_end": os.getloadavg(), "cpus": os.cpu_count(),

@@ -207,10 +207,10 @@ def test_spoken_turns_through_the_scheduler_with_embedded_stages(pipeline_models
     """``stages=embedded``: real VAD / Whisper / piper around the scheduled engine."""
     from tests.serve.pipeline_helpers import SENTENCES, speech
     from tristream.sched.real import build_engine
+    from tristream.sched.scheduled_engine import ScheduledEngine
     from tristream.serve.client import stream_media
     from tristream.serve.pipeline_backend import PipelineBackend
     from tristream.serve.sched_backend import ScheduledChat
-    from tristream.serve.sched_engine import ScheduledEngine
 
     se = ScheduledEngine(build_engine("tiny-random", "cpu", 64 << 20))
     pcm = speech(pipeline_models, SENTENCES[1])

@@ -166,18 +166,13 @@ class EngineChatBackend:
             self._routes[seq_id] = (loop, q)
         self._wake.set()
         done = False
-        cut = self.decode.cut()
         try:
             while not done:
                 text, done = await q.get()
                 if isinstance(text, Exception):
                     raise text
                 if text:
-                    keep = cut.push(text)
-                    if keep:
-                        yield keep
-                    if cut.done:  # the answer is complete (`prompt.SentenceCut`): the engine stops now
-                        break
+                    yield text
         finally:
             if not done:
                 with self._lock:

@@ -27,17 +27,27 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from tristream.engine.sequence import SamplingParams
 
-SYSTEM_PROMPT = (
-    "You are a friendly voice assistant. Answer the user's question directly in one short, "
-    "correct sentence of plain spoken English.\n"
-    "Examples:\n"
-    "User: What is the capital of Italy?\n"
-    "Assistant: The capital of Italy is Rome.\n"
-    "User: How many days are in a week?\n"
-    "Assistant: A week has seven days.\n"
-    "User: What color is grass?\n"
-    "Assistant: Grass is green."
+RULES = ("You are a friendly voice assistant. Answer the user's question directly in one short, "
+         "correct sentence of plain spoken English.")
+
+EXAMPLES: tuple[tuple[str, str], ...] = (
+    ("What is the capital of Italy?", "The capital of Italy is Rome."),
+    ("How many wheels does a bicycle have?", "A bicycle has two wheels."),
+    ("What color is grass?", "Grass is green."),
+    ("Which animal barks?", "A dog barks."),
+    ("What month comes after March?", "April comes after March."),
 )
+"""Worked examples: one of each kind of everyday question (a place, a number, a colour, an
+animal, an order), none of them in the measuring set of `bench/assistant.py`."""
+
+
+def system_prompt(rules: str = RULES, examples: tuple[tuple[str, str], ...] = EXAMPLES) -> str:
+    """The rules followed by the worked examples as ``User:`` / ``Assistant:`` lines."""
+    shots = "\n".join(f"User: {q}\nAssistant: {a}" for q, a in examples)
+    return f"{rules}\nExamples:\n{shots}" if examples else rules
+
+
+SYSTEM_PROMPT = system_prompt()
 """The default system prompt (instructions a client sends replace it)."""
 
 _VISUAL = re.compile(

@@ -28,7 +28,7 @@ from tristream.core.ring import ObjectRing
 from tristream.observe.events import AudioIn, EventSink, FrameIn, ResponseDone, ResponseStarted, SessionEvent
 from tristream.pipeline.llm import ChatBackend
 from tristream.pipeline.models import SharedModels
-from tristream.pipeline.prompt import SYSTEM_PROMPT, Conversation
+from tristream.pipeline.prompt import DECODE, SYSTEM_PROMPT, Conversation
 from tristream.pipeline.session_stages import AsrStage, InputStage, LlmStage, PlayoutStage, TtsStage
 from tristream.pipeline.speculative_asr import SpeculativeRecognizer
 from tristream.pipeline.stage import Stage
@@ -82,7 +82,9 @@ class SessionConfig:
     """Per-session settings."""
 
     hangover_ms: float = DEFAULT_HANGOVER_MS
-    max_tokens: int = 48
+    max_tokens: int = DECODE.max_tokens
+    max_sentences: int = DECODE.max_sentences
+    """An answer ends after this many sentences (`prompt.SentenceCut`; 0: at the token budget)."""
     system_prompt: str = SYSTEM_PROMPT
     max_history_turns: int = 2
     scene_when: str = "relevant"

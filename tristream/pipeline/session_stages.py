@@ -27,6 +27,7 @@ from tristream.observe.events import (
 )
 from tristream.pipeline.inbox import OverflowPolicy
 from tristream.pipeline.llm import EngineStepError, LlmEndpointError
+from tristream.pipeline.prompt import SentenceCut
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import HeardText, UserTurn
 
@@ -175,8 +176,14 @@ class LlmStage(Stage):
         speak = s.config.speak if turn.speak is None else turn.speak
         rec.llm_start_ns = s.clock.now_ns()
         try:
+            cut = SentenceCut(s.config.max_sentences)  # a spoken answer ends after its first sentence(s)
             async with contextlib.aclosing(s.llm.stream(messages, s.config.max_tokens)) as deltas:  # type: ignore[type-var]
-                async for delta in deltas:
+                async for piece in deltas:
+                    delta = cut.push(piece)
+                    if not delta:
+                        if cut.done:  # closing the stream cancels the generation
+                            break
+                        continue
                     if rec.first_token_ns is None:
                         rec.first_token_ns = s.clock.now_ns()
                     rec.answer += delta
@@ -184,6 +191,8 @@ class LlmStage(Stage):
                     if not rec.status:
                         s.publish(out)
                     self.emit(out)
+                    if cut.done:
+                        break
         except (EngineStepError, LlmEndpointError) as exc:
             # The answer is lost, the session is not: end the turn so the next one can start.
             self.errors.add(type(exc).__name__)

@@ -36,9 +36,9 @@ from tristream.observe.events import (
     TurnEnd,
 )
 from tristream.pipeline.llm import EngineStepError
+from tristream.sched.scheduled_engine import ScheduledEngine
 from tristream.sched.types import WorkModality
 from tristream.serve.backend import BackendConfig, BackendFactory
-from tristream.serve.sched_engine import ScheduledEngine
 
 DEFAULT_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 
@@ -256,7 +256,10 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         from tristream.serve.speech_stages import streaming_models
 
         speech = streaming_models(device, asr=asr, tts=tts, vad=vad)
-    se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler)
+    from tristream.pipeline.prompt import DECODE
+
+    se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler, temperature=DECODE.temperature,
+                         repetition_penalty=DECODE.repetition_penalty)
     factory: Any
     if stages == "none":
         def factory() -> EngineSessionBackend:

@@ -31,8 +31,8 @@ from tristream.sched.clock import WallClock
 from tristream.sched.config import SchedulerConfig, ours_config
 from tristream.sched.scheduler import Scheduler
 from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
+from tristream.sched.turn_executor import TurnExecutor
 from tristream.sched.types import SessionRefused, Tier, UnknownSession, WorkModality
-from tristream.serve.turn_executor import TurnExecutor
 
 log = logging.getLogger("tristream.serve")
 _TOKEN_TEXT = re.compile(r"( t\d+)+")
