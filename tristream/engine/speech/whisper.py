@@ -477,25 +477,22 @@ def load_whisper(dims: WhisperDims, state: dict[str, torch.Tensor]) -> Whisper:
             sd[ours + ".weight"] = state[theirs + ".weight"]
             sd[ours + ".bias"] = state[theirs + ".bias"]
 
-        for i in range(dims.encoder_layers):
-            s, o = f"{e}layers.{i}.", f"enc_layers.{i}."
+        def block(o: str, s: str) -> None:  # `_Block`: self-attention and MLP
             lin(o + "ln1", s + "self_attn_layer_norm")
             lin(o + "ln2", s + "final_layer_norm")
             lin(o + "out", s + "self_attn.out_proj")
             lin(o + "fc1", s + "fc1")
             lin(o + "fc2", s + "fc2")
             sd[o + "qkv.weight"], sd[o + "qkv.bias"] = _fused_qkv(state, s + "self_attn.")
+
+        for i in range(dims.encoder_layers):
+            block(f"enc_layers.{i}.", f"{e}layers.{i}.")
         for i in range(dims.decoder_layers):
             s, o = f"{dcd}layers.{i}.", f"dec_layers.{i}."
-            lin(o + "ln1", s + "self_attn_layer_norm")
+            block(o, s)
             lin(o + "lnx", s + "encoder_attn_layer_norm")
-            lin(o + "ln2", s + "final_layer_norm")
-            lin(o + "out", s + "self_attn.out_proj")
             lin(o + "xout", s + "encoder_attn.out_proj")
             lin(o + "xq", s + "encoder_attn.q_proj")
-            lin(o + "fc1", s + "fc1")
-            lin(o + "fc2", s + "fc2")
-            sd[o + "qkv.weight"], sd[o + "qkv.bias"] = _fused_qkv(state, s + "self_attn.")
             xkv_w += [state[s + "encoder_attn.k_proj.weight"], state[s + "encoder_attn.v_proj.weight"]]
             bv = state[s + "encoder_attn.v_proj.bias"]
             xkv_b += [torch.zeros_like(bv), bv]
