@@ -26,11 +26,12 @@ SENTENCES = (
 def _always_scene() -> object:
     from tristream.pipeline.session import SessionConfig
 
-    return SessionConfig(scene_when="always")
+    return SessionConfig(scene_when="always", max_sentences=0)
 
 
 ALWAYS_SCENE = _always_scene()
-"""Sessions whose prompt carries the scene on every turn (the alignment tests check it arrives)."""
+"""Sessions for the scripted chat: the prompt carries the scene on every turn (the alignment
+tests check it arrives) and answers are not cut after their first sentence."""
 
 
 class RepeatChat:
