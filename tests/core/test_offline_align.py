@@ -5,6 +5,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tristream.cli import app
@@ -105,3 +107,37 @@ def test_offline_fit_rejects_too_early_packets() -> None:
     assert 0 < f.summary["too_early"] <= bad.sum()
     assert abs(f.summary["drift_ppm"] - 100.0) < 0.5
     assert np.percentile(np.abs(f.ref_ns - s.true_ref_ns)[~bad], 99) < 0.1e6
+
+
+_FIELDS = ['"source": "mic0"', '"ts": 48000', '"unit": "samples@16000"', '"arrival_ns": 1000020456', '"samples": 320',
+           '"sample_rate": 16000', '"rate_hz": 200.5', '"duration_ns": 20000000', '"modality": "audio"', '"note": "a{b}:c,d"',
+           '"ref_ns": 5', '"x": [1, 2]', '"y": null', '"z": -0.5e3', '"ts": 4.5']
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.lists(st.lists(st.sampled_from(_FIELDS), min_size=0, max_size=7), min_size=1, max_size=12),
+       junk=st.lists(st.tuples(st.integers(0, 11), st.integers(0, 200), st.sampled_from(
+           [" ", "  ", "\t", "x", "}", "{", ",", ":", '"', "\\", "1", "-", ".", "e", "\u00e9", "]", "0"])), max_size=6))
+def test_bulk_tokeniser_agrees_with_json(tmp_path_factory: pytest.TempPathFactory, rows: list[list[str]],
+                                         junk: list[tuple[int, int, str]]) -> None:
+    """The vectorised reader (`jsonl.scan`) and the line-by-line `json` path give the same
+    output, the same errors at the same lines, on valid, odd and broken lines."""
+    from tristream.core.offline import _align_text
+
+    lines = ["{" + ", ".join(r) + "}" for r in rows]
+    for row, at, text in junk:
+        if row < len(lines):
+            ln = lines[row]
+            lines[row] = ln[: at % (len(ln) + 1)] + text + ln[at % (len(ln) + 1):]
+    tmp = tmp_path_factory.mktemp("fuzz")
+    p = tmp / "in.jsonl"
+    p.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    e1: list[AlignInputError] = []
+    e2: list[AlignInputError] = []
+    a = align_file(p, tmp / "a.jsonl", on_error=e1.append)
+    b = _align_text(p, tmp / "b.jsonl", on_error=e2.append)
+    assert [(e.line, str(e)) for e in e1] == [(e.line, str(e)) for e in e2]
+    assert {k: v for k, v in a.items() if k != "output"} == {k: v for k, v in b.items() if k != "output"}
+    out_a = [json.loads(x) for x in (tmp / "a.jsonl").read_text(encoding="utf-8").splitlines()]
+    out_b = [json.loads(x) for x in (tmp / "b.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert out_a == out_b
