@@ -196,6 +196,11 @@ class SourceClock:
             u = max(u, self.young_uncertainty_ns)
         return u
 
+    @property
+    def open_gaps(self) -> int:
+        """Holes in the source timeline not yet confirmed as gaps (a late packet may still fill them)."""
+        return sum(len(ep.holes) for ep in self._epochs)
+
     def state(self) -> ClockState:
         """Snapshot of drift, offset, uncertainty, epoch and event counts."""
         return ClockState(
@@ -243,9 +248,20 @@ class SourceClock:
         if hit is not None and hit[0] == start and 0 <= arrival - hit[2] <= self.duplicate_window_ns:
             self.counts.add("duplicate")
             return hit[1]
-        ep = self._update(start, end, arrival)
+        eps = self._epochs
+        ep = eps[-1] if eps else None
+        if ep is not None and self._cand is None and end >= ep.max_src - self.reset_back_ns:
+            # the common case, inlined: the packet fits the current epoch's line
+            x = float(end - ep.s0)
+            if float(arrival - ep.a0) - x - (ep.c + self._d * x) >= -self.reset_ahead_ns:
+                self._packets += 1
+                self._add_point(ep, start, end, arrival)
+            else:
+                ep = self._update(start, end, arrival)
+        else:
+            ep = self._update(start, end, arrival)
         self.last_epoch = ep
-        ref = self._map(ep, start)
+        ref = ep.a0 + round(ep.c + (1.0 + self._d) * float(start - ep.s0)) - self.latency_ns
         if self.wrap_ns and ep is self._epochs[-1] and cycle > ep.cycle:
             if ep.packets > 1:
                 self.counts.add("wrap", cycle - ep.cycle)

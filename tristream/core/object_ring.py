@@ -51,31 +51,41 @@ class ObjectRing(Generic[T]):
     def append(self, t_ns: int, item: T) -> bool:
         """Insert `item` at time `t_ns`; False (counted `late`) if older than the lateness bound."""
         t_ns = int(t_ns)
-        if self._newest is not None and t_ns < self._newest - self.lateness_ns:
+        newest = self._newest
+        if newest is not None and t_ns < newest - self.lateness_ns:
             self.counts.add("late")
             return False
-        if len(self) and t_ns < self._t[self._s] and len(self) >= self.capacity:
+        ts = self._t
+        s = self._s
+        n = len(ts) - s
+        cap = self.capacity
+        if n and t_ns < ts[s] and n >= cap:
             self.counts.add("late")
             return False
-        if not self._t or t_ns >= self._t[-1]:
-            self._t.append(t_ns)
+        if not ts or t_ns >= ts[-1]:
+            ts.append(t_ns)
             self._v.append(item)
         else:
             self.counts.add("reordered")
-            k = bisect.bisect_right(self._t, t_ns, lo=self._s)
-            self._t.insert(k, t_ns)
+            k = bisect.bisect_right(ts, t_ns, lo=s)
+            ts.insert(k, t_ns)
             self._v.insert(k, item)
-        self._newest = t_ns if self._newest is None else max(self._newest, t_ns)
-        if len(self) > self.capacity:
-            if self._read is not None and self._t[self._s] >= self._read:
+        if newest is None or t_ns > newest:
+            self._newest = t_ns
+        n += 1
+        if n > cap:
+            if self._read is not None and ts[s] >= self._read:
                 self.counts.add("overrun")
             self.counts.add("evicted")
-            self._s += 1
-            if self._s > self.capacity:
-                del self._t[: self._s]
-                del self._v[: self._s]
+            self._s = s = s + 1
+            n -= 1
+            if s > cap:
+                del ts[:s]
+                del self._v[:s]
                 self._s = 0
-        self.high_water = max(self.high_water, self.fill_ratio)
+        fill = n / cap if self._read is None else self.fill_ratio
+        if fill > self.high_water:
+            self.high_water = fill
         return True
 
     def latest_at_or_before(self, t_ns: int) -> tuple[int, T] | None:
