@@ -81,14 +81,14 @@ def register(app: typer.Typer) -> None:
             err.print(f"wrote {result['written']} events to {output}; summary in {summary}")
             return
         table = Table(title=f"{result['written']} events -> {output} ({result['invalid_lines']} invalid lines)")
-        for col in ("source", "packets", "drift ppm", "offset s", "epochs", "resets", "outliers",
-                    "too early", "reordered", "late", "delay P50/P99 ms"):
+        for col in ("source", "packets", "drift ppm", "offset s", "epochs", "resets", "wraps", "dups",
+                    "gaps/lost", "outliers", "too early", "reordered", "late", "delay P50/P99 ms"):
             table.add_column(col, justify="right")
         for src, s in result["sources"].items():
             d = s.get("delay_above_min_ms", {})
             off = s["offset_ns"]
             table.add_row(src, str(s["packets"]), f"{s['drift_ppm']:+.3f}",
                           "-" if off is None else f"{off / 1e9:.6f}", str(s["epochs"]), str(s["resets"]),
-                          str(s["outliers"]), str(s["too_early"]), str(s["out_of_order"]), str(s["late"]),
+                          str(s["wraps"]), str(s["duplicates"]), f"{s['gaps']}/{s['lost_packets']}", str(s["outliers"]), str(s["too_early"]), str(s["out_of_order"]), str(s["late"]),
                           f"{d.get('p50', 0):.2f}/{d.get('p99', 0):.2f}")
         err.print(table)
