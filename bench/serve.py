@@ -15,11 +15,11 @@ from /proc), connects N clients that stream the same speech-like WAV as live mic
 The baseline in the same run is a *bare* WebSocket server (``--bare-server``): the same
 energy VAD and echo answer with no validation, limits, metrics, recording or session state
 machine — the floor of a Python WebSocket relay, so the table shows what our serving
-layer costs on top. Backends: ``echo`` (no models; serving layer alone) or ``pipeline``
-(the embedded CPU assistant, when it is available).
+layer costs on top. Backends: ``echo`` (no models; serving layer alone) or ``assistant``
+(``pipeline`` is the same: the server's default, the embedded CPU assistant).
 
     .venv/bin/python bench/serve.py                 # echo backend, 1/8/32 clients
-    .venv/bin/python bench/serve.py --backend pipeline --clients 1 8
+    .venv/bin/python bench/serve.py --backend assistant --clients 1 8
 
 ``--backend engine`` measures text turns on our engine through the scheduler instead
 (``--device cuda|cpu --model NAME``): N clients (tiers gold/silver/bronze in turn) each send
@@ -413,7 +413,7 @@ def engine_main(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", default="echo", choices=("echo", "pipeline", "engine", "speech"))
+    ap.add_argument("--backend", default="echo", choices=("echo", "assistant", "pipeline", "engine", "speech"))
     ap.add_argument("--clients", type=int, nargs="+", default=None, help="default 1 8 32 (engine: 1 8 32 64)")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true")
@@ -441,7 +441,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    pipeline = args.backend == "pipeline"
+    pipeline = args.backend in ("assistant", "pipeline")  # the same backend (the server's default)
     pcm = real_speech(args.turns, gap_s=4.0) if pipeline else speech_like(args.turns)
     wait_s = 120.0 if pipeline else 30.0
     rows = []

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from tristream.sched.admission import ShedReason
-from tristream.sched.backend import VirtualClock
+from tristream.sched.clock import VirtualClock
 from tristream.sched.config import ours_config
 from tristream.sched.driver import run
 from tristream.sched.metrics import TierSummary, summarize

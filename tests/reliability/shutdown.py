@@ -50,7 +50,8 @@ def start_server(token: str, pace: float = 1.0, max_sessions: int = 64,
     # idle-connection run after ~1,000 connections).
     log = tempfile.NamedTemporaryFile("w+", prefix="tristream-serve-", suffix=".log", delete=False)
     proc = subprocess.Popen([sys.executable, "-c", "from tristream.cli import main; main()", "serve", "--port", "0",
-                             "--token", token, "--pace", str(pace), "--max-sessions", str(max_sessions), *extra],
+                             "--token", token, "--backend", "echo", "--pace", str(pace), "--max-sessions", str(max_sessions),
+                             *extra],
                             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True,
                             preexec_fn=raise_nofile_limit)
     log.close()

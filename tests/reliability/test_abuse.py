@@ -124,7 +124,7 @@ def test_connections_past_the_open_file_limit_are_refused_not_left_hanging() -> 
 
     with open(os.devnull, "w") as devnull:
         proc = subprocess.Popen([sys.executable, "-c", "from tristream.cli import main; main()", "serve", "--port",
-                                 "0", "--token", TOKEN, "--pace", "0", "--max-sessions", "1000"],
+                                 "0", "--token", TOKEN, "--backend", "echo", "--pace", "0", "--max-sessions", "1000"],
                                 cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, stdout=subprocess.PIPE,
                                 stderr=devnull, text=True, preexec_fn=low_soft_limit)
     assert proc.stdout is not None

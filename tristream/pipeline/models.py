@@ -21,7 +21,8 @@ class SharedModels:
     asr: Any
     tts: Any
     vision: Any | None
-    llm: ChatBackend
+    llm: ChatBackend | None
+    """None when every session brings its own (`Session(llm=...)`)."""
 
 
 _CACHE: dict[tuple[Any, ...], SharedModels] = {}
@@ -30,13 +31,14 @@ _LOCK = threading.Lock()
 
 def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
                 llm_url: str | None = None, llm_path: str | None = None, llm_model: str = "default",
-                threads: int = 2, device: str = "auto", quant: str = "auto") -> SharedModels:
+                threads: int = 2, device: str = "auto", quant: str = "auto", with_llm: bool = True) -> SharedModels:
     """Load (once per process and argument set) the models sessions share.
 
     The LLM: `llm_url` (an OpenAI-compatible endpoint), or our engine for `llm_path` (None: the
-    embedded SmolLM2) on `device` with `quant` weights (`tristream.engine.cli_support.load_engine`).
+    embedded SmolLM2) on `device` with `quant` weights (`tristream.engine.cli_support.load_engine`);
+    ``with_llm=False``: no shared LLM (each session brings its own chat backend).
     """
-    key = (asr, tts, vision, llm_url, llm_path, llm_model, threads, device, quant)
+    key = (asr, tts, vision, llm_url, llm_path, llm_model, threads, device, quant, with_llm)
     with _LOCK:
         if key in _CACHE:
             return _CACHE[key]
@@ -61,8 +63,10 @@ def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
             from tristream.stages.vision_cpu import SceneDescriber
 
             vision_model = SceneDescriber(threads=1)
-        llm: ChatBackend
-        if llm_url:
+        llm: ChatBackend | None
+        if not with_llm:
+            llm = None
+        elif llm_url:
             llm = OpenAIChatBackend(llm_url, model=llm_model)
         else:
             llm = EngineChatBackend.load(llm_path, device, quant)

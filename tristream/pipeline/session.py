@@ -135,6 +135,7 @@ class TurnRecord:
 
 
 _ids = itertools.count()
+_text_turns = itertools.count(1_000_000)  # typed turns: ids apart from the turn taker's
 
 
 class Session:
@@ -165,7 +166,10 @@ class Session:
             self.asr = models.asr.stream(self.id, partial_every_s=None)
         self.tts = models.tts.stream(self.id)
         self.scene_stream = models.vision.stream(self.id) if models.vision is not None else None
-        self.llm: ChatBackend = llm or models.llm
+        chat = llm or models.llm
+        if chat is None:
+            raise ValueError("no LLM: the shared models carry none (load_models(with_llm=False)); pass Session(llm=...)")
+        self.llm: ChatBackend = chat
         self._observers: list[EventSink] = []
         self.frames: ObjectRing[np.ndarray] = ObjectRing(cfg.frame_ring, name=f"{self.id}.frames")
         self.turns = TurnTaker(cfg.end_of_turn)
@@ -237,6 +241,18 @@ class Session:
     def push_audio(self, pcm: np.ndarray, ref_ns: int) -> bool:
         """Queue one microphone chunk (16 kHz mono); False if the input queue dropped it."""
         return self.input.inbox.put_data(AudioIn(pcm, ref_ns))
+
+    def ask(self, text: str, speak: bool | None = None, scene: Any = None) -> bool:
+        """Answer `text` as a user turn now (a typed message; spoken turns come from the audio).
+
+        `speak`: synthesise the answer (None: `SessionConfig.speak`); `scene`: an awaitable of a
+        `SceneDescription` for the prompt. False if the LLM stage's queue is full (counted)."""
+        now = self.clock.now_ns()
+        turn = UserTurn(next(_text_turns), text, now, now, now, scene, speak)
+        if not self.llm_stage.inbox.put_data(turn):
+            self.drops.add("text_turn_llm_full")
+            return False
+        return True
 
     def push_frame(self, image: np.ndarray, ref_ns: int) -> bool:
         """Queue one camera frame captured at `ref_ns`."""

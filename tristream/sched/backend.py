@@ -35,3 +35,9 @@ class EngineBackend(Protocol):
     def release(self, session_id: int) -> None:
         """Forget a session (free its KV cache)."""
         ...
+
+
+# the clocks moved to `tristream.sched.clock`; this import path keeps working for older callers
+from tristream.sched.clock import VirtualClock, WallClock  # noqa: E402
+
+__all__ = ["EngineBackend", "StepResult", "VirtualClock", "WallClock"]

@@ -256,7 +256,6 @@ class PipelineBackend:
     def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
         """Answer the held turn and pending text (or, with neither, the last user turn again);
         ``modalities`` without ``audio``: this answer is text only (no TTS)."""
-        from tristream.pipeline.turns import UserTurn
 
         if self._transcribing is not None:  # a committed turn is still in the ASR: answer it when done
             self._answer_when_transcribed = True
@@ -274,7 +273,10 @@ class PipelineBackend:
             if not text:
                 last = self._session.records[-1].user_text if self._session.records else ""
                 text = last or "Hello."
-            turn = UserTurn(next(_text_turn_ids), text, now, now, now, self._scene_now(now))
+            speak = None if modalities is None else "audio" in modalities
+            if not self._session.ask(text, speak, self._scene_now(now)):
+                self._count("responses_dropped_llm_full")
+            return
         if modalities is not None:
             turn.speak = "audio" in modalities
         if not self._session.llm_stage.inbox.put_data(turn):

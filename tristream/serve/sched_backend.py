@@ -36,11 +36,10 @@ from tristream.observe.events import (
     TurnEnd,
 )
 from tristream.pipeline.llm import EngineStepError
+from tristream.pipeline.prompt import SYSTEM_PROMPT
 from tristream.sched.scheduled_engine import ScheduledEngine
 from tristream.sched.types import WorkModality
 from tristream.serve.backend import BackendConfig, BackendFactory
-
-DEFAULT_SYSTEM = "You are a helpful assistant. Answer in one short sentence."
 
 
 class TurnShed(EngineStepError):
@@ -171,7 +170,7 @@ class EngineSessionBackend:
         user = " ".join(self.pending) or next((m["content"] for m in reversed(self.history)
                                                 if m["role"] == "user"), "Hello.")
         self.pending = []
-        system = instructions or (self.cfg.instructions if self.cfg else "") or self.system or DEFAULT_SYSTEM
+        system = instructions or (self.cfg.instructions if self.cfg else "") or self.system or SYSTEM_PROMPT
         messages = [{"role": "system", "content": system}, *self.history[-self.max_history:],
                     {"role": "user", "content": user}]
         self.history.append({"role": "user", "content": user})
@@ -268,7 +267,7 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         from tristream.pipeline.models import load_models
         from tristream.serve.pipeline_backend import PipelineBackend
 
-        models = load_models(llm_url="unused://")  # the LLM is the scheduled engine, per session
+        models = load_models(with_llm=False)  # the LLM is the scheduled engine, per session
 
         def factory() -> PipelineBackend:
             return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
