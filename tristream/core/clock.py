@@ -519,7 +519,8 @@ class SourceClock:
             # (the fit is iterated across refits, a window apart). Points far above (congestion,
             # stalls) get no weight, the rest 1 below the line and `above_weight` above it.
             tol = self.congestion_ns + 2.0 * ep.spread
-            w = np.where(r <= 0.0, 1.0, np.where(r <= tol, self.above_weight, 0.0))
+            # (a representative far below the line is a packet stamped late: no weight either)
+            w = np.where(r <= 0.0, np.where(r >= -tol, 1.0, 0.0), np.where(r <= tol, self.above_weight, 0.0))
             w *= np.exp2(x * (1.0 / self.recency_ns))
             sw = float(w.sum())
             if sw <= 0.0:

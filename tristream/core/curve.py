@@ -5,7 +5,8 @@ millisecond or more over minutes, so one straight line per epoch is not enough. 
 piecewise-linear curve with knots every `knot_ns` of source time, fitted to the lower envelope:
 
 1. the points are binned (`bin_ns`); each bin keeps its least-delay point, or its second one
-   when the least is isolated more than `early_ns` below it (a packet stamped late);
+   when the least is isolated more than `early_ns` below it (a packet stamped late); a bin
+   more than `outlier_ns` below the third-lowest of its neighbours within 2 s is dropped;
 2. the knot values minimise an *asymmetric* penalised least-squares objective over the bin
    minima: points below the curve weigh 1, points above weigh `above_weight`, plus `smooth`
    times the squared second differences of the knots (this also bridges silent stretches).
@@ -137,6 +138,7 @@ def fit_lower_curve(
     iters: int = 12,
     congestion_ns: float = 2e6,
     congestion_window_ns: float = 12e9,
+    outlier_ns: float = 0.3e6,
 ) -> tuple[LowerCurve, dict[str, int]]:
     """Fit the lower-envelope curve of (x, y) (both ns, float); returns it and what was set aside."""
     x = np.asarray(x, dtype=np.float64)
@@ -145,12 +147,7 @@ def fit_lower_curve(
         raise ValueError("fit_lower_curve needs at least one point")
     xb, yb, n_early = bin_minima(x, y, bin_ns, early_ns)
     if xb.size >= 8:
-        # A bin whose minimum lies more than `early_ns` below the second-lowest of its six
-        # neighbours holds two stamped-late packets: no delay pattern makes one bin that early.
-        pad = np.r_[np.full(3, np.inf), yb, np.full(3, np.inf)]
-        win = np.lib.stride_tricks.sliding_window_view(pad, 7)[:, [0, 1, 2, 4, 5, 6]]
-        second = np.partition(win, 1, axis=1)[:, 1]
-        ok = ~(yb < second - early_ns)
+        ok = ~_too_early(xb, yb, bin_ns, outlier_ns)
         n_early += int((~ok).sum())
         xb, yb = xb[ok], yb[ok]
     span = float(x.max() - x.min())
@@ -200,20 +197,39 @@ def fit_lower_curve(
     return LowerCurve(x0, step, v), {"early_bins": n_early, "rejected_bins": rejected + int(congested.sum())}
 
 
-def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
-    """Bins more than `tol_ns` above the lowest bin within +-`window_ns` (after removing the
-    overall drift): a congestion episode or a stall, which lifts every delay for seconds."""
-    n = xb.size
-    k = int(window_ns // bin_ns)
-    if n < 8 or k < 1:
-        return np.zeros(n, bool)
+def _detrend(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
+    """Residuals of the bins from a straight line through their lower half (the overall drift)."""
     xc = xb - xb.mean()
-    # overall drift: a straight line through the lower half of the bins
     d, c = np.polyfit(xc, yb, 1)
     low = yb - (c + d * xc) <= np.median(yb - (c + d * xc))
     if low.sum() >= 2:
         d, c = np.polyfit(xc[low], yb[low], 1)
-    r = yb - (c + d * xc)
+    return np.asarray(yb - (c + d * xc))
+
+
+def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float) -> np.ndarray:
+    """Bins more than `tol_ns` below the third-lowest of their neighbours within 2 s: a minimum
+    that no delay explains (packets stamped late), however few of them a bin holds."""
+    k = max(2, int(2e9 // bin_ns))
+    r = _detrend(xb, yb)
     pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
-    floor = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1).min(axis=1)
+    win = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1)
+    nb = np.delete(win, k, axis=1)
+    ref = np.partition(nb, 2, axis=1)[:, 2]
+    return np.asarray(r < ref - tol_ns)
+
+
+def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
+    """Bins more than `tol_ns` above the third-lowest bin within +-`window_ns` (after removing
+    the overall drift): a congestion episode or a stall, which lifts every delay for seconds."""
+    n = xb.size
+    k = int(window_ns // bin_ns)
+    if n < 8 or k < 1:
+        return np.zeros(n, bool)
+    r = _detrend(xb, yb)
+    pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
+    # the floor is the third-lowest bin around: one or two bins of stamped-late packets that got
+    # through cannot make every honest bin look congested
+    win = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1)
+    floor = np.partition(win, 2, axis=1)[:, 2] if 2 * k + 1 > 3 else win.min(axis=1)
     return np.asarray(r - floor > tol_ns)

@@ -5,8 +5,9 @@
 - `duplicates`: the same capture (same start and end) arriving again within `window_ns`.
 - `segment_epochs`: a reset moves `y = arrival - source time` by an amount no delay explains.
   A running median of y over 7 packets ignores spikes, stragglers and reordering; where it
-  jumps by more than `jump_ns`, a segment starts. A segment that only sits above its epoch for
-  less than `max_delay_ns` is a delay excursion (a stall) and stays in the epoch; one that
+  jumps by more than `jump_ns`, a segment starts. A segment up to `max_delay_ns` above its
+  epoch that is short or drains back to the epoch's level is a delay excursion (a stall) and
+  stays in the epoch; one that
   returns to an earlier epoch's level rejoins it; any other starts a new epoch (a *reset*).
   Packets far from their segment's median are placed with the epoch whose level they match
   (late packets of the previous epoch), as delayed (above it), or as outliers (impossibly
@@ -93,9 +94,12 @@ def segment_epochs(y: np.ndarray, arrival: np.ndarray, *, jump_ns: float = 200e6
                 label[a:b] = cur
                 levels[cur], ends[cur] = lv1, int(arrival[b - 1])
                 continue
-            if 0 < d <= max_delay_ns and arrival[b - 1] - arrival[a] <= max_delay_ns:
-                label[a:b] = cur  # a delay excursion: stays with its epoch, level unchanged
+            back = float(med[a:b].min()) - levels[cur] <= jump_ns  # the excursion drained
+            if 0 < d <= max_delay_ns and (back or arrival[b - 1] - arrival[a] <= max_delay_ns):
+                label[a:b] = cur  # a delay excursion (a stall): stays with its epoch
                 delayed += b - a
+                if abs(lv1 - levels[cur]) <= jump_ns:
+                    levels[cur], ends[cur] = lv1, int(arrival[b - 1])
                 continue
             match = [e for e in range(len(levels)) if abs(lv0 - levels[e]) <= jump_ns]
             if match:

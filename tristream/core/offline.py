@@ -250,7 +250,7 @@ def align_file(
     slow_lines = np.flatnonzero(sc.kind == 2).tolist()
     slow_obj: dict[int, dict[str, Any]] = {}
     for i in slow_lines:
-        line = data[sc.starts[i] : sc.ends[i]].decode("utf-8")
+        line = data[sc.starts[i] : sc.ends[i] + 1].decode("utf-8")  # with its newline, as a text file gives it
         if not line.strip():
             sc.kind[i] = 0
             continue

@@ -135,12 +135,14 @@ def _stats_ms(err_ns: np.ndarray) -> dict[str, float]:
 
 
 def cross_modal_error(
-    streams: dict[str, SyntheticStream], refs: dict[str, np.ndarray], *, warmup_s: float = 10.0
+    streams: dict[str, SyntheticStream], refs: dict[str, np.ndarray], *, warmup_s: float = 10.0,
+    max_pair_ns: int = 500_000_000,
 ) -> dict[str, Any]:
     """Error of relative timing between modalities, against ground truth, after a warm-up.
 
-    For every packet of source A (after `warmup_s`) and its nearest-in-true-time packet of B:
-    error = (ref_A - ref_B) - (true_A - true_B). Reported per pair and pooled, in ms.
+    For every packet of source A (after `warmup_s`) and its nearest-in-true-time packet of B,
+    when that one lies within `max_pair_ns` (a sensor silent for 30 s has no packet to align
+    with): error = (ref_A - ref_B) - (true_A - true_B). Reported per pair and pooled, in ms.
     """
     start = min(int(s.true_ref_ns.min()) for s in streams.values()) + int(warmup_s * 1e9)
     pooled = []
@@ -154,7 +156,8 @@ def cross_modal_error(
         k = np.clip(np.searchsorted(tb, ta), 1, tb.size - 1)
         nearer = np.where(np.abs(tb[k - 1] - ta) <= np.abs(tb[k] - ta), k - 1, k)
         jb = order[nearer]
-        err = (refs[a][keep] - refs[b][jb]) - (ta - sb.true_ref_ns[jb])
+        close = np.abs(sb.true_ref_ns[jb] - ta) <= max_pair_ns
+        err = ((refs[a][keep] - refs[b][jb]) - (ta - sb.true_ref_ns[jb]))[close]
         pairs[f"{a}-{b}"] = _stats_ms(err)
         pooled.append(err)
     per_source = {
