@@ -124,7 +124,7 @@ def test_sync_invariant_to_arrival_order_within_lateness(data: st.DataObject) ->
     # perturb arrival order: each event may arrive up to `lateness` later than in time order
     keyed = sorted(shuffled, key=lambda e: e[1] + rng.uniform(0, lateness * 0.99))
 
-    def run(evs: list[tuple[str, int]]) -> list:  # type: ignore[type-arg]
+    def run(evs: list[tuple[str, int]]) -> tuple:  # type: ignore[type-arg]
         sync = ApproximateTimeSync(names, max_interval_ns=60, lateness_ns=lateness, idle_timeout_ns=10**12)
         return _summary(_feed(sync, evs)), sync.counts.snapshot()
 

@@ -113,7 +113,7 @@ def test_single_bad_timestamp_is_an_outlier() -> None:
 def test_map_packet_sets_ref_of_first_sample() -> None:
     clock = SourceClock("mic")
     for k in range(200):
-        pkt = AudioChunk(session_id="s", source_id="mic", ts=k * 320, unit="samples@16000",
+        pkt = AudioChunk(session_id="s", source_id="mic", ts=k * 320, unit="samples@16000",  # type: ignore[arg-type]
                          arrival_ns=10**9 + (k + 1) * 20_000_000 + 5_000_000, pcm=np.zeros(320, np.int16),
                          sample_rate=16000)
         ref = clock.map_packet(pkt)
@@ -131,7 +131,7 @@ def test_errors() -> None:
     with pytest.raises(InvalidPacket, match="before it starts"):
         clock.observe_span(10, 5, 100)
     with pytest.raises(InvalidPacket, match="integer ns"):
-        clock.observe(float("nan"), 5)
+        clock.observe(float("nan"), 5)  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         SourceClock("x", window_ns=0)
 

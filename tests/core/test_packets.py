@@ -60,7 +60,7 @@ def test_unit_roundtrip(ticks: int, unit: str) -> None:
 
 def test_audio_chunk_duration_and_end() -> None:
     a = AudioChunk(
-        session_id="s", source_id="mic0", ts=48000, unit="samples@16000", arrival_ns=5,
+        session_id="s", source_id="mic0", ts=48000, unit="samples@16000", arrival_ns=5,  # type: ignore[arg-type]
         pcm=np.zeros(320, np.float32), sample_rate=16000,
     )
     assert a.modality is Modality.AUDIO
@@ -73,7 +73,7 @@ def test_audio_chunk_duration_and_end() -> None:
 
 def test_audio_chunk_rejects_bad_input() -> None:
     with pytest.raises(InvalidPacket, match="samples@16000"):
-        AudioChunk(session_id="s", source_id="m", ts=0, unit="samples@8000", arrival_ns=0,
+        AudioChunk(session_id="s", source_id="m", ts=0, unit="samples@8000", arrival_ns=0,  # type: ignore[arg-type]
                    pcm=np.zeros(10), sample_rate=16000)
     with pytest.raises(InvalidPacket, match="0 samples"):
         AudioChunk(session_id="s", source_id="m", ts=0, arrival_ns=0, pcm=np.zeros(0), sample_rate=16000)
@@ -82,7 +82,7 @@ def test_audio_chunk_rejects_bad_input() -> None:
     with pytest.raises(InvalidPacket, match="finite"):
         AudioChunk(session_id="s", source_id="m", ts=math.nan, arrival_ns=0, pcm=np.zeros(3), sample_rate=16000)
     with pytest.raises(UnknownUnit):
-        AudioChunk(session_id="s", source_id="m", ts=0, unit="bogus", arrival_ns=0, pcm=np.zeros(3),
+        AudioChunk(session_id="s", source_id="m", ts=0, unit="bogus", arrival_ns=0, pcm=np.zeros(3),  # type: ignore[arg-type]
                    sample_rate=16000)
 
 
