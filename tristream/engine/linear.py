@@ -1,9 +1,12 @@
-"""A linear layer with an optional int8 weight-only mode for fast CPU decode.
+"""A linear layer with optional weight-only quantised modes for CPU inference.
 
 Decoding one token is a chain of matrix-vector products, bound by how many weight bytes
-stream from memory: int8 weights (per-output-channel scales) move a quarter of fp32's
-bytes. The int8 path runs through `aten._weight_int8pack_mm` with bf16 activations (the
-kernel's fast path on AVX-512 CPUs) and casts the result back to the model dtype.
+stream from memory. The quantised modes keep GGUF's block formats (32 inputs per block): q4
+(4-bit codes with an fp16 scale and minimum, Q4_1's grid) and q8 (8-bit codes with an fp16
+scale, Q8_0's grid), run by our native kernels (`tristream/engine/cpu/`), which take float32
+activations and return float32 results on every instruction set. Float32 out matters: greedy
+decoding takes the argmax of the head's logits, and rounded logits tie (bf16 steps of 0.125
+near a logit of 25 made the lowest-id token win a tie that float32 does not have).
 """
 
 from __future__ import annotations
@@ -15,6 +18,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+QBLOCK = 32
+FORMATS = ("q4", "q8")
 
 _prefill_mode: contextvars.ContextVar[bool] = contextvars.ContextVar("prefill_mode", default=False)
 
@@ -30,6 +36,60 @@ def prefill_mode() -> Iterator[None]:
         _prefill_mode.reset(token)
 
 
+def quantize_blocks(w: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
+    """Block-quantise a float weight [N, K] (K a multiple of 32) into `fmt`'s tensors.
+
+    q4: asymmetric, scale (max - min) / 15 and minimum per block, both fp16; on weights
+    dequantised from a GGUF Q4_1 file this recovers the file's codes exactly. q8: symmetric,
+    scale max|w| / 127 in fp16 (likewise exact for Q8_0).
+    """
+    w = w.detach().float()
+    n, k = w.shape
+    if k % QBLOCK:
+        raise ValueError(f"in_features {k} is not a multiple of the quantisation block {QBLOCK}")
+    wg = w.view(n, k // QBLOCK, QBLOCK)
+    if fmt == "q4":
+        lo, hi = wg.amin(-1), wg.amax(-1)
+        m16 = lo.half()
+        d16 = ((hi - m16.float()) / 15).half()
+        d = d16.float()
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        codes = torch.round((wg - m16.float()[..., None]) * inv[..., None]).clamp(0, 15).to(torch.uint8)
+        packed = codes[..., :16] | (codes[..., 16:] << 4)
+        return {"w": packed.reshape(n, k // 2).contiguous(), "d": d16.contiguous(), "m": m16.contiguous()}
+    if fmt == "q8":
+        d16 = (wg.abs().amax(-1) / 127).half()
+        d = d16.float()
+        inv = torch.where(d > 0, 1.0 / d, torch.zeros_like(d))
+        codes = torch.round(wg * inv[..., None]).clamp(-127, 127).to(torch.int8)
+        return {"w": codes.reshape(n, k).contiguous(), "d": d16.contiguous()}
+    raise ValueError(f"quantised format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+
+
+def dequantize_blocks(fmt: str, t: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The float32 weight [N, K] that `fmt`'s tensors encode (reference and fallback)."""
+    d = t["d"].float()
+    if fmt == "q4":
+        p = t["w"]
+        n = p.shape[0]
+        pb = p.view(n, -1, 16)
+        codes = torch.cat([pb & 0x0F, pb >> 4], dim=-1).float()  # [N, nb, 32]
+        return (codes * d[..., None] + t["m"].float()[..., None]).view(n, -1)
+    codes = t["w"].float().view(t["w"].shape[0], -1, QBLOCK)
+    return (codes * d[..., None]).view(t["w"].shape[0], -1)
+
+
+_KERNELS: list = []
+
+
+def native_kernels():  # noqa: ANN201  (the native library for this CPU, loaded once; None when unavailable)
+    if not _KERNELS:
+        from tristream.engine.cpu import native
+
+        _KERNELS.append(native.load())
+    return _KERNELS[0]
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b); W is [out, in] like torch.nn.Linear."""
 
@@ -43,11 +103,12 @@ class Linear(nn.Module):
         self.bias: nn.Parameter | None = None
         if bias:
             self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype, device=device), requires_grad=False)
-        self.qweight: torch.Tensor | None = None
-        self.scales: torch.Tensor | None = None
-        self.q4: torch.Tensor | None = None
-        self.q4_scales_zeros: torch.Tensor | None = None
-        self.q4_group = 32
+        self._init_quant(out_features, in_features)
+
+    def _init_quant(self, out_features: int, in_features: int) -> None:
+        self.out_features, self.in_features = out_features, in_features
+        self.qformat: str | None = None
+        self.qtensors: dict[str, torch.Tensor] = {}
         self.prefill_weight: torch.Tensor | None = None
 
     @classmethod
@@ -57,66 +118,64 @@ class Linear(nn.Module):
         nn.Module.__init__(lin)
         lin.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)
         lin.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
-        lin.qweight = None
-        lin.scales = None
-        lin.q4 = None
-        lin.q4_scales_zeros = None
-        lin.q4_group = 32
-        lin.prefill_weight = None
+        lin._init_quant(weight.shape[0], weight.shape[1])
         return lin
 
     def keep_prefill_copy(self, dtype: torch.dtype = torch.bfloat16) -> None:
-        """Keep a dense copy for many-row products (prefill), where quantised kernels are slow.
-
-        Call before quantising. bf16 GEMMs run on the AVX-512 BF16 units; decode keeps the
-        quantised weights, whose smaller size is what sets its speed.
-        """
+        """Keep a dense copy for many-row products (prefill). Call before quantising; only worth
+        it where the CPU multiplies `dtype` natively (see `tristream.engine.cpu.features`)."""
         self.prefill_weight = self.weight.detach().to(dtype).contiguous()
 
-    def quantize_int8(self, compute_dtype: torch.dtype = torch.bfloat16, keep_dense: bool = False) -> None:
-        """Add an int8 copy of the weight with one scale per output channel (symmetric).
+    def quantize(self, fmt: str, keep_dense: bool = False) -> None:
+        """Replace the float weight by `fmt`'s block-quantised tensors (run by the native kernels).
 
-        keep_dense=False frees the float weight (unless it is shared, as tied embeddings are).
+        keep_dense=True keeps the float weight too (tied embeddings still need it for lookups).
         """
-        w = self.weight.detach().float()
-        scale = w.abs().amax(dim=1).clamp(min=1e-8) / 127.0
-        self.qweight = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).contiguous()
-        self.scales = scale.to(compute_dtype)
+        self.set_quantized(fmt, quantize_blocks(self.weight, fmt), keep_dense)
+
+    def set_quantized(self, fmt: str, tensors: dict[str, torch.Tensor], keep_dense: bool = False) -> None:
+        """Install already-quantised tensors (from `quantize_blocks` or a cache)."""
+        if fmt not in FORMATS:
+            raise ValueError(f"quantised format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+        need = {"w", "d", "m"} if fmt == "q4" else {"w", "d"}
+        if set(tensors) != need:
+            raise KeyError(f"{fmt} needs tensors {sorted(need)}, got {sorted(tensors)}")
+        self.qformat = fmt
+        self.qtensors = {k: v.contiguous() for k, v in tensors.items()}
         if not keep_dense:
             self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
-
-    def quantize_int4(self, group: int = 32) -> None:
-        """Asymmetric 4-bit weights, one (scale, min) per group of `group` inputs (CPU kernel).
-
-        On weights dequantised from GGUF Q4_1 (which sets each 32-block's min and max to
-        codes 0 and 15) this recovers the file's own grid, so no error is added beyond bf16 scales.
-        """
-        w = self.weight.detach().float()
-        n, k = w.shape
-        if k % group:
-            raise ValueError(f"in_features {k} is not a multiple of the int4 group size {group}")
-        wg = w.view(n, k // group, group)
-        lo, hi = wg.amin(-1), wg.amax(-1)
-        scale = (hi - lo).clamp(min=1e-10) / 15
-        q = torch.round((wg - lo[..., None]) / scale[..., None]).clamp(0, 15).to(torch.int32).view(n, k)
-        self.q4 = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
-        self.q4_scales_zeros = torch.stack([scale.t(), zero.t()], dim=-1).contiguous().to(torch.bfloat16)
-        self.q4_group = group
-        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.prefill_weight is not None and _prefill_mode.get():
             y = F.linear(x.to(self.prefill_weight.dtype), self.prefill_weight).to(x.dtype)
             return y if self.bias is None else y + self.bias
-        if self.q4 is not None:
-            assert self.q4_scales_zeros is not None
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x.to(torch.bfloat16), self.q4, self.q4_group, self.q4_scales_zeros
-            ).to(x.dtype)
-            return y if self.bias is None else y + self.bias
-        if self.qweight is not None:
-            assert self.scales is not None
-            y = torch.ops.aten._weight_int8pack_mm(x.to(self.scales.dtype), self.qweight, self.scales).to(x.dtype)
-            return y if self.bias is None else y + self.bias
+        if self.qformat is not None:
+            return self._quantized(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _quantized(self, x: torch.Tensor) -> torch.Tensor:
+        k, n = self.in_features, self.out_features
+        x2 = x.reshape(-1, k)
+        if x2.dtype != torch.float32 or not x2.is_contiguous():
+            x2 = x2.float().contiguous()
+        m = x2.shape[0]
+        y = torch.empty(m, n, dtype=torch.float32, device=x.device)
+        kern = native_kernels()
+        t = self.qtensors
+        if kern is None or m == 0:  # no native kernels here: the same weights, dequantised
+            y = F.linear(x2, dequantize_blocks(self.qformat or "", t))
+            if self.bias is not None:
+                y = y + self.bias.float()
+        else:
+            bias = self.bias.float().contiguous() if self.bias is not None else None
+            bp = bias.data_ptr() if bias is not None else None
+            if self.qformat == "q4":
+                rc = kern.lib.ts_linear_q4(x2.data_ptr(), m, k, t["w"].data_ptr(), t["d"].data_ptr(),
+                                           t["m"].data_ptr(), n, bp, y.data_ptr())
+            else:
+                rc = kern.lib.ts_linear_q8(x2.data_ptr(), m, k, t["w"].data_ptr(), t["d"].data_ptr(),
+                                           n, bp, y.data_ptr())
+            if rc != 0:
+                raise MemoryError(f"native {self.qformat} kernel failed for a [{m}, {k}] input")
+        y = y.view(*x.shape[:-1], n)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)

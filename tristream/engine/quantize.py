@@ -1,4 +1,9 @@
-"""Weight-only int8 quantisation of a model's projections (CPU decode speed)."""
+"""Weight-only quantisation of a model's projections for CPU inference (native block kernels).
+
+Modes: 'int4' (q4 blocks for the layer projections, q8 for the output head, as GGUF files keep
+their embeddings at 8 bits) and 'int8' (q8 everywhere). `linear.py` has the formats; the
+kernels are in `tristream/engine/cpu/`.
+"""
 
 from __future__ import annotations
 
@@ -10,84 +15,74 @@ import torch
 from tristream.engine.linear import Linear
 from tristream.engine.models.llama import LlamaModel
 
-
-def quantize_model_int8(model: LlamaModel, include_head: bool = True,
-                        compute_dtype: torch.dtype = torch.bfloat16) -> None:
-    """Give every projection (and the output head) an int8 weight with per-channel scales."""
-    for layer in model.layers:
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            lin.quantize_int8(compute_dtype)
-    if include_head:
-        model.head().quantize_int8(compute_dtype, keep_dense=model.lm_head is not None)
+MODES = ("int8", "int4")
+_CACHE_FORMAT = "blocks-v3"
 
 
-def keep_prefill_copies(model: LlamaModel) -> None:
-    """bf16 copies of the layer projections for prefill (see Linear.keep_prefill_copy)."""
-    for layer in model.layers:
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            lin.keep_prefill_copy()
+class QuantUnavailable(RuntimeError):
+    """Quantised weights were asked for where the native CPU kernels cannot run."""
 
 
-def quantize_model(model: LlamaModel, mode: str) -> None:
-    """Weight-only quantisation for CPU decode: 'int8' (per channel) or 'int4' (groups of 32;
-    the output head stays int8, as GGUF files keep their embeddings at 8 bits)."""
-    if mode == "int8":
-        quantize_model_int8(model)
-        return
-    if mode != "int4":
-        raise ValueError(f"quantisation mode must be int8 or int4, not {mode!r}")
-    for layer in model.layers:
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            lin.quantize_int4()
-    model.head().quantize_int8(keep_dense=model.lm_head is not None)
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"quantisation mode must be one of {', '.join(MODES)}, not {mode!r}")
 
 
-def _linears(model: LlamaModel) -> dict[str, Linear]:
-    out: dict[str, Linear] = {}
+def _formats(model: LlamaModel, mode: str) -> dict[str, tuple[Linear, str]]:
+    layer_fmt = "q4" if mode == "int4" else "q8"
+    out: dict[str, tuple[Linear, str]] = {}
     for i, layer in enumerate(model.layers):
         for name in ("qkv", "o", "gate_up", "down"):
-            out[f"{i}.{name}"] = getattr(layer, name)
-    out["head"] = model.head()
+            out[f"{i}.{name}"] = (getattr(layer, name), layer_fmt)
+    out["head"] = (model.head(), "q8")
     return out
 
 
-def _state(lin: Linear) -> dict[str, torch.Tensor]:
-    if lin.q4 is not None and lin.q4_scales_zeros is not None:
-        return {"q4": lin.q4, "sz": lin.q4_scales_zeros}
-    if lin.qweight is not None and lin.scales is not None:
-        return {"qw": lin.qweight, "sc": lin.scales}
-    return {}
+def keep_prefill_copies(model: LlamaModel, dtype: torch.dtype = torch.bfloat16) -> None:
+    """Dense copies of the layer projections for prefill (see Linear.keep_prefill_copy)."""
+    for layer in model.layers:
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            lin.keep_prefill_copy(dtype)
+
+
+def quantize_model(model: LlamaModel, mode: str) -> None:
+    """Quantise every projection and the output head in place (`MODES`)."""
+    check_mode(mode)
+    for lin, fmt in _formats(model, mode).values():
+        lin.quantize(fmt, keep_dense=lin is model.head() and model.lm_head is None)
 
 
 def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
-    """`quantize_model`, reusing quantised tensors cached for this checkpoint (fast second load)."""
+    """`quantize_model`, reusing the quantised tensors cached for this checkpoint (fast second load).
+
+    The cached formats do not depend on the instruction set: the same file serves AVX2 and
+    AVX-512 machines (and is checked for shape on load).
+    """
     from safetensors.torch import load_file, save_file
 
     from tristream.engine.disk_cache import cache_root, content_key, prune, touch
 
+    check_mode(mode)
     files = sorted(source.glob("*.safetensors"))
-    key = content_key(files, mode, "quant-v2")
+    key = content_key(files, mode, _CACHE_FORMAT)
     path = cache_root() / "quant" / f"{key}.safetensors"
-    lins = _linears(model)
-    keep_prefill_copies(model)
+    lins = _formats(model, mode)
+    head_shared = model.lm_head is None
     if path.exists():
         try:
             t = load_file(str(path))
-            for name, lin in lins.items():
-                if f"{name}.q4" in t:
-                    lin.q4, lin.q4_scales_zeros = t[f"{name}.q4"], t[f"{name}.sz"]
-                elif f"{name}.qw" in t:
-                    lin.qweight, lin.scales = t[f"{name}.qw"], t[f"{name}.sc"]
-                else:
+            for name, (lin, fmt) in lins.items():
+                parts = {k.rsplit(".", 1)[1]: v for k, v in t.items() if k.rsplit(".", 1)[0] == f"{name}.{fmt}"}
+                rows = parts["w"].shape[0] if "w" in parts else -1
+                if rows != lin.out_features:
                     raise KeyError(name)
-                if name != "head" or model.lm_head is not None:
-                    lin.weight = torch.nn.Parameter(torch.empty(0, dtype=lin.weight.dtype), requires_grad=False)
+                lin.set_quantized(fmt, parts, keep_dense=lin is model.head() and head_shared)
             touch(path)
             return
-        except (KeyError, OSError, RuntimeError):
+        except (KeyError, OSError, RuntimeError, ValueError):
             pass  # stale or partial cache: quantise again below
     quantize_model(model, mode)
-    tensors = {f"{name}.{k}": v.contiguous() for name, lin in lins.items() for k, v in _state(lin).items()}
+    tensors = {f"{name}.{fmt}.{k}": v for name, (lin, fmt) in lins.items() for k, v in lin.qtensors.items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp")
     save_file(tensors, str(tmp))

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, causal_offset_mask
+from tristream.engine.cpu.ops import NativeDecodeAttention
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
@@ -111,7 +112,16 @@ class ModelRunner:
 
             self.decoder = DecodeGraphs(model, cache, max_model_len=max_model_len,
                                         buckets=graph_buckets, use_graphs=use_graphs, kernels=decode_kernels)
-        self.ops = None
+        self.ops: Any = None
+        self.native: Any = None  # the native CPU kernels (float32 models on CPU), when they load
+        if self.device.type == "cpu" and model.dtype == torch.float32:
+            from tristream.engine.linear import native_kernels
+
+            self.native = native_kernels()
+            if self.native is not None:
+                from tristream.engine.cpu.ops import NativeOps
+
+                self.ops = NativeOps(self.native)
         self.paged_block_m = 0  # > 0: prefill attention through the Triton paged kernel
         self.use_graphs = use_graphs
         self.prefill_graphs: Any = None  # PrefillGraphs once captured (CUDA, paged kernel)
@@ -206,7 +216,11 @@ class ModelRunner:
         if self.packed and (self.paged_block_m > 0 or not (len(chunks) == 1 and chunks[0].start == 0)):
             return self._forward_packed(chunks)
         h, meta = self._inputs(chunks)
-        attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
+        attn: Any
+        if self.native is not None and NativeDecodeAttention.applies(meta, self.cache):
+            attn = NativeDecodeAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.native)
+        else:
+            attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
         out = self.model(h, attn, ops=self.ops)
         rows: list[int] = []
         q = 0
@@ -268,7 +282,7 @@ class ModelRunner:
         for row, emb in splices:
             h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
         attn = PackedAttention(cfg, model.cos_sin, d_pos, d_slots, plan, self.cache, model.dtype,
-                               fused_rope=self.ops is not None)
+                               fused_rope=self.device.type == "cuda")
         out = model(h, attn, ops=self.ops)
         if not rows:
             return None

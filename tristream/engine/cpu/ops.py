@@ -1,0 +1,95 @@
+"""The native kernels behind the model's elementwise ops and decode attention (float32 on CPU).
+
+A decode step at batch 1 is ~45 small torch ops per layer, each a few microseconds of dispatch;
+on a 135M model that is as long as the matrix products. These backends do a layer's norms,
+SiLU and rope + cache write + attention in one native call each. The norms and SiLU serve
+steps of every size (threaded over rows), so a position's values never depend on how its
+prompt was chunked.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tristream.engine.attention import AttnMetadata
+from tristream.engine.config import ModelConfig
+from tristream.engine.cpu.native import Kernels
+from tristream.engine.kv_cache import KVCache
+from tristream.engine.models.llama import TorchOps
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t if t.dtype == torch.float32 and t.is_contiguous() else t.float().contiguous()
+
+
+class NativeOps:
+    """`TorchOps` with the native kernels for steps of few rows (float32 models)."""
+
+    def __init__(self, kernels: Kernels) -> None:
+        self.lib = kernels.lib
+
+    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return TorchOps.rms_norm(x, w, eps)
+        x = _f32(x)
+        out = torch.empty_like(x)
+        self.lib.ts_add_rms_norm(x.data_ptr(), None, x.shape[0], x.shape[1], w.data_ptr(), eps, out.data_ptr())
+        return out
+
+    def add_rms_norm(self, x: torch.Tensor, residual: torch.Tensor, w: torch.Tensor, eps: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.dtype != torch.float32:
+            return TorchOps.add_rms_norm(x, residual, w, eps)
+        r = x.clone() if not x.is_contiguous() or x.data_ptr() == residual.data_ptr() else x
+        res = _f32(residual)
+        out = torch.empty_like(r)
+        self.lib.ts_add_rms_norm(r.data_ptr(), res.data_ptr(), r.shape[0], r.shape[1], w.data_ptr(), eps,
+                                 out.data_ptr())
+        return out, r
+
+    def silu_mul(self, gu: torch.Tensor) -> torch.Tensor:
+        if gu.dtype != torch.float32:
+            return TorchOps.silu_mul(gu)
+        gu = _f32(gu)
+        inter = gu.shape[1] // 2
+        out = torch.empty(gu.shape[0], inter, dtype=torch.float32)
+        self.lib.ts_silu_mul(gu.data_ptr(), gu.shape[0], inter, out.data_ptr())
+        return out
+
+
+class NativeDecodeAttention:
+    """Attention backend for a decode step (one new token per sequence, float32 cache):
+    rope, the cache write and attention over each sequence's cached context in one call."""
+
+    def __init__(self, cfg: ModelConfig, cos_sin: torch.Tensor, meta: AttnMetadata, cache: KVCache,
+                 kernels: Kernels) -> None:
+        self.cfg, self.cache, self.lib = cfg, cache, kernels.lib
+        self.cos_sin = cos_sin if cos_sin.dtype == torch.float32 else cos_sin.float()
+        self.pos = meta.positions.to(torch.int64).contiguous()
+        assert meta.slot_mapping is not None
+        self.slots = meta.slot_mapping.to(torch.int64).contiguous()
+        idx, off = [], [0]
+        for s in meta.seqs:
+            kv = s.kv_index if s.kv_index is not None else self.slots[s.q_start:s.q_start + 1]
+            idx.append(kv.to(torch.int64))
+            off.append(off[-1] + kv.numel())
+        self.kv_idx = torch.cat(idx).contiguous()
+        self.kv_off = torch.tensor(off, dtype=torch.int64)
+        self.scale = cfg.head_dim ** -0.5
+
+    @staticmethod
+    def applies(meta: AttnMetadata, cache: KVCache | None) -> bool:
+        return (cache is not None and meta.slot_mapping is not None and cache.k.dtype == torch.float32
+                and all(s.q_len == 1 for s in meta.seqs))
+
+    def __call__(self, layer: int, qkv: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        qkv = _f32(qkv)
+        t = qkv.shape[0]
+        kc, vc = self.cache.flat(layer)
+        out = torch.empty(t, cfg.q_size, dtype=torch.float32)
+        self.lib.ts_attn_decode(qkv.data_ptr(), t, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                self.cos_sin.data_ptr(), self.pos.data_ptr(), kc.data_ptr(), vc.data_ptr(),
+                                self.slots.data_ptr(), self.kv_idx.data_ptr(), self.kv_off.data_ptr(),
+                                self.scale, out.data_ptr())
+        return out
