@@ -1,8 +1,8 @@
 """LLM engine benchmark: ours vs transformers peers in the same run (GPU) or vs transformers and
-llama-cpp-python on the same GGUF (CPU).
+llama-cpp-python on the same GGUF (CPU: the native path and the AVX2 path forced).
 
     python bench/llm.py --device cuda [--models smollm2-135m,llama-3.2-1b,llama-3-8b] [--no-compile-8b]
-    python bench/llm.py --device cpu [--llama-cpp-python /work/bench-venv/bin/python]
+    python bench/llm.py --device cpu [--llama-cpp-python PY] [--llama-cpp-python-avx2 PY] [--transformers]
     python bench/llm.py --mixed-prefill --device cuda|cpu    # batched vs per-sequence prefill step
 
 --mixed-prefill: one engine step's worth of prefill chunks from many sessions (32 contexts of
@@ -303,41 +303,40 @@ def gguf_path() -> Path:
     return default_model_path()
 
 
-LOAD_SNIPPET = """
-import time, sys, torch
-torch.set_num_threads({threads})
+# Each measurement runs in its own process so that the forced-AVX2 settings (read at process
+# start by torch, oneDNN and our kernels) apply, and no run inherits another's warm caches.
+FORCED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "TRISTREAM_CPU_ISA": "avx2"}
+
+OURS_SNIPPET = """
+import json, sys, time
 t0 = time.perf_counter()
-from tristream.engine.engine import LLMEngine
+import torch
+torch.set_num_threads(int(sys.argv[2]))
+from tristream.engine.engine import EngineConfig, LLMEngine
+from tristream.engine.cpu import native
+from tristream.engine.sequence import SamplingParams
 t1 = time.perf_counter()
-eng = LLMEngine.from_path(sys.argv[1], quant={quant!r})
-t2 = time.perf_counter()
-print(t1 - t0, t2 - t1)
+path, steps, prompt, quant = sys.argv[1], int(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+eng = LLMEngine.from_path(path, quant=None if quant == "none" else quant, config=EngineConfig(max_prefill_tokens=1024))
+load = time.perf_counter() - t1
+eng.generate([prompt[:32]], SamplingParams(max_tokens=4, ignore_eos=True))
+pre = []
+for rep in range(3):
+    sid = eng.add_request([t + rep for t in prompt], SamplingParams(max_tokens=1, ignore_eos=True))
+    t = time.perf_counter()
+    while not any(o.seq_id == sid for o in eng.step()):
+        pass
+    pre.append(time.perf_counter() - t)
+sid = eng.add_request(prompt[:128], SamplingParams(max_tokens=steps + 2, ignore_eos=True))
+ts = []
+while sid in eng.seqs or not ts:
+    t = time.perf_counter(); eng.step(); ts.append(time.perf_counter() - t)
+ts = sorted(ts[2:])
+k = native.load()
+print(json.dumps({"import_s": t1 - t0, "load_s": load, "prefill_tok_s": len(prompt) / sorted(pre)[1],
+                  "decode_ms_per_token": ts[len(ts) // 2] * 1e3, "decode_ms_best": ts[0] * 1e3,
+                  "isa": k.isa if k else None, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}))
 """
-
-
-def cpu_ours(path: Path, prompt: list[int], steps: int, quant: str | None) -> dict[str, float]:
-    from tristream.engine.engine import EngineConfig, LLMEngine
-    from tristream.engine.sequence import SamplingParams
-
-    eng = LLMEngine.from_path(path, quant=quant, config=EngineConfig(max_prefill_tokens=1024))
-    p = SamplingParams(max_tokens=steps + 1, ignore_eos=True)
-    eng.generate([prompt[:32]], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
-    pre = []
-    for rep in range(3):
-        sid = eng.add_request([t + rep for t in prompt], SamplingParams(max_tokens=1, ignore_eos=True))
-        t = time.perf_counter()
-        while not any(o.seq_id == sid for o in eng.step()):
-            pass
-        pre.append(time.perf_counter() - t)
-    eng2 = eng
-    sid = eng2.add_request(prompt[:128], p)
-    ts = []
-    while sid in eng2.seqs or not ts:
-        t = time.perf_counter()
-        eng2.step()
-        ts.append(time.perf_counter() - t)
-    return {"prefill_tok_s": len(prompt) / median(pre), "decode_ms_per_token": median(ts[2:]) * 1e3}
-
 
 def cpu_transformers(folder: Path, prompt: list[int], steps: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
@@ -367,11 +366,11 @@ def cpu_transformers(folder: Path, prompt: list[int], steps: int) -> dict[str, f
 
 LLAMA_CPP_SNIPPET = """
 import json, sys, time
-from llama_cpp import Llama
+from llama_cpp import Llama, llama_print_system_info
 path, threads, steps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 prompt = json.loads(sys.argv[4])
 t = time.perf_counter()
-llm = Llama(model_path=path, n_ctx=1024, n_threads=threads, n_batch=512, verbose=False)
+llm = Llama(model_path=path, n_ctx=1024, n_threads=threads, n_threads_batch=threads, n_batch=512, verbose=False)
 load = time.perf_counter() - t
 def prefill(toks):
     llm.reset(); t = time.perf_counter(); llm.eval(toks); return time.perf_counter() - t
@@ -384,58 +383,106 @@ for _ in range(steps):
     t = time.perf_counter(); llm.eval([tok]); ts.append(time.perf_counter() - t)
     tok = int(llm.scores[llm.n_tokens - 1].argmax())
 ts.sort()
-print(json.dumps({"load_s": load, "prefill_tok_s": len(prompt) / pre, "decode_ms_per_token": ts[len(ts)//2] * 1e3}))
+info = llama_print_system_info()
+print(json.dumps({"load_s": load, "prefill_tok_s": len(prompt) / pre, "decode_ms_per_token": ts[len(ts)//2] * 1e3,
+                  "decode_ms_best": ts[0] * 1e3, "system_info": info.decode() if isinstance(info, bytes) else str(info)}))
 """
 
 
-def cpu_main(args: argparse.Namespace) -> dict[str, Any]:
-    path = gguf_path()
-    from tristream.engine.gguf_loader import cached_gguf_folder
+def _child(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if proc.returncode != 0:
+        return {"error": (proc.stderr or proc.stdout)[-600:]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
-    t = time.perf_counter()
-    folder = cached_gguf_folder(path)
-    first = time.perf_counter() - t
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model and the ISA flags that matter here, from lscpu."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return {"model_name": fields.get("Model name", "").strip(), "cpus": fields.get("CPU(s)", "").strip(),
+            "isa_flags": isa, "flags": flags}
+
+
+def first_and_second_load(path: Path, quant: str) -> dict[str, float]:
+    """Load the default model into an empty cache (GGUF conversion, quantisation and kernel build
+    included), then again from that cache: each in a fresh process, seconds inside from_path."""
+    import tempfile
+
+    snippet = ("import sys, time, torch\nt = time.perf_counter()\nfrom tristream.engine.engine import LLMEngine\n"
+               "t1 = time.perf_counter()\nLLMEngine.from_path(sys.argv[1], quant=sys.argv[2])\n"
+               "print(time.perf_counter() - t1, t1 - t)")
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for which in ("first", "second"):
+            proc = subprocess.run([sys.executable, "-c", snippet, str(path), quant], capture_output=True, text=True,
+                                  env={**os.environ, "TRISTREAM_CACHE": cache}, check=True)
+            load, imports = (float(x) for x in proc.stdout.split()[-2:])
+            out[f"{which}_load_s"], out[f"{which}_import_s"] = load, imports
+    return out
+
+
+def cpu_main(args: argparse.Namespace) -> dict[str, Any]:
+    """Ours (int4, the CPU default) against llama.cpp on the same GGUF, on the CPU's native path
+    and with the AVX2 path forced (a llama.cpp built without AVX-512), interleaved per round."""
+    path = gguf_path()
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, 40000, (200,), generator=gen).tolist()
     steps = args.steps
-    res: dict[str, Any] = {"prompt_tokens": len(prompt), "decode_steps": steps, "gguf": str(path),
-                           "gguf_convert_s_this_run": first, "by_threads": {}}
-    variants = ["int4", "int8"] + (["none"] if args.fp32 else [])
-    for threads in [int(x) for x in str(args.threads).split(",")]:
-        torch.set_num_threads(threads)
-        tr: dict[str, Any] = {"load_avg_start": os.getloadavg()}
-        for q in variants:  # run twice: the second load is the cached one we report
-            for _ in range(2):
-                snippet = LOAD_SNIPPET.format(threads=threads, quant=None if q == "none" else q)
-                out = subprocess.run([sys.executable, "-c", snippet, str(path)], capture_output=True, text=True,
-                                     check=True).stdout.split()
-            tr[f"ours_{q}_load"] = {"import_s": float(out[0]), "load_s": float(out[1])}
-        rounds: list[dict[str, Any]] = []
-        for _ in range(args.rounds):  # interleave peers so load changes hit all of them
-            r: dict[str, Any] = {}
+    threads = int(str(args.threads).split(",")[0])
+    peers = {"native": args.llama_cpp_python, "avx2": args.llama_cpp_python_avx2}
+    res: dict[str, Any] = {"prompt_tokens": len(prompt), "decode_steps": steps, "decode_context": 128,
+                           "threads": threads, "gguf": str(path), "cpu": cpu_info(),
+                           "llama_cpp_python": dict(peers), "paths": {}}
+    res["load"] = first_and_second_load(path, "int4")
+    log("load", res["load"])
+    variants = ["int4"] + (["none"] if args.fp32 else [])
+    rounds: list[dict[str, Any]] = []
+    for rnd in range(args.rounds):
+        r: dict[str, Any] = {"load_avg_start": os.getloadavg()}
+        for name, env in (("native", {}), ("avx2", FORCED_AVX2)):
             for q in variants:
-                r[f"ours_{q}"] = cpu_ours(path, prompt, steps, None if q == "none" else q)
-                log(threads, f"ours {q}", r[f"ours_{q}"])
-            r["transformers_fp32"] = cpu_transformers(folder, prompt, steps)
-            log(threads, "transformers", r["transformers_fp32"])
-            if args.llama_cpp_python:
-                proc = subprocess.run([args.llama_cpp_python, "-c", LLAMA_CPP_SNIPPET, str(path), str(threads),
-                                       str(steps), json.dumps(prompt)], capture_output=True, text=True)
-                if proc.returncode == 0:
-                    r["llama_cpp_python"] = json.loads(proc.stdout.strip().splitlines()[-1])
-                else:
-                    r["llama_cpp_python"] = {"error": proc.stderr[-500:]}
-                log(threads, "llama.cpp", r["llama_cpp_python"])
-            r["load_avg"] = os.getloadavg()
-            rounds.append(r)
-        tr["rounds"] = rounds
-        summary: dict[str, Any] = {}
-        for k in rounds[0]:
-            if k == "load_avg" or "error" in rounds[0][k]:
-                continue
-            summary[k] = {m: median([r[k][m] for r in rounds]) for m in rounds[0][k]}
-        tr["median_over_rounds"] = summary
-        res["by_threads"][str(threads)] = tr
+                key = f"{name}/ours_{q}"
+                r[key] = _child([sys.executable, "-c", OURS_SNIPPET, str(path), str(threads), str(steps),
+                                 json.dumps(prompt), q], env)
+                log(rnd, key, r[key])
+            if peers[name]:
+                key = f"{name}/llama_cpp"
+                r[key] = _child([peers[name], "-c", LLAMA_CPP_SNIPPET, str(path), str(threads), str(steps),
+                                 json.dumps(prompt)])
+                log(rnd, key, {k: v for k, v in r[key].items() if k != "system_info"})
+        if args.transformers:
+            from tristream.engine.gguf_loader import cached_gguf_folder
+
+            r["native/transformers_fp32"] = cpu_transformers(cached_gguf_folder(path), prompt, steps)
+            log(rnd, "transformers", r["native/transformers_fp32"])
+        r["load_avg_end"] = os.getloadavg()
+        rounds.append(r)
+    res["rounds"] = rounds
+    summary: dict[str, Any] = {}
+    for k in rounds[0]:
+        if k.startswith("load_avg") or "error" in rounds[0][k]:
+            continue
+        nums = [m for m, v in rounds[0][k].items() if isinstance(v, int | float)]
+        summary[k] = {m: median([r[k][m] for r in rounds if m in r[k]]) for m in nums}
+        summary[k]["decode_ms_best"] = min(r[k].get("decode_ms_best", float("inf")) for r in rounds)
+        summary[k]["prefill_tok_s_best"] = max(r[k]["prefill_tok_s"] for r in rounds)
+    res["median_over_rounds"] = summary
+    for name in ("native", "avx2"):
+        ours, peer = summary.get(f"{name}/ours_int4"), summary.get(f"{name}/llama_cpp")
+        if ours and peer:
+            res["paths"][name] = {
+                "decode_ms_ours": ours["decode_ms_per_token"], "decode_ms_llama_cpp": peer["decode_ms_per_token"],
+                "decode_speedup": peer["decode_ms_per_token"] / ours["decode_ms_per_token"],
+                "prefill_tok_s_ours": ours["prefill_tok_s"], "prefill_tok_s_llama_cpp": peer["prefill_tok_s"],
+                "prefill_speedup": ours["prefill_tok_s"] / peer["prefill_tok_s"],
+                "isa_ours": rounds[0][f"{name}/ours_int4"].get("isa"),
+            }
     return res
 
 
@@ -528,8 +575,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=48)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--fp32", action="store_true", help="also time our fp32 weights on CPU")
-    ap.add_argument("--llama-cpp-python", default="/work/bench-venv/bin/python" if Path(
-        "/work/bench-venv/bin/python").exists() else "")
+    ap.add_argument("--llama-cpp-python", default=_peer("bench-venv"),
+                    help="python of a bench venv with llama-cpp-python built for this CPU (native path)")
+    ap.add_argument("--llama-cpp-python-avx2", default=_peer("bench-venv-avx2"),
+                    help="python of a bench venv with llama-cpp-python built without AVX-512 (AVX2 path)")
+    ap.add_argument("--transformers", action="store_true", help="also time transformers fp32 (CPU)")
     args = ap.parse_args()
     if args.mixed_prefill:
         res = mixed_prefill(args.device)
@@ -552,14 +602,25 @@ def main() -> None:
         Path(out, path.name).write_text(path.read_text())
 
 
+def _peer(venv: str) -> str:
+    for base in (Path(__file__).resolve().parent.parent.parent, Path("/work")):
+        py = base / venv / "bin" / "python"
+        if py.exists():
+            return str(py)
+    return ""
+
+
 def print_cpu_table(res: dict[str, Any]) -> None:
-    log(f"{'threads':>7} {'engine':22} {'decode ms/tok':>13} {'prefill tok/s':>13}")
-    for th, tr in res["by_threads"].items():
-        for k, v in tr["median_over_rounds"].items():
-            log(f"{th:>7} {k:22} {v['decode_ms_per_token']:13.1f} {v['prefill_tok_s']:13.0f}")
-        for k, v in tr.items():
-            if k.endswith("_load"):
-                log(f"{th:>7} {k:22} second load {v['load_s']:.2f} s (+ imports {v['import_s']:.2f} s)")
+    log(f"{res['cpu'].get('model_name')}, {res['threads']} threads; ISA flags: {' '.join(res['cpu'].get('isa_flags', []))}")
+    log(f"{'engine':26} {'decode ms/tok':>13} {'best':>6} {'prefill tok/s':>13}")
+    for k, v in res["median_over_rounds"].items():
+        log(f"{k:26} {v['decode_ms_per_token']:13.2f} {v['decode_ms_best']:6.2f} {v['prefill_tok_s']:13.0f}")
+    for name, p in res["paths"].items():
+        log(f"{name} path ({p['isa_ours']}): decode {p['decode_speedup']:.2f}x llama.cpp, "
+            f"prefill {p['prefill_speedup']:.2f}x llama.cpp")
+    ld = res["load"]
+    log(f"load: first {ld['first_load_s']:.2f} s (empty cache), second {ld['second_load_s']:.2f} s "
+        f"(+ imports {ld['second_import_s']:.2f} s)")
 
 
 def print_gpu_table(res: dict[str, Any]) -> None:

@@ -103,17 +103,22 @@ def test_native_elementwise_ops_equal_torch() -> None:
         assert torch.allclose(ops.silu_mul(gu), TorchOps.silu_mul(gu), rtol=1e-5, atol=1e-5)
 
 
-def test_native_decode_attention_equals_the_torch_reference(tmp_path) -> None:
+@pytest.mark.parametrize("quant", [None, "int4"])
+def test_native_decode_step_equals_the_torch_reference(tmp_path, monkeypatch, quant) -> None:
     """A tiny random model through the engine: the native decode step (rope, cache write and
-    attention over the paged cache) gives the torch backend's logits, batch of 3 included."""
+    attention over the paged cache; with quantised weights every layer in one call) gives the
+    torch backend's logits, batch of 3 included."""
     from tests.engine._tiny import tiny_hf_model
     from tristream.engine.engine import EngineConfig, LLMEngine
     from tristream.engine.sequence import SamplingParams
 
-    tiny_hf_model("llama3", tmp_path)
+    monkeypatch.setenv("TRISTREAM_CACHE", str(tmp_path / "cache"))
+    tiny_hf_model("qwen2", tmp_path)  # attention biases exercise the bias path
     logits = {}
     for native_on in (True, False):
-        eng = LLMEngine.from_path(tmp_path, config=EngineConfig(block_size=4, num_blocks=64))
+        eng = LLMEngine.from_path(tmp_path, quant=quant, config=EngineConfig(block_size=4, num_blocks=64))
+        if native_on and quant:
+            assert eng.runner._native_decoder() is not None
         if not native_on:
             eng.runner.native = None
         seen: list[torch.Tensor] = []
@@ -128,8 +133,12 @@ def test_native_decode_attention_equals_the_torch_reference(tmp_path) -> None:
         eng.generate([[5, 6, 7, 8, 9], [10, 11], list(range(20, 37))], SamplingParams(max_tokens=12, ignore_eos=True))
         logits[native_on] = seen
     assert len(logits[True]) == len(logits[False])
-    for a, b in zip(logits[True], logits[False], strict=True):
-        assert torch.allclose(a, b, atol=1e-4, rtol=1e-4)
+    for i, (a, b) in enumerate(zip(logits[True], logits[False], strict=True)):
+        assert a.shape == b.shape, i
+        err = float((a - b).abs().max() / b.abs().max())
+        # float32 paths that sum in another order; with quantised weights a last-bit change can
+        # also move an activation across an s16 rounding step (1/65534 of its block's range)
+        assert err < (1e-3 if quant else 1e-5), f"step {i}: max relative diff {err:.2e}"
 
 
 def test_isa_choice_follows_the_cpu_and_the_environment() -> None:

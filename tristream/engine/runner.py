@@ -217,7 +217,11 @@ class ModelRunner:
             return self._forward_packed(chunks)
         h, meta = self._inputs(chunks)
         attn: Any
-        if self.native is not None and NativeDecodeAttention.applies(meta, self.cache):
+        decode = self.native is not None and NativeDecodeAttention.applies(meta, self.cache)
+        if decode and self._native_decoder() is not None:
+            out = self._decoder.forward(h, meta, self.ops)
+            return self.model.logits(out[torch.tensor([c for c in range(len(chunks)) if chunks[c].want_logits])])
+        if decode:
             attn = NativeDecodeAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.native)
         else:
             attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
@@ -231,6 +235,17 @@ class ModelRunner:
         if not rows:
             return None
         return self.model.logits(out[torch.tensor(rows, device=out.device)])
+
+    def _native_decoder(self) -> Any:
+        """The all-layers native decode step, built on first use (None where it does not apply)."""
+        key = self.model.layers[0].qkv.qtensors.get("w")
+        if not hasattr(self, "_decoder") or self._decoder_for is not key:
+            from tristream.engine.cpu.ops import NativeDecoder
+
+            ok = NativeDecoder.applies(self.model, self.cache)
+            self._decoder = NativeDecoder(self.model, self.cache, self.native) if ok else None
+            self._decoder_for = key
+        return self._decoder
 
     def _forward_packed(self, chunks: list[PrefillChunk]) -> torch.Tensor | None:
         """All chunks through one forward with batched attention; indices reach the device in one copy."""

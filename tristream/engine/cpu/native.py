@@ -23,7 +23,7 @@ from pathlib import Path
 ISA_ENV = "TRISTREAM_CPU_ISA"
 ISAS = ("avx512vnni", "avx2")
 _SOURCE = Path(__file__).with_name("qkernels.c")
-_ABI = 4
+_ABI = 5
 _FLAGS = {
     "avx2": ["-mavx2", "-mfma", "-mf16c"],
     "avx512vnni": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",

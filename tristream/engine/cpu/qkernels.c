@@ -21,7 +21,7 @@
 
 #define QK 32
 
-int ts_abi_version(void) { return 4; }
+int ts_abi_version(void) { return 5; }
 
 /* s16 x s16 products of 16 pairs, summed pairwise into 8 s32 lanes and added to acc. */
 #ifdef TS_VNNI
@@ -361,4 +361,60 @@ void ts_attn_decode(float *qkv, int64_t T, int64_t nh, int64_t nkv, int64_t hd,
         }
         if (sc != stack) free(sc);
     }
+}
+
+/* ---- a whole decode step through every layer in one call ---- */
+
+typedef struct {
+    int64_t fmt;  /* 4 or 8 */
+    int64_t n, k;
+    const void *w;
+    const uint16_t *d, *m;
+    const float *bias;
+} ts_qlin;
+
+typedef struct {
+    ts_qlin qkv, o, gate_up, down;
+    const float *post_norm, *next_norm;
+    float *kc, *vc;
+} ts_layer;
+
+typedef struct {
+    int64_t T, H, nh, nkv, hd;
+    const float *cos_sin;
+    const int64_t *pos, *slot, *kv_idx, *kv_off;
+    float scale, eps;
+} ts_step;
+
+static void qlin(const ts_qlin *l, const float *x, int64_t M, float *y) {
+    run_linear((int)l->fmt, x, M, l->k, l->w, l->d, l->m, l->n, l->bias, y);
+}
+
+/* h [T, H]: the residual stream (updated); x [T, H]: the first layer's normed input on entry,
+ * the final norm's output on return. Returns 0, or -1 when scratch memory ran out. */
+int ts_decode_layers(const ts_layer *layers, int64_t L, const ts_step *st, float *h, float *x) {
+    const int64_t T = st->T, H = st->H;
+    int64_t wide = 0;
+    for (int64_t l = 0; l < L; l++) {
+        const ts_layer *ly = &layers[l];
+        int64_t c[4] = {ly->qkv.n, ly->o.k, ly->gate_up.n, ly->down.k};
+        for (int i = 0; i < 4; i++) if (c[i] > wide) wide = c[i];
+    }
+    float *buf = (float *)malloc(sizeof(float) * (size_t)(T * (2 * wide + H)));
+    if (!buf) return -1;
+    float *a = buf, *b = buf + T * wide, *o = buf + 2 * T * wide;
+    for (int64_t l = 0; l < L; l++) {
+        const ts_layer *ly = &layers[l];
+        qlin(&ly->qkv, x, T, a);
+        ts_attn_decode(a, T, st->nh, st->nkv, st->hd, st->cos_sin, st->pos, ly->kc, ly->vc, st->slot,
+                       st->kv_idx, st->kv_off, st->scale, b);
+        qlin(&ly->o, b, T, o);
+        ts_add_rms_norm(h, o, T, H, ly->post_norm, st->eps, x);
+        qlin(&ly->gate_up, x, T, a);
+        ts_silu_mul(a, T, ly->gate_up.n / 2, b);
+        qlin(&ly->down, b, T, o);
+        ts_add_rms_norm(h, o, T, H, ly->next_norm, st->eps, x);
+    }
+    free(buf);
+    return g_cap > 0 ? 0 : -1;
 }
