@@ -153,7 +153,6 @@ class SourceClock:
         self.silence_ns = int(silence_ns)
         self.counts = DropCounter(f"clock:{source_id}")
         self._d = 0.0
-        self._slope_fitted = False
         self._innov = 0.0
         self._epochs: list[_Epoch] = []
         self._cand: _Epoch | None = None
@@ -549,7 +548,6 @@ class SourceClock:
                 z = (y - d * x)[w > 0]
                 c0 = float(z.min()) if z.size < 3 else float(np.partition(z, 1)[1])
             self._d = d
-            self._slope_fitted = True
             ep.c = c0 - d * x_end
             ep.fitted = True
             r = (y - c0 - d * x)[-16:]
