@@ -16,7 +16,9 @@ samples are appended; copy what you keep longer.
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,7 +81,9 @@ class TimeIndexedRing:
         self._a1 = 0
         self._last_t = 0
         self._last_i = 0
-        self._gaps: list[list[int]] = []  # [start, end, counted] absolute sample indices
+        self._gaps: list[list[int]] = []  # open gaps [start, end, counted] (absolute sample indices)
+        # gaps already counted (older than the lateness bound), in order, until they leave the ring
+        self._settled: deque[list[int]] = deque()
         self.head = 0  # absolute index one past the newest sample
         self.read_index = 0
         self._reader = False
@@ -200,12 +204,18 @@ class TimeIndexedRing:
         horizon = self.head - round(self.lateness_ns / self.period_ns)
         keep = []
         for g in self._gaps:
-            if g[1] <= horizon and not g[2]:
-                self._counts.add("gap_samples", g[1] - g[0])
-                g[2] = 1
-            if g[1] > self.tail:
+            if g[1] <= horizon:
+                if not g[2]:
+                    self._counts.add("gap_samples", g[1] - g[0])
+                    g[2] = 1
+                self._settled.append(g)
+            else:
                 keep.append(g)
         self._gaps = keep
+        tail = self.tail
+        settled = self._settled
+        while settled and settled[0][1] <= tail:
+            settled.popleft()
 
     def append(self, t_ns: int, samples: np.ndarray) -> int:
         """Add a chunk whose first sample was captured at reference time `t_ns`.
@@ -287,7 +297,11 @@ class TimeIndexedRing:
             return -1
         written = 0
         keep: list[list[int]] = []
-        for g in self._gaps:
+        # settled gaps that this chunk reaches (only the newest can be) go back to the open ones
+        back: list[list[int]] = []
+        while self._settled and self._settled[-1][1] > pos:
+            back.append(self._settled.pop())
+        for g in back[::-1] + self._gaps:
             lo, hi = max(g[0], pos, self.tail), min(g[1], pos + n)
             if lo >= hi:
                 keep.append(g)
@@ -329,7 +343,7 @@ class TimeIndexedRing:
         if c1 <= c0:
             return RingWindow(self._buf[:0], int(t0_ns), c0, 0, True)
         missing = 0
-        for g in self._gaps:
+        for g in itertools.chain(self._settled, self._gaps):
             missing += max(0, min(g[1], c1) - max(g[0], c0))
         p = c0 % self.capacity
         return RingWindow(self._buf[p : p + (c1 - c0)], self.time_at(c0), c0, missing, c0 != i0 or c1 != i1)

@@ -54,6 +54,7 @@ class ApproximateTimeSync(_QueuedJoin):
         self._bactive: frozenset[str] = frozenset()
         self._bdeadline = 0
         self._last_h: int | None = None
+        self._unknown: str | None = None  # a stream with messages, all beyond the last pass's horizon
 
     def push(self, stream: str, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
         """Add a message; returns the sets that became final."""
@@ -64,17 +65,21 @@ class ApproximateTimeSync(_QueuedJoin):
             self.counts.add(f"overflow:{stream}")
             self._bh = None
         bh = self._bh
-        if (bh is not None and ref_ns > bh and stream in self._bactive and stream not in self._bmin
-                and q.now <= self._bdeadline and not q.flushed):
-            return []
+        if bh is not None and ref_ns > bh and stream in self._bactive and q.now <= self._bdeadline and not q.flushed:
+            if stream not in self._bmin or self._still_unknown(stream):
+                return []
         return self._emit()
 
     def _emit(self) -> list[AlignedWindow]:
         out = self._emit_sets()
+        self._record_block()
+        return out
+
+    def _record_block(self) -> None:
         q = self.q
         if q.flushed:
             self._bh = None
-            return out
+            return
         now = q.now
         low = POS_INF
         mins: list[str] = []
@@ -94,12 +99,29 @@ class ApproximateTimeSync(_QueuedJoin):
                 deadline = d
         if not act or self._last_h is None:
             self._bh = None
-            return out
+            return
         self._bh = self._last_h
         self._bmin = frozenset(mins)
         self._bactive = frozenset(act)
         self._bdeadline = deadline
-        return out
+
+    def _still_unknown(self, stream: str) -> bool:
+        """After a push by the stream holding the watermark: if the stream that blocked the last
+        pass still has nothing at or before the new horizon, that pass would only prune again."""
+        u = self._unknown
+        if u is None or u == stream:
+            return False
+        q = self.q
+        h = q.horizon()
+        tu = q.t[u]
+        if tu and tu[0] <= h:
+            return False
+        self._last_h = h
+        if any(ts and ts[0] <= h for ts in q.t.values()):
+            for s in self.streams:
+                q.pop_until(s, h - self.max_interval_ns, "unmatched")
+        self._record_block()
+        return True
 
     def pending(self) -> dict[str, int]:
         """Messages waiting per stream."""
@@ -115,20 +137,25 @@ class ApproximateTimeSync(_QueuedJoin):
             heads: list[tuple[int, int, str]] = []
             absent: set[str] = set()
             unknown = False
+            blocker: str | None = None
             for i, s in enumerate(self.streams):
                 ts = q.t[s]
                 if ts and ts[0] <= h:
                     heads.append((ts[0], i, s))
                 elif ts or (s in active and not q.flushed):
                     unknown = True  # its next message is later than h but not known yet
+                    if blocker is None:
+                        blocker = s
                 else:
                     absent.add(s)  # empty and idle (or ended): it cannot hold a set back
             if not heads:
+                self._unknown = blocker
                 return out
             if unknown:
                 # The pivot (latest head) is > h, so nothing at or before h - max_interval can be used.
                 for s in self.streams:
                     q.pop_until(s, h - self.max_interval_ns, "unmatched")
+                self._unknown = blocker
                 return out
             p_t, _, pivot = max(heads, key=lambda x: (x[0], -x[1]))
             dropped = 0
@@ -138,6 +165,7 @@ class ApproximateTimeSync(_QueuedJoin):
                 continue
             choice = self._best(pivot, p_t, h, absent)
             if choice is None:
+                self._unknown = None
                 return out
             win = AlignedWindow(anchor_ns=p_t)
             missing = []
@@ -156,49 +184,62 @@ class ApproximateTimeSync(_QueuedJoin):
     def _best(self, pivot: str, p_t: int, h: int, absent: set[str]) -> dict[str, int | None] | None:
         """Members minimising (missing, lo + hi * (1 + age_penalty)); None if not final yet."""
         q = self.q
-        lo_opt: dict[str, int] = {}
-        hi_opt: dict[str, tuple[int, bool]] = {}  # stream -> (time, uncertain)
+        # per other stream: (name, distance before, time before, distance after, time after, uncertain)
+        opts: list[tuple[str, int | None, int | None, int | None, int | None, bool]] = []
+        lo_set = {0}
+        hi_set = {0}
         for s in self.streams:
-            if s == pivot or s in absent:
+            if s == pivot:
+                continue
+            if s in absent:
+                opts.append((s, None, None, None, None, False))
                 continue
             ts = q.t[s]
             k = bisect.bisect_right(ts, p_t)
-            if k:
-                lo_opt[s] = ts[k - 1]
+            b = ts[k - 1] if k else None
             nxt = ts[k] if k < len(ts) else None
+            unc = False
             if nxt is not None and nxt <= h:
-                hi_opt[s] = (nxt, False)
+                a: int | None = nxt
             elif h < POS_INF:
-                hi_opt[s] = (max(h, p_t + 1), True)  # earliest a future message could have
-            elif nxt is not None:
-                hi_opt[s] = (nxt, False)
-        others = [s for s in self.streams if s != pivot]
-        lo_vals = sorted({0} | {p_t - t for t in lo_opt.values()})
-        hi_vals = sorted({0} | {t - p_t for t, _ in hi_opt.values()})
+                a, unc = max(h, p_t + 1), True  # earliest a future message could have
+            else:
+                a = nxt
+            db = None if b is None else p_t - b
+            da = None if a is None else a - p_t
+            if db is not None:
+                lo_set.add(db)
+            if da is not None:
+                hi_set.add(da)
+            opts.append((s, db, b, da, a, unc))
+        mi = self.max_interval_ns
+        f = 1.0 + self.age_penalty
+        his = sorted(hi_set)
         best_key: tuple[int, float, int] | None = None
-        best: dict[str, int | None] = {}
-        for lo in lo_vals:
-            for hi in hi_vals:
-                if lo + hi > self.max_interval_ns:
+        best_lh = (0, 0)
+        for lo in sorted(lo_set):
+            for hi in his:
+                if lo + hi > mi:
                     break
-                pick: dict[str, int | None] = {}
                 n_missing = n_uncertain = 0
-                for s in others:
-                    b = lo_opt.get(s)
-                    a = hi_opt.get(s)
-                    b_ok = b is not None and p_t - b <= lo
-                    a_ok = a is not None and a[0] - p_t <= hi
-                    if b_ok and (not a_ok or p_t - b <= a[0] - p_t):  # type: ignore[index,operator]
-                        pick[s] = b
-                    elif a_ok:
-                        pick[s] = a[0]  # type: ignore[index]
-                        n_uncertain += a[1]  # type: ignore[index]
+                for _, db, _, da, _, unc in opts:
+                    b_ok = db is not None and db <= lo
+                    a_ok = da is not None and da <= hi
+                    if b_ok and (not a_ok or db <= da):  # type: ignore[operator]
+                        continue
+                    if a_ok:
+                        n_uncertain += unc
                     else:
-                        pick[s] = None
                         n_missing += 1
-                key = (n_missing, lo + hi * (1.0 + self.age_penalty), n_uncertain)
+                key = (n_missing, lo + hi * f, n_uncertain)
                 if best_key is None or key < best_key:
-                    best_key, best = key, pick
+                    best_key, best_lh = key, (lo, hi)
         if best_key is None or best_key[2] > 0:
             return None
+        lo, hi = best_lh
+        best: dict[str, int | None] = {}
+        for s, db, b, da, a, _ in opts:
+            b_ok = db is not None and db <= lo
+            a_ok = da is not None and da <= hi
+            best[s] = b if b_ok and (not a_ok or db <= da) else a if a_ok else None  # type: ignore[operator]
         return best
