@@ -52,6 +52,23 @@ def quantize_model(model: LlamaModel, mode: str) -> None:
         lin.quantize(fmt, keep_dense=lin is model.head() and model.lm_head is None)
 
 
+def pack_weights(model: LlamaModel) -> bool:
+    """Move every quantised tensor into one block on huge pages (fewer TLB misses per token).
+    Returns False (and changes nothing) where the native kernels are unavailable."""
+    from tristream.engine.cpu.native import HugeBuffer
+    from tristream.engine.linear import native_kernels
+
+    kern = native_kernels()
+    lins = [lin for lin, _ in _formats(model, "int4").values() if lin.qformat is not None]
+    if kern is None or not lins or os.environ.get("TRISTREAM_HUGE_PAGES") == "0":
+        return False
+    total = sum((t.numel() * t.element_size() + 63) // 64 * 64 for lin in lins for t in lin.qtensors.values())
+    buf = HugeBuffer(kern, total)
+    for lin in lins:
+        lin.qtensors = {k: buf.take(v) for k, v in lin.qtensors.items()}
+    return True
+
+
 def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     """`quantize_model`, reusing the quantised tensors cached for this checkpoint (fast second load).
 
@@ -78,6 +95,7 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
                     raise KeyError(name)
                 lin.set_quantized(fmt, parts, keep_dense=lin is model.head() and head_shared)
             touch(path)
+            pack_weights(model)
             return
         except (KeyError, OSError, RuntimeError, ValueError):
             pass  # stale or partial cache: quantise again below
@@ -88,3 +106,4 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     save_file(tensors, str(tmp))
     tmp.replace(path)
     prune(path.parent, keep=path)
+    pack_weights(model)

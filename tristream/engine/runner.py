@@ -114,6 +114,8 @@ class ModelRunner:
                                         buckets=graph_buckets, use_graphs=use_graphs, kernels=decode_kernels)
         self.ops: Any = None
         self.native: Any = None  # the native CPU kernels (float32 models on CPU), when they load
+        self._decoder: Any = None
+        self._decoder_for: Any = None
         if self.device.type == "cpu" and model.dtype == torch.float32:
             from tristream.engine.linear import native_kernels
 
@@ -218,8 +220,9 @@ class ModelRunner:
         h, meta = self._inputs(chunks)
         attn: Any
         decode = self.native is not None and NativeDecodeAttention.applies(meta, self.cache)
-        if decode and self._native_decoder() is not None:
-            out = self._decoder.forward(h, meta, self.ops)
+        decoder = self._native_decoder() if decode else None
+        if decoder is not None:
+            out = decoder.forward(h, meta, self.ops)
             return self.model.logits(out[torch.tensor([c for c in range(len(chunks)) if chunks[c].want_logits])])
         if decode:
             attn = NativeDecodeAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.native)
@@ -239,7 +242,7 @@ class ModelRunner:
     def _native_decoder(self) -> Any:
         """The all-layers native decode step, built on first use (None where it does not apply)."""
         key = self.model.layers[0].qkv.qtensors.get("w")
-        if not hasattr(self, "_decoder") or self._decoder_for is not key:
+        if self._decoder_for is not key or key is None:
             from tristream.engine.cpu.ops import NativeDecoder
 
             ok = NativeDecoder.applies(self.model, self.cache)

@@ -19,6 +19,10 @@ import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 ISA_ENV = "TRISTREAM_CPU_ISA"
 ISAS = ("avx512vnni", "avx2")
@@ -126,6 +130,10 @@ def _bind(lib: ctypes.CDLL) -> None:
     lib.ts_linear_q8.argtypes = [p, i64, i64, p, p, i64, p, p]
     lib.ts_linear_q8.restype = ctypes.c_int
     f32 = ctypes.c_float
+    lib.ts_alloc_huge.argtypes = [i64]
+    lib.ts_alloc_huge.restype = p
+    lib.ts_free.argtypes = [p]
+    lib.ts_free.restype = None
     lib.ts_add_rms_norm.argtypes = [p, p, i64, i64, p, f32, p]
     lib.ts_add_rms_norm.restype = None
     lib.ts_silu_mul.argtypes = [p, i64, i64, p]
@@ -163,3 +171,33 @@ def load(isa: str | None = None) -> Kernels | None:
 def last_error() -> str:
     """Why the last `load()` returned None ('' when it did not)."""
     return "; ".join(_errors.values())
+
+
+class HugeBuffer:
+    """One block of memory on huge pages (where the OS allows) holding many tensors' bytes.
+
+    The block is freed when the last tensor taken from it is gone (the tensors keep the
+    buffer object alive, and it frees the memory when it is collected)."""
+
+    def __init__(self, kernels: Kernels, nbytes: int) -> None:
+        import weakref
+
+        import torch
+
+        n = max(1, nbytes)
+        ptr = kernels.lib.ts_alloc_huge(n)
+        if not ptr:
+            raise MemoryError(f"could not allocate {nbytes} bytes for the weights")
+        arr = (ctypes.c_uint8 * n).from_address(ptr)
+        weakref.finalize(arr, kernels.lib.ts_free, ptr)
+        self.bytes = torch.frombuffer(arr, dtype=torch.uint8)
+        self.used = 0
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of `t` inside the buffer (64-byte aligned)."""
+        n = t.numel() * t.element_size()
+        start = (self.used + 63) // 64 * 64
+        out = self.bytes[start:start + n].view(t.dtype).view(t.shape)
+        out.copy_(t)
+        self.used = start + n
+        return out
