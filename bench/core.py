@@ -339,6 +339,62 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
                         "online_coverage": 0.99, "online_cpu_us_per_packet": 10.0}}
 
 
+def bench_online_split(seed: int = 2, seconds: float = 300.0, repeats: int = 3) -> dict[str, Any]:
+    """CPU per packet of each online part alone on one all-faults recording (thread CPU, best of
+    `repeats`): the clocks, then the rings and the synchroniser fed the clocks' reference times."""
+    from tristream.core.clock import SourceClock
+    from tristream.core.sync import ApproximateTimeSync
+    from tristream.core.synth import arrival_order
+
+    streams = generate_family("all", seed, seconds)
+    refs = run_online(streams, sync=False).refs
+    order = arrival_order(streams)
+    n = len(order)
+
+    def clocks() -> float:
+        cl = {sid: SourceClock(sid, latency_ns=s.spec.latency_ns, wrap_ns=parse_unit(s.spec.unit).wrap_ns)
+              for sid, s in streams.items()}
+        plan = [(cl[sid].observe_span, int(streams[sid].src_ns[i]), int(streams[sid].src_ns[i] + streams[sid].dur_ns[i]),
+                 int(streams[sid].arrival_ns[i])) for sid, i in order]
+        t0 = time.thread_time()
+        for f, a, b, c in plan:
+            f(a, b, c)
+        return (time.thread_time() - t0) * 1e6 / n
+
+    def rings() -> float:
+        rg: dict[str, Any] = {}
+        blocks: dict[str, Any] = {}
+        for sid, s in streams.items():
+            if s.spec.modality == "video":
+                rg[sid] = ObjectRing(300, lateness_ns=100_000_000, name=sid)
+                continue
+            rate = s.spec.samples * 1e9 / float(s.dur_ns[0])
+            ch = 1 if s.spec.modality == "audio" else 6
+            rg[sid] = TimeIndexedRing(rate, int(rate * 10), channels=ch, lateness_ns=100_000_000, name=sid)
+            blk = np.zeros((s.spec.samples, ch), np.float32)
+            blocks[sid] = blk[:, 0] if ch == 1 else blk
+        plan = [(rg[sid].append, int(refs[sid][i]), blocks.get(sid, i)) for sid, i in order]
+        t0 = time.thread_time()
+        for f, a, b in plan:
+            f(a, b)
+        return (time.thread_time() - t0) * 1e6 / n
+
+    def sync() -> float:
+        sy = ApproximateTimeSync(list(streams), max_interval_ns=40_000_000, lateness_ns=100_000_000,
+                                 idle_timeout_ns=500_000_000)
+        plan = [(sid, int(refs[sid][i]), (sid, i), int(streams[sid].arrival_ns[i])) for sid, i in order]
+        push = sy.push
+        t0 = time.thread_time()
+        for a, b, c, d in plan:
+            push(a, b, c, d)
+        sy.flush()
+        return (time.thread_time() - t0) * 1e6 / n
+
+    return {"seed": seed, "packets": n, "repeats": repeats,
+            **{k: round(min(f() for _ in range(repeats)), 2) for k, f in
+               (("clock_us", clocks), ("ring_us", rings), ("sync_us", sync))}}
+
+
 def bench_align_throughput(seconds: float, repeats: int = 2) -> dict[str, Any]:
     streams = generate_family("all", 7, seconds)
     events = to_events(streams)
@@ -409,7 +465,11 @@ def main() -> None:
     res["family"] = bench_family(1 if args.quick else args.family_seeds, 1 if args.quick else args.all_seeds,
                                  60.0 if args.quick else 300.0, 10.0, args.baseline_commit)
     res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0)
+    res["online_split"] = bench_online_split(seconds=60.0 if args.quick else 300.0)
     _print_family(res["family"], res["align_throughput"])
+    sp = res["online_split"]
+    print(f"  parts alone (all faults, seed {sp['seed']}, best of {sp['repeats']}): clock {sp['clock_us']} µs, "
+          f"ring {sp['ring_us']} µs, sync {sp['sync_us']} µs per packet")
     if args.only_family:
         res["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
         print(f"load average during the run: {res['load_average_1_5_15']} on {os.cpu_count()} CPUs")
