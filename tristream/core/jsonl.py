@@ -11,7 +11,7 @@ lines parse to the same numbers `parse_event` gives.
 
 `render(...)` writes the output: each fast line's own bytes up to its closing brace, then
 `, "ref_ns": N` (and `, "ref_flag": "..."`) and the brace; slow lines' texts are spliced in
-as given. Both run over chunks of lines, so memory stays a few times the chunk.
+as given. The scan runs over chunks of lines, so its memory stays a few times the chunk.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import numpy as np
 from tristream.core.errors import TimeCoreError
 from tristream.core.units import TimeUnit, parse_unit
 
-_CHUNK_LINES = 1 << 17
+_CHUNK_LINES = 1 << 15
 _KEYS = {b"source": 0, b"ts": 1, b"unit": 2, b"arrival_ns": 3, b"samples": 4, b"sample_rate": 5, b"rate_hz": 6,
          b"duration_ns": 7, b"ref_ns": 8, b"ref_flag": 9}
 _NKEYS = len(_KEYS)
@@ -364,75 +364,20 @@ def _scan_chunk(buf: np.ndarray, out: Scan, a: int, b: int, names: dict[bytes, i
             out.units[sname] = ulist[int(unit_of[ok][at])].name
 
 
-def _digits(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Decimal digits of non-negative... int64 values, right-aligned in 20 columns, and their count."""
-    neg = v < 0
-    a = np.abs(v).astype(np.uint64)
-    mat = np.full((v.size, 20), ord("0"), np.uint8)
-    for k in range(19, -1, -1):
-        mat[:, k] = (a % 10).astype(np.uint8) + 48
-        a //= 10
-    nd = np.ones(v.size, np.int64)
-    av = np.abs(v)
-    for p in range(1, 19):
-        nd += av >= 10**p
-    mat[neg, 19 - nd[neg]] = ord("-")
-    nd = nd + neg
-    return mat, nd
-
-
 def render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, str]) -> bytes:
     """Output bytes: fast lines (kind 1) get `ref_ns` (and `ref_flag` 1 outlier / 2 duplicate)
-    appended to their own text; lines in `texts` are written as given; other lines are left out."""
-    buf = np.frombuffer(data, np.uint8)
-    consts = [b', "ref_ns": ', b"}\n", b', "ref_flag": "outlier"}\n', b', "ref_flag": "duplicate"}\n']
+    appended to their own text; lines in `texts` are written as given; other lines are left out.
+
+    A join of byte slices: cheaper here than gathering every byte through an index array."""
+    fmts = (b', "ref_ns": %d}\n', b', "ref_ns": %d, "ref_flag": "outlier"}\n',
+            b', "ref_ns": %d, "ref_flag": "duplicate"}\n')
     parts: list[bytes] = []
-    n = sc.kind.size
-    keys = np.array(sorted(texts), np.int64)
-    for a in range(0, n, _CHUNK_LINES):
-        b = min(n, a + _CHUNK_LINES)
-        mine = keys[np.searchsorted(keys, a) : np.searchsorted(keys, b)].tolist()
-        parts.append(_render_chunk(buf, sc, ref, flag, {i: texts[i] for i in mine}, a, b, consts))
+    ap = parts.append
+    rows = zip(sc.kind.tolist(), sc.starts.tolist(), sc.close.tolist(), ref.tolist(), flag.tolist(), strict=True)
+    for i, (k, a, c, r, f) in enumerate(rows):
+        if k == 1:
+            ap(data[a:c])
+            ap(fmts[f] % r)
+        elif i in texts:
+            ap(texts[i].encode("utf-8"))
     return b"".join(parts)
-
-
-def _render_chunk(buf: np.ndarray, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, str], a: int, b: int,
-                  consts: list[bytes]) -> bytes:
-    kind = sc.kind[a:b]
-    slow = sorted(texts)
-    enc = [texts[i].encode("utf-8") for i in slow]
-    blob = b"".join(enc)
-    blob_len = np.zeros(b - a, np.int64)
-    if slow:
-        blob_len[np.array(slow) - a] = [len(t) for t in enc]
-    fast = kind == 1
-    mat, nd = _digits(ref[a:b])
-    cbytes = b"".join(consts)
-    coff = np.cumsum([0] + [len(c) for c in consts])
-    # one source array: [chunk of the file | constants | digits | slow texts]
-    lo = int(sc.starts[a])
-    hi = int(sc.ends[b - 1])
-    src = np.concatenate([buf[lo:hi], np.frombuffer(cbytes, np.uint8), mat.ravel(), np.frombuffer(blob, np.uint8)])
-    base_c = hi - lo
-    base_d = base_c + len(cbytes)
-    base_t = base_d + mat.size
-    m = b - a
-    seg_src = np.zeros((m, 4), np.int64)
-    seg_len = np.zeros((m, 4), np.int64)
-    seg_src[:, 0] = sc.starts[a:b] - lo
-    seg_len[:, 0] = np.where(fast, sc.close[a:b] - sc.starts[a:b], 0)
-    seg_src[:, 1] = base_c + coff[0]
-    seg_len[:, 1] = np.where(fast, len(consts[0]), 0)
-    seg_src[:, 2] = base_d + np.arange(m) * 20 + 20 - nd
-    seg_len[:, 2] = np.where(fast, nd, 0)
-    fl = flag[a:b]
-    tail = np.where(fl == 1, 2, np.where(fl == 2, 3, 1))
-    seg_src[:, 3] = np.where(fast, base_c + coff[tail], base_t + np.cumsum(blob_len) - blob_len)
-    seg_len[:, 3] = np.where(fast, np.array([len(c) for c in consts])[tail], blob_len)
-    sl = seg_len.ravel()
-    total = int(sl.sum())
-    if total == 0:
-        return b""
-    starts = np.cumsum(sl) - sl
-    gather = np.repeat(seg_src.ravel() - starts, sl) + np.arange(total)
-    return bytes(src[gather])
