@@ -57,3 +57,20 @@ def test_debug_shows_the_traceback() -> None:
 
     with pytest.raises(RecordingError):
         run(app, ["--debug", "report", str(WAV)])
+
+
+def test_the_assistant_picks_its_stages_by_device() -> None:
+    from tristream.serve.backends import UnknownBackend, assistant_plan
+
+    kind, kw = assistant_plan({}, cuda=False)  # the CPU stages, every turn under the scheduler
+    assert kind == "engine" and kw["stages"] == "embedded" and kw["sched"] == "ours" and kw["device"] == "cpu"
+    kind, kw = assistant_plan({"sched": "none"}, cuda=False)  # straight on the engine
+    assert kind == "pipeline" and kw == {"llm_path": None, "device": "cpu", "quant": "auto"}
+    kind, kw = assistant_plan({}, cuda=True)  # GPU stages and the scheduler where CUDA exists
+    assert kind == "engine" and kw["stages"] == "gpu" and kw["device"] == "cuda" and kw["model"] == "smollm2"
+    kind, kw = assistant_plan({"sched": "ours", "quant": "none"}, cuda=False)
+    assert kind == "engine" and kw["stages"] == "embedded" and kw["sched"] == "ours" and kw["quant"] == "none"
+    kind, kw = assistant_plan({"device": "cpu", "model": "/m.gguf", "sched": "none"}, cuda=True)
+    assert kind == "pipeline" and kw["llm_path"] == "/m.gguf"
+    with pytest.raises(UnknownBackend, match="unknown assistant option"):
+        assistant_plan({"stages": "gpu"}, cuda=False)

@@ -6,6 +6,7 @@ import asyncio
 import wave
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tests.serve.helpers import TOKEN, run, running_server, tone_turns, url
@@ -103,7 +104,9 @@ def test_client_command_prints_turns(tmp_path: Path) -> None:
     assert "speech 400 ms" in out and "completed" in out
 
 
-def test_client_command_reports_auth_failure(tmp_path: Path) -> None:
+def test_client_command_reports_auth_failure(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tristream.commands.errors import run as run_cli
+
     wav = tmp_path / "in.wav"
     with wave.open(str(wav), "wb") as w:
         w.setnchannels(1)
@@ -111,14 +114,14 @@ def test_client_command_reports_auth_failure(tmp_path: Path) -> None:
         w.setframerate(16_000)
         w.writeframes(tone_turns([300], rate=16_000).tobytes())
 
-    async def go() -> tuple[int, str]:
+    async def go() -> int:
         async with running_server() as srv:
             loop = asyncio.get_running_loop()
-            res = await loop.run_in_executor(None, lambda: CliRunner().invoke(app, [
+            return await loop.run_in_executor(None, lambda: run_cli(app, [
                 "client", "--wav", str(wav), "--url", url(srv), "--token", "nope", "--pace", "0"]))
-            return res.exit_code, res.output
-    code, out = run(go())  # type: ignore[misc]
-    assert code == 1 and "401" in out
+    code = run(go())
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("error: ") and "401" in err and "\n" not in err, err
 
 
 def test_client_reads_video_file_and_jpeg_folder(tmp_path: Path) -> None:

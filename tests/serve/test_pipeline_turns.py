@@ -94,7 +94,7 @@ def test_manual_commit_ends_turn_and_clear_drops_audio(pipeline_models: Any) -> 
             evs = await until(c, is_type("session.updated"))
             assert not any(e["type"].startswith("response.") for e in evs)
             b = backend_of(srv)
-            assert b._gate.held is not None and b._session.records == []
+            assert b._gate.held is not None and b.session.records == []
             assert b.counters()["manual_buffer_cleared"] == 1
             await c.send({"type": "response.create"})
             evs = await until(c, is_type("response.done"))
@@ -125,7 +125,7 @@ def test_server_vad_create_response_false_waits_for_response_create(pipeline_mod
             evs = await until(c, is_type("session.updated"))
             assert not any(e["type"].startswith("response.") for e in evs)
             b = backend_of(srv)
-            assert b._gate.held is not None and b._session.records == []
+            assert b._gate.held is not None and b.session.records == []
             await c.send({"type": "response.create"})
             evs = await until(c, is_type("response.done"))
             assert evs[-1]["response"]["status"] == "completed"
@@ -189,7 +189,7 @@ def test_text_only_turns_do_no_tts(pipeline_models: Any) -> None:
             c = await RealtimeClient.connect(url(srv), TOKEN)
             await c.send({"type": "session.update", "session": {"modalities": ["text"]}})
             await until(c, is_type("session.updated"))
-            tts = backend_of(srv)._session.tts_stage
+            tts = backend_of(srv).session.tts_stage
             evs = await ask(c, "Hello there.")
             kinds = {ev["type"] for ev in evs}
             assert "response.text.done" in kinds and "response.audio.delta" not in kinds, kinds

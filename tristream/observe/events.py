@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 
+SPEECH_RATE = 16_000
+"""Sample rate of the audio inside a session (`AudioIn`, the VAD and the ASR): every input is
+converted to it once, at the edge (`tristream.stages.base.Resampler`)."""
+
 # ---- inputs -------------------------------------------------------------------------------
 
 

@@ -6,11 +6,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from tristream.engine.cli_support import ModelSetupError
 from tristream.pipeline.llm import ChatBackend, EngineChatBackend, OpenAIChatBackend
-
-
-class ModelSetupError(RuntimeError):
-    """A model the session needs cannot be loaded; the message says what to install or pass."""
 
 
 @dataclass(slots=True)
@@ -86,3 +83,6 @@ def _warm_up(models: SharedModels) -> None:
         transcribe(np.zeros(16_000, dtype=np.float32))
     if models.vision is not None:
         models.vision.stream("warm-up").describe(np.zeros((240, 320, 3), dtype=np.uint8), 0)
+
+
+__all__ = ["ModelSetupError", "SharedModels", "load_models"]

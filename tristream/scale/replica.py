@@ -295,7 +295,7 @@ class EngineReplica:
 
     async def load_report(self) -> LoadReport:
         """The scheduler's load signal for this replica (see `tristream.scale.load`)."""
-        queued = sum(1 for h in self.sessions.values() if h.session._response is not None)
+        queued = sum(1 for h in self.sessions.values() if h.session.responding)
         queued += sum(len(h.outbox) > 0 for h in self.sessions.values())
         rep = self.load.report(self.replica_id, time.monotonic_ns(), len(self.sessions), queued,
                                self.accepting, getattr(self.factory, "scheduler", None))

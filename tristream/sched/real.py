@@ -246,15 +246,15 @@ def build_engine(model: str, device: str, kv_bytes: int, quant: str = "auto") ->
 
 
 def load_real_engine(model: str | None, device: str, quant: str = "auto", kv_bytes: int | None = None) -> Any:
-    """`load_engine(model, device, quant)`, passing the KV cache size where the factory takes it."""
-    import inspect
-
+    """`load_engine(model, device, quant)`, with a KV cache of `kv_bytes` (and graphs on CUDA) when given."""
     from tristream.engine.cli_support import load_engine
 
-    params = inspect.signature(load_engine).parameters
-    if kv_bytes is not None and "kv_cache_bytes" in params:
-        return load_engine(model, device, quant, kv_cache_bytes=kv_bytes)  # type: ignore[call-arg]
-    return load_engine(model, device, quant)
+    if kv_bytes is None:
+        return load_engine(model, device, quant)
+    from tristream.engine.engine import EngineConfig
+
+    cfg = EngineConfig(kv_cache_bytes=kv_bytes, max_model_len=4096, use_graphs=device.startswith("cuda"))
+    return load_engine(model, device, quant, config=cfg)
 
 
 def build_encoders(device: str, tiny: bool = False) -> Any:

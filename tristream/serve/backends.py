@@ -3,7 +3,8 @@
 - ``assistant`` (the default; ``pipeline`` is the same): the assistant session (VAD -> ASR ->
   LLM -> TTS with barge-in, camera scene) with the embedded real models, through
   `tristream.serve.pipeline_backend`; options ``model=PATH`` (a GGUF file or HF folder instead
-  of the embedded SmolLM2), ``device=cpu|cuda|auto`` and ``quant=auto|none|int8|int4`` for the LLM.
+  of the embedded SmolLM2), ``device=cpu|cuda|auto``, ``quant=auto|none|int8|int4`` and
+  ``sched=none|ours|...`` (`assistant_plan`: the stages per device).
 - ``echo``: `EchoBackend` (no models; a test backend for the protocol and serving-layer load).
 - ``engine``: answers on our `LLMEngine`, turn by turn through the scheduler
   (`tristream.serve.sched_backend`). Options ride on the name, so ``tristream serve --backend``
@@ -48,7 +49,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     """Keyword arguments of `sched_backend.engine_factory` from ``engine:`` options (defaults filled)."""
-    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms", "asr_model"}
+    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms", "asr_model", "quant"}
     extra = sorted(set(opts) - known)
     if extra:
         raise UnknownBackend(f"unknown engine option {extra[0]!r}; known: {sorted(known)}")
@@ -63,6 +64,8 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
         if key in opts:
             kw[key] = int(opts[key])
     kw["sched"] = opts.get("sched", "ours")
+    if "quant" in opts:  # the real model's weights (auto: int4 on CPU)
+        kw["quant"] = opts["quant"]
     if "asr_model" in opts:  # stages=gpu: a CTranslate2 Whisper folder instead of the shipped base
         from tristream.serve.speech_stages import AsrSpec
 
@@ -72,14 +75,39 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     return kw
 
 
-def assistant_options(opts: dict[str, str]) -> dict[str, Any]:
-    """Keyword arguments of `pipeline_factory` from ``assistant:`` options."""
-    known = {"model", "device", "quant"}
-    extra = sorted(set(opts) - known)
+ASSISTANT_OPTIONS = {"model", "device", "quant", "sched"}
+
+
+def assistant_plan(opts: dict[str, str], cuda: bool | None = None) -> tuple[str, dict[str, Any]]:
+    """Which factory builds the assistant for ``assistant:`` options, and its arguments.
+
+    The session graph is the same everywhere; its stages follow the device: with CUDA (``device``
+    cuda, or auto where CUDA exists) the turns run on our engine under the scheduler with the GPU
+    speech stages (``engine`` factory, ``stages=gpu``); on a CPU the embedded stages with the LLM
+    on our engine under the scheduler too (``sched=ours``, the default; ``fifo``,
+    ``static_priority``), or straight on the engine's own continuous batching (``sched=none``).
+    """
+    from tristream.pipeline.prompt import DECODE
+
+    extra = sorted(set(opts) - ASSISTANT_OPTIONS)
     if extra:
-        raise UnknownBackend(f"unknown assistant option {extra[0]!r}; known: {sorted(known)}")
-    return {"llm_path": opts.get("model") or None, "device": opts.get("device", "auto"),
-            "quant": opts.get("quant", "auto")}
+        raise UnknownBackend(f"unknown assistant option {extra[0]!r}; known: {sorted(ASSISTANT_OPTIONS)}")
+    device = opts.get("device", "auto")
+    if device == "auto":
+        if cuda is None:
+            import torch
+
+            cuda = torch.cuda.is_available()
+        device = "cuda" if cuda else "cpu"
+    model, quant = opts.get("model") or None, opts.get("quant", "auto")
+    if device.startswith("cuda"):
+        return "engine", {"device": device, "model": model or "smollm2", "stages": "gpu", "quant": quant,
+                          "sched": opts.get("sched", "ours"), "max_tokens": DECODE.max_tokens}
+    sched = opts.get("sched", "ours")
+    if sched != "none":
+        return "engine", {"device": device, "model": model or "smollm2", "stages": "embedded", "quant": quant,
+                          "sched": sched, "max_tokens": DECODE.max_tokens}
+    return "pipeline", {"llm_path": model, "device": device, "quant": quant}
 
 
 def make_factory(name: str = DEFAULT_BACKEND, pace: float = 0.0) -> BackendFactory:
@@ -92,7 +120,12 @@ def make_factory(name: str = DEFAULT_BACKEND, pace: float = 0.0) -> BackendFacto
             from tristream.serve.pipeline_backend import pipeline_factory
         except ImportError as exc:
             raise UnknownBackend(f"backend {base!r} is not available: {exc}") from exc
-        return pipeline_factory(**assistant_options(opts))
+        kind, kw = assistant_plan(opts)
+        if kind == "engine":
+            from tristream.serve.sched_backend import engine_factory
+
+            return engine_factory(**kw)
+        return pipeline_factory(**kw)
     if base == "engine":
         from tristream.serve.sched_backend import engine_factory
 

@@ -27,7 +27,7 @@ import numpy as np
 from websockets.asyncio.client import ClientConnection, connect
 
 from tristream.serve import protocol as P
-from tristream.serve.audio import resample_int16
+from tristream.stages.base import resample
 
 CHUNK_MS = 20
 # beta and GA names (the server mirrors the API shape the client's session.update used)
@@ -178,7 +178,7 @@ async def stream_media(
     client = await RealtimeClient.connect(url, token)
     send_rate = rate if rate in P.SUPPORTED_SAMPLE_RATES else P.DEFAULT_SAMPLE_RATE
     if send_rate != rate:
-        pcm = resample_int16(pcm, rate, send_rate)
+        pcm = resample(np.asarray(pcm, np.int16), rate, send_rate)
     await client.send({"type": "session.update", "session": {"input_audio_sample_rate": send_rate, **(session or {})}})
     step = send_rate * CHUNK_MS // 1000
     pcm = np.concatenate([pcm, np.zeros(int(tail_silence_s * send_rate), dtype=np.int16)])

@@ -28,8 +28,8 @@ from tristream.observe.events import (
     TranscriptDelta,
     TranscriptDone,
 )
-from tristream.serve.audio import resample_int16
 from tristream.serve.backend import BackendConfig
+from tristream.stages.base import resample
 
 FRAME_MS = 20
 CHUNK_MS = 100
@@ -180,7 +180,7 @@ class EchoBackend:
         prev = self._task if self._task is not None and not self._task.done() else None
         cfg = self._cfg
         assert cfg is not None
-        out = resample_int16(audio, cfg.sample_rate, cfg.output_sample_rate) if audio.size else audio
+        out = resample(audio, cfg.sample_rate, cfg.output_sample_rate) if audio.size else audio
         words = text.split(" ")
         start = 0
         if prev is None:

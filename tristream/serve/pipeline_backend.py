@@ -27,6 +27,7 @@ from typing import Any, cast
 import numpy as np
 
 from tristream.observe.events import (
+    SPEECH_RATE,
     AnswerAudio,
     EncodedFrame,
     EventSink,
@@ -35,11 +36,11 @@ from tristream.observe.events import (
     TranscriptDelta,
     TranscriptDone,
 )
-from tristream.serve.audio import resample_int16
 from tristream.serve.backend import BackendConfig, BackendFactory
 from tristream.serve.media import MediaError
 from tristream.serve.pipeline_metrics import STAGE_TOTALS, Family, StageTotals, stage_gauges
 from tristream.serve.pipeline_turns import ManualAudioBuffer, TurnGate, decode_image, transcribe_utterance
+from tristream.stages.base import Resampler
 
 __all__ = ["STAGE_TOTALS", "PipelineBackend", "StageTotals", "pipeline_factory"]
 
@@ -73,6 +74,12 @@ class PipelineBackend:
         self._answer_when_transcribed = False
         self._last_frame_ns = -1
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._out_rate: Resampler | None = None  # answer audio -> the client's output rate
+
+    @property
+    def session(self) -> Any:
+        """The pipeline `Session` behind this connection (None before `start`)."""
+        return self._session
 
     @property
     def busy(self) -> bool:
@@ -105,7 +112,7 @@ class PipelineBackend:
         if self._chat_for_session is not None:
             self._own_chat = self._chat_for_session(lambda: self._cfg.tier if self._cfg else "silver")
         s = Session(self.models, sink=self, clock=self._session_clock, config=scfg, llm=self._own_chat)
-        s.subscribe(self._emit)
+        s.subscribe(self._on_event)
         self._gate = TurnGate(s.llm_stage.inbox, self._hold_turns, self._count)
         s.asr_stage.downstream = [cast(Any, self._gate)]
         self._session = s
@@ -131,16 +138,30 @@ class PipelineBackend:
             self._count("audio_after_response_dropped")
             return
         i16 = np.clip(np.rint(np.asarray(pcm, np.float32) * 32767), -32768, 32767).astype(np.int16)
-        self._emit(AnswerAudio(resample_int16(i16, rate, self._cfg.output_sample_rate), self._now()))
+        out = self._out_rate
+        if out is None or out.rate_in != rate or out.rate_out != self._cfg.output_sample_rate:
+            out = self._out_rate = Resampler(rate, self._cfg.output_sample_rate)
+        chunk = out.push(i16)
+        if chunk.size:
+            self._emit(AnswerAudio(chunk, self._now()))
 
     def interrupt(self) -> None:
-        """Barge-in: nothing is buffered here beyond the chunk handed over; counted."""
+        """Barge-in: the resampler's tail is dropped (nothing else is buffered here); counted."""
+        self._out_rate = None
         self._count("sink_interrupts")
+
+    def _on_event(self, ev: Any) -> None:
+        """A session event: to the server; an answer's end first sends the rest of its audio."""
+        if type(ev) is ResponseDone and self._out_rate is not None:
+            tail = self._out_rate.flush()
+            if tail.size and ev.status == "completed":
+                self._emit(AnswerAudio(tail, self._now()))
+        self._emit(ev)
 
     # ---- inputs
     def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
         """16 kHz int16 chunk; capture time mapped to the reference clock when given."""
-        dur_ns = pcm.size * 1_000_000_000 // 16_000
+        dur_ns = pcm.size * 1_000_000_000 // SPEECH_RATE
         if capture_ts_us is not None:
             start = capture_ts_us * 1000
             ref = self._clock.observe_span(start, start + dur_ns, ref_ns)

@@ -42,7 +42,7 @@ class PipelineReplayDriver:
 
     def _busy(self) -> bool:
         for b in self.backends:
-            s = b._session
+            s = b.session
             if s is None:
                 continue
             if b.busy:  # a manual-mode transcription in a worker thread

@@ -219,7 +219,7 @@ class EngineSessionBackend:
 def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
                    kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None,
                    sched: str = "ours", turn_timeout_ms: float | None = None, asr: Any = None,
-                   tts: Any = None, vad: Any = None) -> BackendFactory:
+                   tts: Any = None, vad: Any = None, quant: str = "auto") -> BackendFactory:
     """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
     for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
 
@@ -257,7 +257,7 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         speech = streaming_models(device, asr=asr, tts=tts, vad=vad)
     from tristream.pipeline.prompt import DECODE
 
-    se = ScheduledEngine(build_engine(model, device, kv_bytes), scheduler, temperature=DECODE.temperature,
+    se = ScheduledEngine(build_engine(model, device, kv_bytes, quant), scheduler, temperature=DECODE.temperature,
                          repetition_penalty=DECODE.repetition_penalty)
     factory: Any
     if stages == "none":
@@ -282,10 +282,15 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         raise ValueError(f"stages must be 'none', 'embedded' or 'gpu', got {stages!r}")
     factory.se = se
     factory.collect = lambda: sched_families(se)
+    if stages != "none":  # the pipeline's per-stage totals (closed sessions) too
+        from tristream.serve.pipeline_backend import STAGE_TOTALS
+
+        factory.collect = lambda: sched_families(se) + STAGE_TOTALS.families()
     if speech is not None:
+        from tristream.serve.pipeline_backend import STAGE_TOTALS
         from tristream.serve.speech_stages import asr_families
 
-        factory.collect = lambda: sched_families(se) + asr_families(speech.asr)
+        factory.collect = lambda: sched_families(se) + STAGE_TOTALS.families() + asr_families(speech.asr)
     factory.healthy = lambda: se.error is None
     return factory  # type: ignore[no-any-return]
 

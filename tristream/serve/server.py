@@ -182,7 +182,7 @@ class RealtimeServer:
                 "type": "server_error", "code": P.E_SHUTTING_DOWN, "param": None, "event_id": None,
                 "message": f"server is shutting down; the session closes within {grace:g} s"}))
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(c.session._response is not None for c in self.conns.values()):
+        while time.monotonic() < deadline and any(c.session.responding for c in self.conns.values()):
             await asyncio.sleep(0.02)
         self._server.close(close_connections=True, code=1001, reason="server shutting down")
         await self._server.wait_closed()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tristream.observe.events import (
+    SPEECH_RATE,
     AnswerAudio,
     AnswerText,
     EncodedFrame,
@@ -28,15 +29,16 @@ from tristream.observe.events import (
     TranscriptDone,
 )
 from tristream.serve import protocol as P
-from tristream.serve.audio import decode_pcm16, encode_pcm16_b64, resample_int16
+from tristream.serve.audio import decode_pcm16, encode_pcm16_b64
 from tristream.serve.backend import BackendConfig, SessionBackend
 from tristream.serve.ga import API_GA, to_ga
 from tristream.serve.limits import ServerLimits, TokenBucket
 from tristream.serve.media import MediaError
 from tristream.serve.metrics import ServeMetrics
+from tristream.stages.base import Resampler
 
 log = logging.getLogger("tristream.serve")
-BACKEND_RATE = 16_000
+BACKEND_RATE = SPEECH_RATE
 MAX_STREAMS = 16  # distinct media streams (audio + camera stream_ids) one session may open
 Tap = Callable[[str, str, int], None]  # direction ("in"/"out"), JSON text, ref_ns
 
@@ -124,6 +126,12 @@ class RealtimeSession:
         self._last_ts: dict[str, int] = {}  # newest capture_ts_us per media stream
         self._in_item = False
         self._next_modalities: list[str] | None = None  # of the answer a response.create asked for
+        self._in_rate: Resampler | None = None  # client audio -> the session's speech rate
+
+    @property
+    def responding(self) -> bool:
+        """Whether an answer is in progress (between ``response.created`` and ``response.done``)."""
+        return self._response is not None
 
     # ------------------------------------------------------------------ output
     def send(self, event: dict[str, Any]) -> None:
@@ -215,7 +223,9 @@ class RealtimeSession:
         if isinstance(ev, P.AudioAppend):
             pcm = decode_pcm16(ev.pcm)
             rate = self.settings.input_audio_sample_rate
-            self.backend.push_audio(resample_int16(pcm, rate, BACKEND_RATE), now, ev.capture_ts_us)
+            if self._in_rate is None or self._in_rate.rate_in != rate:  # the client may change its rate
+                self._in_rate = Resampler(rate, BACKEND_RATE)
+            self.backend.push_audio(self._in_rate.push(pcm), now, ev.capture_ts_us)
             self._uncommitted_ms += pcm.size * 1000 / rate
         elif isinstance(ev, P.VideoFrameAppend):
             self.backend.push_frame(EncodedFrame(ev.data, ev.format, ev.capture_ts_us, ev.width, ev.height,
