@@ -247,3 +247,69 @@ def test_half_duplex_ignores_the_microphone_while_answering(models) -> None:
     drops, barge_ins = asyncio.run(main())
     assert drops == {"half_duplex_muted": 50}
     assert barge_ins == 0
+
+
+class _Scripted:
+    """A chat backend of our own: the LLM stage of the session is anything that streams text."""
+
+    name = "scripted"
+
+    async def stream(self, messages: list[dict[str, str]], max_tokens: int):  # type: ignore[no-untyped-def]
+        for w in ("Paris", " is", " the", " capital.", " Extra", " words."):
+            yield w
+
+
+def test_observers_see_the_conversation_in_order_and_a_custom_llm_stage(models, say) -> None:
+    from tristream.observe.events import (
+        AnswerText,
+        ResponseDone,
+        ResponseStarted,
+        SpeechStarted,
+        SpeechStopped,
+        TranscriptDone,
+    )
+
+    async def go() -> tuple[list[object], list[object], Session]:
+        clock = VirtualClock(start_ns=1_000_000_000)
+        session = Session(models, clock=clock, llm=_Scripted(), config=SessionConfig(speak=False))
+        seen: list[object] = []
+        other: list[object] = []
+        session.subscribe(seen.append)
+        stop = session.subscribe(other.append)
+        session.start()
+        pcm = np.concatenate([np.zeros(8000, np.float32), say("What is the capital of France?"),
+                              np.zeros(16000, np.float32)])
+        for i in range(0, pcm.size, 320):  # 20 ms chunks on the virtual clock
+            session.push_audio(pcm[i:i + 320], clock.now_ns())
+            await session.settle_input()
+            clock.advance(20_000_000)
+            await asyncio.sleep(0)
+        for _ in range(2000):
+            if any(isinstance(e, ResponseDone) for e in seen):
+                break
+            clock.advance(20_000_000)
+            await asyncio.sleep(0.005)
+        stop()
+        session.ask("And again?")  # a typed turn: only the first observer is still subscribed
+        for _ in range(2000):
+            if sum(isinstance(e, ResponseDone) for e in seen) == 2:
+                break
+            await asyncio.sleep(0.005)
+        await session.close()
+        return seen, other, session
+
+    seen, other, session = asyncio.run(asyncio.wait_for(go(), 120))
+    kinds = [type(e).__name__ for e in seen]
+    order = [k for k in kinds if k in ("SpeechStarted", "SpeechStopped", "TranscriptDone", "ResponseStarted",
+                                       "ResponseDone")]
+    assert order == ["SpeechStarted", "SpeechStopped", "TranscriptDone", "ResponseStarted", "ResponseDone",
+                     "ResponseStarted", "ResponseDone"], kinds
+    done = [e for e in seen if isinstance(e, TranscriptDone)][0]
+    assert {"capital", "france"} <= _words(done.text), done.text
+    first = kinds.index("ResponseStarted")
+    text = "".join(e.text for e in seen[first:kinds.index("ResponseDone")] if isinstance(e, AnswerText))
+    assert text == "Paris is the capital."  # the custom stage's words, ended after the first sentence
+    assert all(isinstance(e, ResponseDone) and e.status == "completed" for e in seen if isinstance(e, ResponseDone))
+    assert not any(isinstance(e, ResponseStarted) for e in other[other.index(seen[kinds.index("ResponseDone")]) + 1:])
+    assert isinstance(seen[0], SpeechStarted) and any(isinstance(e, SpeechStopped) for e in seen)
+    assert session.records[-1].user_text == "And again?"
