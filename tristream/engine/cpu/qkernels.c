@@ -141,7 +141,7 @@ static inline void tile_##FMT##_##MR##x##NR(const int16_t *q, const float *dx, c
         int64_t K, const WT *w, const uint16_t *wd, const uint16_t *wm, int64_t n,               \
         float *y, int64_t ldy) {                                                                 \
     const int64_t nb = K / QK;                                                                   \
-    float S[MR][NR][MAX_NB] __attribute__((aligned(32)));                                        \
+    float S[MR][NR][MAX_NB + 24] __attribute__((aligned(32))); /* +24: rows 4 KiB apart alias in L1 */                                        \
     float mt[MR][NR];                                                                            \
     __m256 acc[MR][NR];                                                                          \
     for (int i = 0; i < MR; i++) for (int j = 0; j < NR; j++) {                                  \
@@ -170,34 +170,13 @@ static inline void tile_##FMT##_##MR##x##NR(const int16_t *q, const float *dx, c
 #define DEFINE_TILE_Q4(MR, NR) DEFINE_TILE(q4, uint8_t, unpack_q4, K / 2, MR, NR)
 #define DEFINE_TILE_Q8(MR, NR) DEFINE_TILE(q8, int8_t, unpack_q8, K, MR, NR)
 
-DEFINE_TILE_Q4(1, 4)
 DEFINE_TILE_Q4(1, 1)
 DEFINE_TILE_Q4(4, 2)
-DEFINE_TILE_Q8(1, 4)
 DEFINE_TILE_Q8(1, 1)
 DEFINE_TILE_Q8(4, 2)
 
 typedef void (*tile_fn)(const int16_t *, const float *, const float *, int64_t, const void *,
                         const uint16_t *, const uint16_t *, int64_t, float *, int64_t);
-
-/* Software prefetch of the weight rows a few tiles ahead: the hardware streamers alone left a
- * one-row GEMV far below DRAM bandwidth (the rows are short, and four are read at once). */
-#ifndef PF_ROWS
-#define PF_ROWS 4
-#endif
-static inline void prefetch_rows(int kind, const void *w, const uint16_t *wd, const uint16_t *wm, int64_t K,
-                                 int64_t n, int64_t N) {
-    if (n + 4 > N) return;
-    const int64_t bytes = 4 * (kind == 4 ? K / 2 : K), nb = K / QK;
-    const char *p = (const char *)w + n * (kind == 4 ? K / 2 : K);
-    for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
-    const char *d = (const char *)(wd + n * nb);
-    for (int64_t o = 0; o < 8 * nb; o += 64) _mm_prefetch(d + o, _MM_HINT_T0);
-    if (wm) {
-        const char *mm = (const char *)(wm + n * nb);
-        for (int64_t o = 0; o < 8 * nb; o += 64) _mm_prefetch(mm + o, _MM_HINT_T0);
-    }
-}
 
 typedef void (*chunk_fn)(void *ctx, int64_t chunk);
 
@@ -249,11 +228,7 @@ static void linear_chunk(void *arg, int64_t t) {
     }
     for (int64_t m = m4; m < M; m++) {
         int64_t n = n0;
-        for (; n + 4 <= n1; n += 4) {
-            if (m == M - 1) prefetch_rows(kind, w, wd, wm, K, n + PF_ROWS, N);
-            if (kind == 4) tile_q4_1x4(q + m * K, dx + m * nb, sx + m * nb, K, (const uint8_t *)w, wd, wm, n, y + m * N, N);
-            else tile_q8_1x4(q + m * K, dx + m * nb, sx + m * nb, K, (const int8_t *)w, wd, wm, n, y + m * N, N);
-        }
+        /* one weight row at a time: four rows at once ran 1.4x (q4) to 3x (q8) slower per row */
         for (; n < n1; n++) {
             if (kind == 4) tile_q4_1x1(q + m * K, dx + m * nb, sx + m * nb, K, (const uint8_t *)w, wd, wm, n, y + m * N, N);
             else tile_q8_1x1(q + m * K, dx + m * nb, sx + m * nb, K, (const int8_t *)w, wd, wm, n, y + m * N, N);
