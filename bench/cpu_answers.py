@@ -44,14 +44,21 @@ def correct(q: tuple[str, ...], answer: str) -> bool:
 
 
 def run_generate(env: dict[str, str], qs: list[tuple[str, ...]]) -> dict[str, Any]:
+    """Each question in its own `tristream generate`, and again with dense float32 weights on the
+    CPU's own instruction set: the int4 answer should be the dense model's, word for word."""
     rows = []
     for q in qs:
         t = time.perf_counter()
         p = subprocess.run([*CLI, "generate", q[0]], capture_output=True, text=True, env=env, timeout=300)
         ans = p.stdout.strip()
-        rows.append({"q": q[0], "answer": ans, "ok": p.returncode == 0 and correct(q, ans),
+        dense = subprocess.run([*CLI, "generate", q[0], "--quant", "none"], capture_output=True, text=True,
+                               timeout=300).stdout.strip()
+        rows.append({"q": q[0], "answer": ans, "ok": p.returncode == 0 and correct(q, ans), "dense_answer": dense,
+                     "same_as_dense": ans == dense, "dense_ok": correct(q, dense),
                      "rc": p.returncode, "s": time.perf_counter() - t, "stderr": p.stderr[-300:] if p.returncode else ""})
-    return {"correct": sum(r["ok"] for r in rows), "asked": len(rows), "rows": rows}
+    return {"correct": sum(r["ok"] for r in rows), "asked": len(rows),
+            "same_as_dense": sum(r["same_as_dense"] for r in rows), "dense_correct": sum(r["dense_ok"] for r in rows),
+            "rows": rows}
 
 
 def run_chat(env: dict[str, str], qs: list[tuple[str, ...]]) -> dict[str, Any]:
@@ -110,7 +117,7 @@ def main() -> None:
             res[name] = fn()
             res[name]["wall_s"] = time.perf_counter() - t
             r = res[name]
-            print(name, {k: v for k, v in r.items() if k in ("correct", "asked", "rc", "summary", "error", "wall_s")},
+            print(name, {k: v for k, v in r.items() if k in ("correct", "asked", "same_as_dense", "dense_correct", "rc", "summary", "error", "wall_s")},
                   flush=True)
     path = write_results("cpu_answers_native" if args.native else "cpu_answers", res)
     print(f"wrote {path}")

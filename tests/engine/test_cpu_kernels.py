@@ -155,3 +155,22 @@ def test_isa_choice_follows_the_cpu_and_the_environment() -> None:
         native.best_isa(avx2 | {"avx512f", "avx512bw", "avx512vl"}, {native.ISA_ENV: "avx512vnni"})
     with pytest.raises(native.UnsupportedCPU, match="must be one of"):
         native.best_isa(avx2, {native.ISA_ENV: "neon"})
+
+
+def test_the_engine_factory_refuses_user_mistakes_in_one_line(tmp_path, monkeypatch) -> None:
+    from tristream.engine.cli_support import ModelNotFound, ModelSetupError, load_engine, resolve_quant
+
+    with pytest.raises(ModelSetupError, match="--quant must be one of auto, none, int8, int4, not 'int3'"):
+        load_engine(None, "cpu", "int3")
+    junk = tmp_path / "model.gguf"
+    junk.write_bytes(b"not a model at all")
+    with pytest.raises(ModelSetupError, match="not a model this engine can load"):
+        load_engine(str(junk), "cpu", "none")
+    with pytest.raises(ModelNotFound, match="no such file"):
+        load_engine(str(tmp_path / "missing.gguf"), "cpu", "none")
+    monkeypatch.setenv(native.ISA_ENV, "avx512vnni")
+    monkeypatch.setattr(native, "cpu_flags", lambda: {"avx2", "fma", "f16c"})
+    with pytest.raises(ModelSetupError, match="lacks"):
+        load_engine(None, "cpu", "int4")
+    with pytest.raises(ModelSetupError, match="for CPU inference"):
+        resolve_quant("int4", "cuda")

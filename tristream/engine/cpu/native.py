@@ -201,3 +201,24 @@ class HugeBuffer:
         out.copy_(t)
         self.used = start + n
         return out
+
+
+def main() -> None:
+    """`python -m tristream.engine.cpu.native`: build the kernels for this CPU now (the install
+    step runs it; without it they are built on first use) and say which instruction set runs."""
+    import sys
+
+    try:
+        isa = best_isa()
+    except UnsupportedCPU as e:
+        print(f"native CPU kernels: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    built = [k.isa for k in (load(i) for i in dict.fromkeys([isa, "avx2"]) if i) if k is not None]
+    if isa is None or not built:
+        print(f"native CPU kernels unavailable ({last_error()}): the CPU path runs dense float32", file=sys.stderr)
+        return
+    print(f"native CPU kernels: {isa} (built: {', '.join(built)})")
+
+
+if __name__ == "__main__":
+    main()
