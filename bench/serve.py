@@ -413,7 +413,9 @@ def engine_main(args: argparse.Namespace) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backend", default="echo", choices=("echo", "assistant", "pipeline", "engine", "speech"))
+    ap.add_argument("--backend", default="echo",
+                    choices=("echo", "assistant", "assistant:sched=ours", "assistant:sched=none", "pipeline",
+                             "engine", "speech"))
     ap.add_argument("--clients", type=int, nargs="+", default=None, help="default 1 8 32 (engine: 1 8 32 64)")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--no-baseline", action="store_true")
@@ -441,7 +443,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    pipeline = args.backend in ("assistant", "pipeline")  # the same backend (the server's default)
+    pipeline = args.backend.split(":")[0] in ("assistant", "pipeline")  # the same backend (the server's default)
     pcm = real_speech(args.turns, gap_s=4.0) if pipeline else speech_like(args.turns)
     wait_s = 120.0 if pipeline else 30.0
     rows = []

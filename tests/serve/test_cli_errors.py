@@ -62,9 +62,7 @@ def test_debug_shows_the_traceback() -> None:
 def test_the_assistant_picks_its_stages_by_device() -> None:
     from tristream.serve.backends import UnknownBackend, assistant_plan
 
-    kind, kw = assistant_plan({}, cuda=False)  # the CPU stages, every turn under the scheduler
-    assert kind == "engine" and kw["stages"] == "embedded" and kw["sched"] == "ours" and kw["device"] == "cpu"
-    kind, kw = assistant_plan({"sched": "none"}, cuda=False)  # straight on the engine
+    kind, kw = assistant_plan({}, cuda=False)  # the CPU stages, the LLM straight on the engine
     assert kind == "pipeline" and kw == {"llm_path": None, "device": "cpu", "quant": "auto"}
     kind, kw = assistant_plan({}, cuda=True)  # GPU stages and the scheduler where CUDA exists
     assert kind == "engine" and kw["stages"] == "gpu" and kw["device"] == "cuda" and kw["model"] == "smollm2"
