@@ -80,8 +80,10 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     from tristream.engine.disk_cache import cache_root, content_key, prune, touch
 
     check_mode(mode)
-    files = sorted(source.glob("*.safetensors"))
-    key = content_key(files, mode, _CACHE_FORMAT)
+    if source.parent == cache_root() / "gguf":  # a converted GGUF: its folder is named by the file's contents
+        key = content_key([], source.name, mode, _CACHE_FORMAT)
+    else:
+        key = content_key(sorted(source.glob("*.safetensors")), mode, _CACHE_FORMAT)
     path = cache_root() / "quant" / f"{key}.safetensors"
     lins = _formats(model, mode)
     head_shared = model.lm_head is None
