@@ -114,6 +114,9 @@ def _build(isa: str, folder: Path) -> Path:
         err = (proc.stderr.strip().splitlines() or ["failed"])[-1]
         raise OSError(f"compiling {_SOURCE.name} for {isa} failed: {err}")
     tmp.replace(out)
+    for stale in folder.glob(f"qkernels-{isa}-*.so"):  # builds of earlier sources (a loaded one stays mapped)
+        if stale != out:
+            stale.unlink(missing_ok=True)
     return out
 
 
