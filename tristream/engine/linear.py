@@ -14,10 +14,14 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from tristream.engine.cpu.native import Kernels
 
 QBLOCK = 32
 FORMATS = ("q4", "q8")
@@ -79,10 +83,11 @@ def dequantize_blocks(fmt: str, t: dict[str, torch.Tensor]) -> torch.Tensor:
     return (codes * d[..., None]).view(t["w"].shape[0], -1)
 
 
-_KERNELS: list = []
+_KERNELS: list[Kernels | None] = []
 
 
-def native_kernels():  # noqa: ANN201  (the native library for this CPU, loaded once; None when unavailable)
+def native_kernels() -> Kernels | None:
+    """The native kernels for this CPU, loaded once per process (None where they cannot run)."""
     if not _KERNELS:
         from tristream.engine.cpu import native
 
