@@ -79,6 +79,19 @@ def machine_info(extra_modules: tuple[str, ...] = ()) -> dict[str, Any]:
     return info
 
 
+def cpu_info() -> dict[str, Any]:
+    """CPU model and the ISA flags that matter here, from lscpu."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return {}
+    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
+    flags = fields.get("Flags", "").split()
+    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return {"model_name": fields.get("Model name", "").strip(), "cpus": fields.get("CPU(s)", "").strip(),
+            "isa_flags": isa, "flags": flags}
+
+
 def write_results(name: str, results: dict[str, Any], extra_modules: tuple[str, ...] = ()) -> Path:
     """Write `bench/results/<name>.json` with the machine header; return its path."""
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

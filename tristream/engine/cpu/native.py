@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,12 +65,11 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-def best_isa(flags: set[str] | None = None, env: dict[str, str] | None = None) -> str | None:
+def best_isa(flags: set[str] | None = None, env: Mapping[str, str] | None = None) -> str | None:
     """The instruction set the kernels use here: the best the CPU has, lowered by
     ``ATEN_CPU_CAPABILITY`` and overridden by ``TRISTREAM_CPU_ISA``; None when neither is usable."""
     flags = cpu_flags() if flags is None else flags
-    env = os.environ if env is None else env  # type: ignore[assignment]
-    assert env is not None
+    env = os.environ if env is None else env
     have = [isa for isa in ISAS if _NEEDS[isa] <= flags]
     want = env.get(ISA_ENV, "").strip().lower()
     if want:

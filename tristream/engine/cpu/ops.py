@@ -60,6 +60,20 @@ class NativeOps:
         return out
 
 
+def decode_indices(meta: AttnMetadata) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's int64 arrays for the kernels: positions, cache slots of the new tokens, and
+    every row's context slots concatenated (row t's are kv_idx[kv_off[t]:kv_off[t + 1]])."""
+    assert meta.slot_mapping is not None
+    pos = meta.positions.to(torch.int64).contiguous()
+    slots = meta.slot_mapping.to(torch.int64).contiguous()
+    idx, off = [], [0]
+    for s in meta.seqs:
+        kv = s.kv_index if s.kv_index is not None else slots[s.q_start:s.q_start + 1]
+        idx.append(kv.to(torch.int64))
+        off.append(off[-1] + kv.numel())
+    return pos, slots, torch.cat(idx).contiguous(), torch.tensor(off, dtype=torch.int64)
+
+
 class NativeDecodeAttention:
     """Attention backend for a decode step (one new token per sequence, float32 cache):
     rope, the cache write and attention over each sequence's cached context in one call."""
@@ -68,16 +82,7 @@ class NativeDecodeAttention:
                  kernels: Kernels) -> None:
         self.cfg, self.cache, self.lib = cfg, cache, kernels.lib
         self.cos_sin = cos_sin if cos_sin.dtype == torch.float32 else cos_sin.float()
-        self.pos = meta.positions.to(torch.int64).contiguous()
-        assert meta.slot_mapping is not None
-        self.slots = meta.slot_mapping.to(torch.int64).contiguous()
-        idx, off = [], [0]
-        for s in meta.seqs:
-            kv = s.kv_index if s.kv_index is not None else self.slots[s.q_start:s.q_start + 1]
-            idx.append(kv.to(torch.int64))
-            off.append(off[-1] + kv.numel())
-        self.kv_idx = torch.cat(idx).contiguous()
-        self.kv_off = torch.tensor(off, dtype=torch.int64)
+        self.pos, self.slots, self.kv_idx, self.kv_off = decode_indices(meta)
         self.scale = cfg.head_dim ** -0.5
 
     @staticmethod
@@ -159,11 +164,11 @@ class NativeDecoder:
     def forward(self, h: torch.Tensor, meta: AttnMetadata, ops: NativeOps) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of a decode step (embeddings `h` in)."""
         cfg = self.model.cfg
-        a = NativeDecodeAttention(cfg, self.cos_sin, meta, self.cache, Kernels("", self.lib))
-        h = _f32(h).clone()
+        pos, slots, kv_idx, kv_off = decode_indices(meta)
+        h = _f32(h).clone()  # the residual stream, updated in place by the kernel
         x = ops.rms_norm(h, self.model.layers[0].input_norm, cfg.rms_norm_eps)
         step = _Step(h.shape[0], cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, self.cos_sin.data_ptr(),
-                     a.pos.data_ptr(), a.slots.data_ptr(), a.kv_idx.data_ptr(), a.kv_off.data_ptr(), a.scale,
+                     pos.data_ptr(), slots.data_ptr(), kv_idx.data_ptr(), kv_off.data_ptr(), cfg.head_dim ** -0.5,
                      cfg.rms_norm_eps)
         rc = self.lib.ts_decode_layers(ctypes.addressof(self.layers), len(self.model.layers), ctypes.addressof(step),
                                        h.data_ptr(), x.data_ptr())
