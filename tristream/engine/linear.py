@@ -164,7 +164,6 @@ class Linear(nn.Module):
         if x2.dtype != torch.float32 or not x2.is_contiguous():
             x2 = x2.float().contiguous()
         m = x2.shape[0]
-        y = torch.empty(m, n, dtype=torch.float32, device=x.device)
         kern = native_kernels()
         t = self.qtensors
         if kern is None or m == 0:  # no native kernels here: the same weights, dequantised
@@ -172,6 +171,7 @@ class Linear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias.float()
         else:
+            y = torch.empty(m, n, dtype=torch.float32, device=x.device)
             bias = self.bias.float().contiguous() if self.bias is not None else None
             bp = bias.data_ptr() if bias is not None else None
             if self.qformat == "q4":

@@ -28,14 +28,18 @@ def check_mode(mode: str) -> None:
         raise ValueError(f"quantisation mode must be one of {', '.join(MODES)}, not {mode!r}")
 
 
-def _formats(model: LlamaModel, mode: str) -> dict[str, tuple[Linear, str]]:
-    layer_fmt = "q4" if mode == "int4" else "q8"
-    out: dict[str, tuple[Linear, str]] = {}
-    for i, layer in enumerate(model.layers):
-        for name in ("qkv", "o", "gate_up", "down"):
-            out[f"{i}.{name}"] = (getattr(layer, name), layer_fmt)
-    out["head"] = (model.head(), "q8")
+def _projections(model: LlamaModel) -> dict[str, Linear]:
+    """Every projection by name ('3.gate_up', ..., 'head')."""
+    out = {f"{i}.{name}": getattr(layer, name) for i, layer in enumerate(model.layers)
+           for name in ("qkv", "o", "gate_up", "down")}
+    out["head"] = model.head()
     return out
+
+
+def _formats(model: LlamaModel, mode: str) -> dict[str, tuple[Linear, str]]:
+    """Each projection with the block format `mode` gives it (the head is always q8)."""
+    layer_fmt = "q4" if mode == "int4" else "q8"
+    return {name: (lin, "q8" if name == "head" else layer_fmt) for name, lin in _projections(model).items()}
 
 
 def keep_prefill_copies(model: LlamaModel, dtype: torch.dtype = torch.bfloat16) -> None:
@@ -59,7 +63,7 @@ def pack_weights(model: LlamaModel) -> bool:
     from tristream.engine.linear import native_kernels
 
     kern = native_kernels()
-    lins = [lin for lin, _ in _formats(model, "int4").values() if lin.qformat is not None]
+    lins = [lin for lin in _projections(model).values() if lin.qformat is not None]
     if kern is None or not lins or os.environ.get("TRISTREAM_HUGE_PAGES") == "0":
         return False
     total = sum((t.numel() * t.element_size() + 63) // 64 * 64 for lin in lins for t in lin.qtensors.values())
@@ -89,9 +93,12 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     head_shared = model.lm_head is None
     if path.exists():
         try:
-            t = load_file(str(path))
+            grouped: dict[str, dict[str, torch.Tensor]] = {}
+            for k, v in load_file(str(path)).items():
+                prefix, part = k.rsplit(".", 1)
+                grouped.setdefault(prefix, {})[part] = v
             for name, (lin, fmt) in lins.items():
-                parts = {k.rsplit(".", 1)[1]: v for k, v in t.items() if k.rsplit(".", 1)[0] == f"{name}.{fmt}"}
+                parts = grouped.get(f"{name}.{fmt}", {})
                 rows = parts["w"].shape[0] if "w" in parts else -1
                 if rows != lin.out_features:
                     raise KeyError(name)
