@@ -63,7 +63,11 @@ def test_batched_prefill_of_n_sequences_equals_n_single_prefills(model: LlamaMod
 
             kp = packed.cache.flat(layer)[0][torch.from_numpy(slots_np(s_p.block_table, n, 4))]
             ks = single.cache.flat(layer)[0][torch.from_numpy(slots_np(s_s.block_table, n, 4))]
-            assert torch.allclose(kp, ks, rtol=1e-5, atol=1e-6)
+            # relative to the layer's largest key, as the logits above: the two attention paths sum
+            # in another order, and an element-wise atol of 1e-6 sat at float32 noise (max |dK|
+            # 2.4-2.9e-6 on every instruction set, with torch's or the native norms)
+            err = float((kp - ks).abs().max() / ks.abs().max())
+            assert err < 1e-5, f"layer {layer}: keys differ by {err:.2e} of their largest"
 
 
 def test_engine_outputs_identical_with_packed_prefill(model: LlamaModel) -> None:
