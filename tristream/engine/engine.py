@@ -54,7 +54,7 @@ from tristream.engine.kv_retention import KVRetention
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.overlap import OverlapDecode
 from tristream.engine.runner import ModelRunner, PrefillChunk
-from tristream.engine.sampler import SamplingBatch, greedy_tokens, sample
+from tristream.engine.sampler import SamplingBatch, apply_logits_masks, greedy_tokens, sample
 from tristream.engine.sequence import (
     FinishReason,
     SamplingParams,
@@ -402,6 +402,10 @@ class LLMEngine(BlockBookkeeping):
             if any(s.params.repetition_penalty != 1.0 for s in seqs) else None,
             logits.device,
         )
+        masks = [(i, m) for i, s in enumerate(seqs) if s.params.logits_mask is not None
+                 and (m := s.params.logits_mask(s.output_ids)) is not None]
+        if masks:
+            logits = apply_logits_masks(logits, masks)
         return to_host(sample(logits, batch))  # the one device→host copy of the step
 
     def _accept(self, seq: Sequence, tok: int) -> StepOutput:

@@ -53,8 +53,9 @@ cancels of sequences in flight before the other commands)."""
 
 
 def all_greedy(seqs: list[Sequence]) -> bool:
-    """Whether every sequence samples greedily with no penalty (tokens = argmax of the logits)."""
-    return all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 for s in seqs)
+    """Whether every sequence samples greedily with no penalty and no mask (tokens = argmax of the logits)."""
+    return all(s.params.temperature == 0 and s.params.repetition_penalty == 1.0 and s.params.logits_mask is None
+               for s in seqs)
 
 
 class PinnedCopy:

@@ -154,6 +154,7 @@ class OverlapDecode:
         for s in seqs:
             p = s.params
             if (s.status is not SeqStatus.RUNNING or p.temperature != 0 or p.repetition_penalty != 1.0
+                    or p.logits_mask is not None
                     or (allow is not None and s.seq_id not in allow)):
                 return None
             if len(s.output_ids) + 1 >= p.max_tokens or len(s.keys) + 1 >= eng.config.max_model_len:

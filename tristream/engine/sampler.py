@@ -107,6 +107,18 @@ def apply_repetition_penalty(logits: torch.Tensor, history: torch.Tensor, penalt
     return out
 
 
+def apply_logits_masks(logits: torch.Tensor, masks: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+    """`logits` [B, vocab] with each listed row (row, bool mask of allowed tokens) kept to its
+    allowed tokens (the others -inf); a mask shorter than the vocab forbids the ids past it."""
+    out = logits.clone()
+    for row, allowed in masks:
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        n = min(int(allowed.shape[0]), logits.shape[-1])
+        keep[:n] = allowed[:n].to(logits.device)
+        out[row].masked_fill_(~keep, float("-inf"))
+    return out
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Token ids [B] (int64, on logits' device) for float32 logits [B, vocab]."""
     if batch.penalty is not None and batch.history is not None:

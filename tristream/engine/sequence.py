@@ -22,9 +22,14 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+from collections.abc import Callable
 
 import numpy as np
 import torch
+
+LogitsMask = Callable[[list[int]], "torch.Tensor | None"]
+"""A per-sequence constraint on the next token: called with the tokens generated so far, it returns
+a bool tensor [vocab] of the allowed ones (None: no constraint this step)."""
 
 
 @dataclasses.dataclass(slots=True)
@@ -40,6 +45,9 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logits_mask: LogitsMask | None = None
+    """Constrained decoding (e.g. `constrain.JsonConstraint`): such a sequence always takes the
+    general sampling path (no graph argmax, no overlapped decode)."""
 
     def __post_init__(self) -> None:
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0 or self.max_tokens < 0:
