@@ -35,7 +35,7 @@ class EngineConfig:
     graph_buckets: tuple[int, ...] | None = None
     kv_dtype: torch.dtype | None = None  # default: the model's dtype
     triton_decode: bool | None = None  # default: on CUDA only (True on CPU needs TRITON_INTERPRET=1)
-    decode_kernels: str = "auto"  # small decode buckets: 'fused', 'cublas', 'b1', 'b1_pdl' or 'auto' (timed; graphs.py)
+    decode_kernels: str = "auto"  # bucket 1: 'cublas', a batch-1 variant ('b1', 'b1_pdl', ...) or 'auto' (timed; graphs.py)
     packed_prefill: bool | None = None  # all prefill chunks in one batched attention (default: CUDA only)
     kv_budget_tokens: int | None = None  # default KV budget per sequence (None: no eviction); see kv_retention.py
     retention: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)

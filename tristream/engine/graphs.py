@@ -33,7 +33,6 @@ from tristream.engine.kernels import triton_ops as K
 from tristream.engine.kernels.advance import advance_embed
 from tristream.engine.kernels.argmax import GraphArgmax
 from tristream.engine.kernels.decode_fused import TILES, decode_logits_b1
-from tristream.engine.kernels.gemv import fused_gemv
 from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.sampler import greedy_tokens
@@ -76,9 +75,6 @@ class TritonDecodeAttention:
         return o.view(q.shape[0], cfg.q_size)
 
 
-FUSED_MAX_ROWS = 16
-
-
 def b1_options(variant: str) -> dict[str, Any]:
     """A batch-1 variant name → the keyword arguments of `decode_fused.decode_logits_b1`."""
     if variant not in B1_VARIANTS:
@@ -94,36 +90,20 @@ def b1_options(variant: str) -> dict[str, Any]:
     return {"pdl": pdl, "tile": tile, "num_warps": warps, "head_cublas": hc, "late_norm": ln}
 
 
-def fused_decode_logits(model: LlamaModel, h: torch.Tensor, attention: TritonDecodeAttention,
-                        raw_logits: bool = False) -> torch.Tensor:
-    """Decode forward with norms, SiLU and residual adds fused into skinny GEMMs (≤ 16 rows); float32
-    logits, or (raw_logits) in the model dtype."""
-    eps = model.cfg.rms_norm_eps
-    r = h
-    for i, layer in enumerate(model.layers):
-        qkv = fused_gemv(r, layer.qkv.weight, bias=layer.qkv.bias, norm_weight=layer.input_norm, eps=eps)
-        a = attention(i, qkv)
-        r = fused_gemv(a, layer.o.weight, residual=r)
-        gu = fused_gemv(r, layer.gate_up.weight, norm_weight=layer.post_norm, eps=eps)
-        r = fused_gemv(gu, layer.down.weight, residual=r, silu=True)
-    out = fused_gemv(r, model.head().weight, norm_weight=model.norm, eps=eps)
-    return out if raw_logits else out.float()
-
-
 class DecodeGraphs:
     """Persistent decode inputs and one CUDA graph per batch bucket."""
 
     def __init__(self, model: LlamaModel, cache: KVCache, max_model_len: int,
                  buckets: tuple[int, ...] | None = None, use_graphs: bool = True,
                  kernels: str = "auto") -> None:
-        """kernels: 'fused' (skinny fused GEMMs for buckets ≤ 16), 'cublas', one of the batch-1
-        variants `B1_VARIANTS` (as 'fused', and bucket 1 through the fused QKV+RoPE+store layer in
-        one GEMV tile, launched without / with Programmatic Dependent Launch), or 'auto' (time the
-        variants per small bucket at capture, keep the fastest that agrees with cuBLAS)."""
+        """kernels: 'cublas', one of the batch-1 variants `B1_VARIANTS` (bucket 1 through the fused
+        norm+QKV+RoPE+store layer and GEMVs, launched without / with Programmatic Dependent Launch;
+        larger buckets through cuBLAS), or 'auto' (time the batch-1 variants at capture, keep the
+        fastest that agrees with cuBLAS)."""
         if kernels != "auto" and kernels not in VARIANTS:
             raise ValueError(f"kernels must be auto or one of {', '.join(VARIANTS)}, not {kernels!r}")
         self.kernels = kernels
-        self.fused: dict[int, str] = {}  # bucket -> chosen variant (buckets ≤ FUSED_MAX_ROWS)
+        self.chosen: dict[int, str] = {}  # bucket -> the variant chosen at capture (bucket 1)
         self.choice_ms: dict[int, dict[str, float]] = {}
         self.variant_errors: list[str] = []  # every variant rejected at capture, and why
         self.choice_err: dict[int, dict[str, float]] = {}  # bucket -> variant -> logits rel err vs cuBLAS
@@ -168,11 +148,6 @@ class DecodeGraphs:
         self._argmax: dict[int, GraphArgmax] = {}
         self.pool: Any = None
 
-    @property
-    def fused_error(self) -> str | None:
-        """The last variant rejected at capture, and why (None: none was)."""
-        return self.variant_errors[-1] if self.variant_errors else None
-
     def bucket_for(self, n: int) -> int | None:
         for b in self.buckets:
             if b >= n:
@@ -181,13 +156,9 @@ class DecodeGraphs:
 
     def variant_for(self, b: int) -> str:
         """The kernel variant bucket `b` runs (chosen at capture; before it, the configured one)."""
-        if b > FUSED_MAX_ROWS or self.kernels == "cublas":
-            return "cublas"
-        if b in self.fused:
-            return self.fused[b]
-        if self.kernels == "auto":
-            return "cublas" if self.model.device.type == "cuda" else "fused"
-        return self.kernels if b == 1 or self.kernels == "fused" else "fused"
+        if b != 1 or self.kernels in ("cublas", "auto"):
+            return self.chosen.get(b, "cublas")
+        return self.kernels
 
     def forward(self, b: int, variant: str | None = None, raw_logits: bool = False,
                 h: torch.Tensor | None = None) -> torch.Tensor:
@@ -201,26 +172,22 @@ class DecodeGraphs:
         if h is None:
             h = m.embed(self.ids[:b])
         v = self.variant_for(b) if variant is None else variant
-        if v in B1_VARIANTS and b == 1:
+        if v != "cublas" and b == 1:
             return decode_logits_b1(m, h, attn, raw_logits=raw_logits, **b1_options(v))
-        if v != "cublas":
-            return fused_decode_logits(m, h, attn, raw_logits=raw_logits)
         x = m(h, attn, ops=TritonOps)
         return m.head()(x) if raw_logits else m.logits(x)
 
-    def _candidates(self, b: int) -> list[str]:
-        out = ["fused"]
-        if b == 1 and self.model.device.type == "cuda":
-            # with PDL only the PDL variants: each measured faster than its plain twin on the H200
-            pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
-            out += list(CAPTURE_PDL if pdl else CAPTURE_PLAIN)
-        return out
+    def _candidates(self) -> tuple[str, ...]:
+        """The batch-1 variants timed at capture: with PDL only the PDL variants (each measured
+        faster than its plain twin on the H200)."""
+        pdl = torch.cuda.get_device_capability(self.model.device)[0] >= 9
+        return CAPTURE_PDL if pdl else CAPTURE_PLAIN
 
-    def _time_variant(self, b: int, fused: str) -> float:
+    def _time_variant(self, b: int, variant: str) -> float:
         """Milliseconds per replay of a throw-away graph of bucket b in one kernel variant."""
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
-            self.forward(b, fused)
+            self.forward(b, variant)
         for _ in range(3):
             g.replay()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -233,26 +200,26 @@ class DecodeGraphs:
         return s.elapsed_time(e) / 20
 
     def _choose_kernels(self) -> None:
-        for b in self.buckets:
-            if b > FUSED_MAX_ROWS:
-                break
-            if self.kernels != "auto":
-                self.fused[b] = self.variant_for(b)
-                continue
-            ref = self.forward(b, "cublas")
-            times = {"cublas": self._time_variant(b, "cublas")}
-            for v in self._candidates(b):
-                try:
-                    got = self.forward(b, v)
-                    err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
-                    self.choice_err.setdefault(b, {})[v] = err
-                    if not variant_agrees(got, ref, err):  # never pick a variant that disagrees with cuBLAS
-                        raise ValueError(f"{v} logits differ from cuBLAS: rel err {err:.3g}")
-                    times[v] = self._time_variant(b, v)
-                except Exception as exc:  # this variant is out for this bucket; say why
-                    self.variant_errors.append(f"bucket {b} {v}: {type(exc).__name__}: {exc}"[:300])
-            self.choice_ms[b] = times
-            self.fused[b] = min(times, key=lambda k: times[k])
+        b = 1
+        if b not in self.buckets:
+            return
+        if self.kernels != "auto":
+            self.chosen[b] = self.variant_for(b)
+            return
+        ref = self.forward(b, "cublas")
+        times = {"cublas": self._time_variant(b, "cublas")}
+        for v in self._candidates():
+            try:
+                got = self.forward(b, v)
+                err = float((got - ref).norm() / ref.norm().clamp(min=1e-30))
+                self.choice_err.setdefault(b, {})[v] = err
+                if not variant_agrees(got, ref, err):  # never pick a variant that disagrees with cuBLAS
+                    raise ValueError(f"{v} logits differ from cuBLAS: rel err {err:.3g}")
+                times[v] = self._time_variant(b, v)
+            except Exception as exc:  # this variant is out; say why
+                self.variant_errors.append(f"bucket {b} {v}: {type(exc).__name__}: {exc}"[:300])
+        self.choice_ms[b] = times
+        self.chosen[b] = min(times, key=lambda k: times[k])
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -268,7 +235,7 @@ class DecodeGraphs:
         def between() -> None:
             if self.kernels != "cublas":
                 self._choose_kernels()
-            for b in self.fused:  # the chosen variants with the graph's tail, eagerly: all compiled now
+            for b in self.chosen:  # the chosen variants with the graph's tail, eagerly: all compiled now
                 self._graph_forward(b)
 
         # the warm-up runs what each bucket will capture (before the choice at capture: the configured

@@ -16,9 +16,9 @@ B1_VARIANTS = (*CAPTURE_PDL, *CAPTURE_PLAIN)
 """Batch-1 variant names: a `TILES` name, then "_pdl" (chained with PDL: a kernel lets its successor
 launch after its wait) or "_pdle" (at its start, `kernels/pdl.py`), then "_ln" (the norms in one
 pass, `gemv.fused_gemv`'s late_norm), then "_hc" (the output projection through cuBLAS)."""
-VARIANTS = ("cublas", "fused", *B1_VARIANTS)
-"""Decode kernel variants of a bucket: cuBLAS GEMMs + fused norms; skinny fused GEMMs (≤ 16 rows);
-at batch 1 also the norm+QKV+RoPE+store layer (`kernels/decode_fused.py`) in the `B1_VARIANTS`.
+VARIANTS = ("cublas", *B1_VARIANTS)
+"""Decode kernel variants: cuBLAS GEMMs + fused norms (every bucket); at batch 1 also the
+norm+QKV+RoPE+store layer and fused GEMVs (`kernels/decode_fused.py`) in the `B1_VARIANTS`.
 Exactly the variants the capture-time choice (`DecodeGraphs._candidates`) can pick."""
 
 

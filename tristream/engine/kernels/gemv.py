@@ -1,13 +1,11 @@
-"""Fused skinny GEMM (decode, ≤ 16 rows) with the neighbouring elementwise work folded in.
+"""Batch-1 decode GEMV with the neighbouring elementwise work folded in.
 
     y = W · prologue(x) (+ bias) (+ residual)
 
-where the prologue is nothing, an RMSNorm of each row (recomputed per program: the row is
-small and already in L2), or silu(gate) · up of a gate|up row. A decode layer then takes six
-kernels (norm+qkv, rope+store, attention, o+residual, norm+gate_up, silu+down+residual)
-instead of ten, which matters when a step is bound by launches rather than bytes.
-Rounding follows the torch path: the normalised row is cast to the weight dtype before the
-product, the product is rounded before the residual add.
+where the prologue is nothing, an RMSNorm of the row (recomputed per program: the row is small
+and already in L2), or silu(gate) · up of a gate|up row, so that a decode step is bound by
+fewer launches (`decode_fused.py`). Rounding follows the torch path: the normalised row is cast
+to the weight dtype before the product, the product is rounded before the residual add.
 """
 
 from __future__ import annotations
@@ -17,53 +15,6 @@ import triton
 import triton.language as tl
 
 from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
-
-
-@triton.jit
-def _fused_gemv_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, x_stride, eps,
-                       NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
-                       IEEE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    rm = tl.arange(0, BLOCK_M)
-    mmask = rm < M
-    nmask = rn < N
-    dt = w_ptr.dtype.element_ty
-    if NORM:
-        ss = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            rk = k0 + tl.arange(0, BLOCK_K)
-            xv = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=mmask[:, None] & (rk < K)[None, :],
-                         other=0.0).to(tl.float32)
-            ss += tl.sum(xv * xv, 1)
-        rstd = tl.rsqrt(ss / K + eps)
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        xm = mmask[:, None] & kmask[None, :]
-        if SILU:
-            g = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=xm, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + rm[:, None] * x_stride + K + rk[None, :], mask=xm, other=0.0)
-            xv = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
-        else:
-            xv = tl.load(x_ptr + rm[:, None] * x_stride + rk[None, :], mask=xm, other=0.0)
-            if NORM:
-                nw = tl.load(nw_ptr + rk, mask=kmask, other=0.0)
-                xv = ((xv.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32) * nw.to(tl.float32)[None, :]).to(dt)
-        w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        if IEEE:
-            acc += tl.dot(xv, tl.trans(w), input_precision="ieee")
-        else:
-            acc += tl.dot(xv, tl.trans(w))
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    y = acc.to(dt)
-    omask = mmask[:, None] & nmask[None, :]
-    if HAS_RES:
-        r = tl.load(res_ptr + rm[:, None] * N + rn[None, :], mask=omask, other=0.0)
-        y = (y.to(tl.float32) + r.to(tl.float32)).to(dt)
-    tl.store(out_ptr + rm[:, None] * N + rn[None, :], y, mask=omask)
 
 
 @triton.jit
@@ -96,7 +47,7 @@ def _fused_gemv1_kernel(x_ptr, w_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps
                         NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
                         LATE_NORM: tl.constexpr):
-    """One row (batch 1): a plain GEMV, products summed in float32 on the CUDA cores. The first K
+    """A plain GEMV, products summed in float32 on the CUDA cores. The first K
     tile of the weight is loaded first; with PDL, before waiting on the previous kernel. The
     product is rounded to the weight dtype; the residual sum is kept in the output's dtype (a
     float32 output keeps an unrounded residual stream). LATE_NORM (with NORM): one pass over x,
@@ -149,51 +100,30 @@ def fused_gemv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = Non
                eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
                pdl: bool | int = False, num_warps: int | None = None, out_dtype: torch.dtype | None = None,
                late_norm: bool = False) -> torch.Tensor:
-    """x [M ≤ 16, K] (or gate|up [M, 2K] with silu) → [M, N] for a weight W [N, K].
+    """x [1, K] (or gate|up [1, 2K] with silu) → [1, N] for a weight W [N, K].
 
-    pdl: launch the batch-1 kernel with Programmatic Dependent Launch (Hopper+; see
-    `decode_fused.py`); ignored for more rows. block_n / block_k: the tile (default: per shape);
-    at batch 1 the decode graphs time a few tiles at capture and keep the fastest; num_warps:
-    the batch-1 kernel's warps (default 4). Batch 1 only: `out_dtype` (default the weight's;
-    float32 keeps the residual sum unrounded, or returns float32 logits).
-    `late_norm` (batch 1, with `norm_weight`): x is read once; the products of the weights with
+    pdl: launch with Programmatic Dependent Launch (Hopper+; see `decode_fused.py`).
+    block_n / block_k: the tile (default: per shape); the decode graphs time a few tiles at
+    capture and keep the fastest; num_warps: warps per program (default 4). `out_dtype` (default
+    the weight's; float32 keeps the residual sum unrounded, or returns float32 logits).
+    `late_norm` (with `norm_weight`): x is read once; the products of the weights with
     x·norm_weight (float32, not rounded) and the sum of squares are summed together, and the RMS
     scale multiplies the sums (no block-wide reduction and no second read of x before the
     products). The rounding differs from the two-pass norm (which rounds the normalised x to the
     weight dtype, as transformers' RMSNorm does) by about one unit in the last place of bf16 per
     element of x."""
-    m = x.shape[0]
     n, k = w.shape
-    if m > 16:
-        raise ValueError(f"fused_gemv handles at most 16 rows, got {m}")
-    if m != 1 and (out_dtype is not None or late_norm):
-        raise ValueError("out_dtype and late_norm are batch-1 options")
-    out = torch.empty(m, n, dtype=out_dtype or w.dtype, device=w.device)
+    if x.shape[0] != 1:
+        raise ValueError(f"fused_gemv takes one row (batch-1 decode), got {x.shape[0]}")
+    out = torch.empty(1, n, dtype=out_dtype or w.dtype, device=w.device)
     dummy = out
-    if m == 1:
-        bk = block_k or min(triton.next_power_of_2(k), 1024)
-        bn = block_n or (8 if bk >= 1024 else 16)
-        _fused_gemv1_kernel[(triton.cdiv(n, bn),)](
-            x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
-            norm_weight if norm_weight is not None else dummy, out, n, k, eps,
-            NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), LATE_NORM=late_norm, num_warps=num_warps or 4,
-            **({"launch_pdl": True} if pdl else {}),
-        )
-        return out
-    # A loop over K in 128-column tiles, pipelined. (A single pass over all of K per program was
-    # tried: on the H200 it took 183 us per GEMV of SmolLM2-135M at 2 rows against 3.8 us for
-    # cuBLAS: bench/results/decode_profile.json.)
-    num_warps, num_stages = 4, 3
-    if block_k is None:
-        block_k = 128
-    if block_n is None:
-        block_n = 64 if n >= 64 * 256 else 32 if n >= 32 * 128 else 16
-    _fused_gemv_kernel[(triton.cdiv(n, block_n),)](
+    bk = block_k or min(triton.next_power_of_2(k), 1024)
+    bn = block_n or (8 if bk >= 1024 else 16)
+    _fused_gemv1_kernel[(triton.cdiv(n, bn),)](
         x, w, bias if bias is not None else dummy, residual if residual is not None else dummy,
-        norm_weight if norm_weight is not None else dummy, out, m, n, k, x.stride(0), eps,
+        norm_weight if norm_weight is not None else dummy, out, n, k, eps,
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        IEEE=w.dtype == torch.float32, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
-        num_stages=num_stages,
+        BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), LATE_NORM=late_norm, num_warps=num_warps or 4,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return out
