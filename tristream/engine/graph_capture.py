@@ -1,7 +1,8 @@
 """Capture one CUDA graph per bucket: warm-up on a side stream, then largest first into one pool.
 
-Shared by the decode graphs (`graphs.DecodeGraphs`) and the small-prefill graphs
-(`prefill_graphs.PrefillGraphs`). Warm-up runs every bucket eagerly (Triton compiles its
+Shared by the decode graphs (`graphs.DecodeGraphs`), the small-prefill graphs
+(`prefill_graphs.PrefillGraphs`), the Whisper passes (`speech.runner.WhisperRunner`) and the
+vision bank (`vision.graphs.VisionGraphBank`). Warm-up runs every bucket eagerly (Triton compiles its
 kernels, cuBLAS creates its handles and workspaces) on a side stream, as graph capture
 requires; capturing the largest bucket first lets the smaller ones reuse its memory.
 """
@@ -10,19 +11,27 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+if TYPE_CHECKING:
+    from _typeshed import SupportsRichComparisonT as Key
+else:
+    Key = TypeVar("Key")
+Out = TypeVar("Out")
 
-def capture_buckets(buckets: Iterable[int], forward: Callable[[int], torch.Tensor], pool: Any = None,
-                    warm: Callable[[int], Any] | None = None, rounds: int = 2,
+
+def capture_buckets(buckets: Iterable[Key], forward: Callable[[Key], Out], pool: Any = None,
+                    warm: Callable[[Key], Any] | None = None, rounds: int = 2,
                     between: Callable[[], None] | None = None
-                    ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor], Any]:
+                    ) -> tuple[dict[Key, torch.cuda.CUDAGraph], dict[Key, Out], Any]:
     """Graphs and their static outputs per bucket, and the memory pool they share.
 
-    ``warm``: what the warm-up runs per bucket (default ``forward``); ``between``: called after
-    the warm-up and before capture (e.g. to time kernel variants)."""
+    Buckets are captured in descending order (a bucket is an int, or a tuple whose leading
+    sizes sort the largest first). ``warm``: what the warm-up runs per bucket (default
+    ``forward``); ``between``: called after the warm-up and before capture (e.g. to time
+    kernel variants)."""
     order = sorted(buckets, reverse=True)
     warm = warm or forward
     torch.cuda.synchronize()
@@ -37,8 +46,8 @@ def capture_buckets(buckets: Iterable[int], forward: Callable[[int], torch.Tenso
     if between is not None:
         between()
         torch.cuda.synchronize()
-    graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, torch.Tensor] = {}
+    graphs: dict[Key, torch.cuda.CUDAGraph] = {}
+    outputs: dict[Key, Out] = {}
     # no garbage collection inside a capture: collecting another engine's graphs, events or pinned
     # buffers there (reference cycles) is an operation a capturing stream does not permit
     gc.collect()

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from tristream.engine.graph_capture import capture_buckets
 from tristream.engine.speech import dtw_device, kernels
 from tristream.engine.speech.audio_store import AudioStore
 from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
@@ -183,7 +184,7 @@ class WhisperRunner:
             fused_kernels = os.environ.get("TRISTREAM_WHISPER_KERNELS", "1") != "0" and dev.type == "cuda"
         self.fused_kernels = bool(fused_kernels) and kernels.enabled(self.inputs)
         self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
-        self._graphs: dict[tuple[str, int, float], torch.cuda.CUDAGraph] = {}
+        self._graphs: dict[tuple[float, int, str], torch.cuda.CUDAGraph] = {}  # (audio s, batch, kind)
         self._pool: object | None = None
 
     # ---- bucket selection ------------------------------------------------------------------
@@ -313,7 +314,7 @@ class WhisperRunner:
         if not self.use_graphs:
             self._fn(kind)(bb, ab)
             return
-        key = (kind, bb, ab)
+        key = (ab, bb, kind)
         g = self._graphs.get(key)
         if g is None:
             self.capture()
@@ -325,29 +326,19 @@ class WhisperRunner:
         """Capture every (batch, audio) bucket's graphs (encode, steps, align), largest first, into one pool."""
         if not self.use_graphs or self._graphs:
             return
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            # the log-mel's cuFFT plan of every bucket shape is made here, eagerly: a plan first
-            # made inside a capture would have its setup work recorded instead of run
-            for ab in self.audio_buckets:
-                for bb in self.batch_buckets:
-                    self.mel(self._views(bb, ab)[0])
-            for _ in range(2):
-                for kind in self._kinds():
-                    self._fn(kind)(self.batch_buckets[-1], self.audio_buckets[-1])
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        self._pool = torch.cuda.graph_pool_handle()
-        for ab in reversed(self.audio_buckets):
-            for bb in reversed(self.batch_buckets):
-                for kind in self._kinds():
-                    g = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(g, pool=self._pool):
-                        self._fn(kind)(bb, ab)
-                    self._graphs[(kind, bb, ab)] = g
-                    self.stats.captured += 1
-        torch.cuda.synchronize(self.device)
+        largest = (self.audio_buckets[-1], self.batch_buckets[-1])
+
+        def warm(key: tuple[float, int, str]) -> None:
+            ab, bb, kind = key
+            if kind == "encode":  # the log-mel's cuFFT plan of every bucket shape, made eagerly: a plan
+                self.mel(self._views(bb, ab)[0])  # first made inside a capture would record its setup work
+            if (ab, bb) == largest:
+                self._fn(kind)(bb, ab)
+
+        keys = [(ab, bb, kind) for ab in self.audio_buckets for bb in self.batch_buckets for kind in self._kinds()]
+        with torch.cuda.device(self.device):
+            self._graphs, _, self._pool = capture_buckets(keys, lambda k: self._fn(k[2])(k[1], k[0]), warm=warm)
+        self.stats.captured += len(self._graphs)
 
     # ---- one pass ----------------------------------------------------------------------------
     @torch.inference_mode()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tristream.engine.graph_capture import capture_buckets
 from tristream.engine.vision.errors import VisionInputError
 
 Outputs = torch.Tensor | tuple[torch.Tensor, ...]
@@ -56,20 +57,9 @@ class VisionGraphBank:
         """Warm up, then capture every bucket (largest first) into one pool."""
         if not self.use_graphs or self._graphs:
             return
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                self.fn(self.static_in)
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.buckets):
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool):
-                self._outs[b] = self.fn(self.static_in[:b])
-            self._graphs[b] = g
-            self.stats.captured += 1
-        torch.cuda.synchronize(self.device)
+        with torch.cuda.device(self.device):
+            self._graphs, self._outs, _ = capture_buckets(self.buckets, lambda b: self.fn(self.static_in[:b]))
+        self.stats.captured += len(self._graphs)
 
     @torch.inference_mode()
     def __call__(self, pixels: torch.Tensor) -> Outputs:
