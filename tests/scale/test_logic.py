@@ -127,6 +127,7 @@ def test_serve_config_file_builds_the_app() -> None:
     from pathlib import Path
 
     from tristream.scale import app as scale_app
+    from tristream.serve.backends import DEFAULT_BACKEND
 
     doc = yaml.safe_load((Path(scale_app.__file__).parent / "serve_config.yaml").read_text())
     spec = doc["applications"][0]
@@ -134,13 +135,16 @@ def test_serve_config_file_builds_the_app() -> None:
     args = {k: str(v) for k, v in spec["args"].items()}
     cfg = scale_app.config_from_args(args)
     assert cfg.autoscale.min_replicas == 2 and cfg.autoscale.max_replicas == 4
-    assert cfg.spec.backend == "pipeline" and cfg.tokens == ["change-me"] and cfg.require_auth
+    assert cfg.spec.backend == "assistant" and cfg.tokens == ["change-me"] and cfg.require_auth
     assert (cfg.ingress, cfg.relay, cfg.host, cfg.port, cfg.n_ingress()) == ("direct", "socket", "0.0.0.0", 8765, 2)
     assert doc["proxy_location"] == "Disabled"  # the direct ingress needs no Serve proxy
     assert scale_app.app_builder(args) is not None
     with pytest.raises(ValueError, match="token"):
         scale_app.app_builder({"backend": "echo"})
-    assert not scale_app.config_from_args({"no_auth": "true"}).require_auth
+    bare = scale_app.config_from_args({"no_auth": "true"})
+    assert not bare.require_auth
+    assert bare.spec.backend == DEFAULT_BACKEND == "assistant"  # the same default as `tristream serve`; echo by name
+    assert scale_app.config_from_args({"backend": "echo", "token": "t"}).spec.backend == "echo"
     proxy = scale_app.config_from_args({"ingress": "proxy", "ingress_replicas": "3", "relay": "ray", "token": "t"})
     assert (proxy.ingress, proxy.n_ingress(), proxy.relay) == ("proxy", 3, "ray")
     with pytest.raises(ValueError, match="ingress must be"):

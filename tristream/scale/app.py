@@ -14,7 +14,8 @@ Ways to run it:
 
 - ``tristream serve --ray ...`` → `run_ray_server` (the CLI calls it);
 - ``serve run tristream/scale/serve_config.yaml`` or
-  ``serve run tristream.scale.app:app_builder backend=echo replicas=2 token=s3cret``;
+  ``serve run tristream.scale.app:app_builder replicas=2 token=s3cret`` (the assistant, as
+  `tristream serve`; ``backend=echo`` for the protocol test backend);
 - Python: ``serve.run(build_app(ScaleConfig(...)), route_prefix="/")``.
 """
 
@@ -40,6 +41,7 @@ from tristream.scale.replica import ReplicaSpec
 from tristream.scale.router import PoolRouter, Refused
 from tristream.scale.session_relay import SocketOps, run_session
 from tristream.serve import protocol as P
+from tristream.serve.backends import DEFAULT_BACKEND
 from tristream.serve.limits import ServerLimits
 from tristream.serve.server import KEY_SUBPROTOCOL, WEB_DIR
 
@@ -184,7 +186,7 @@ def config_from_args(args: dict[str, Any]) -> ScaleConfig:
     hi = int(num("max_replicas", max(replicas, lo)))
     tokens = [t for t in str(args.get("token", "")).split(",") if t]
     backend_kw = json.loads(str(args["backend_kw"])) if "backend_kw" in args else {}
-    spec = ReplicaSpec(backend=str(args.get("backend", "echo")), backend_kw=backend_kw,
+    spec = ReplicaSpec(backend=str(args.get("backend", DEFAULT_BACKEND)), backend_kw=backend_kw,
                        limits=ServerLimits(max_sessions=int(num("max_sessions", 64))),
                        target_p99_ms=num("target_p99_ms", 50.0), target_queue_depth=num("target_queue_depth", 8.0))
     return ScaleConfig(spec=spec, autoscale=AutoscaleConfig(

@@ -34,6 +34,7 @@ from tristream.scale.wire import EVENT, Endpoint, WireServer
 from tristream.sched.types import UnknownSession
 from tristream.serve import protocol as P
 from tristream.serve.backend import BackendFactory
+from tristream.serve.backends import DEFAULT_BACKEND
 from tristream.serve.limits import ServerLimits
 from tristream.serve.metrics import ServeMetrics
 from tristream.serve.session import RealtimeSession, TurnTiming
@@ -43,8 +44,9 @@ from tristream.serve.session import RealtimeSession, TurnTiming
 class ReplicaSpec:
     """How to build one replica (plain data: it is pickled to the actor)."""
 
-    backend: str = "echo"
-    """``echo``, ``pipeline`` or ``module:function`` returning a `BackendFactory`."""
+    backend: str = DEFAULT_BACKEND
+    """A `tristream serve --backend` name (the assistant by default; ``echo`` for the protocol
+    test backend) or ``module:function`` returning a `BackendFactory`."""
     backend_kw: dict[str, Any] = field(default_factory=dict)
     limits: ServerLimits = field(default_factory=ServerLimits)
     target_p99_ms: float = 50.0
