@@ -156,13 +156,20 @@ class EngineChatBackend:
             loop, q = route
             loop.call_soon_threadsafe(q.put_nowait, (text, finished))
 
-    async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
-        """Generate an answer to `messages`; cancelling the consumer cancels the sequence."""
-        params = self.decode.sampling(max_tokens)
+    async def stream(self, messages: list[dict[str, str]], max_tokens: int, params: Any = None,
+                     prompt_ids: list[int] | None = None) -> AsyncIterator[str]:
+        """Generate an answer to `messages`; cancelling the consumer cancels the sequence.
+
+        ``params``: `SamplingParams` instead of the decode settings (a constrained tool call,
+        `serve.tools`); ``prompt_ids``: the prompt as token ids instead of `messages` rendered."""
+        params = params or self.decode.sampling(max_tokens)
         q: asyncio.Queue[tuple[str | Exception, bool]] = asyncio.Queue()
         loop = asyncio.get_running_loop()
         with self._lock:
-            seq_id = self.engine.add_request(chat=messages, params=params)
+            if prompt_ids is not None:
+                seq_id = self.engine.add_request(prompt_ids, params=params)
+            else:
+                seq_id = self.engine.add_request(chat=messages, params=params)
             self._routes[seq_id] = (loop, q)
         self._wake.set()
         done = False
