@@ -119,7 +119,7 @@ def make_factory(name: str = DEFAULT_BACKEND, pace: float = 0.0) -> BackendFacto
         return lambda: EchoBackend(pace=pace)
     if base in ("assistant", "pipeline"):
         try:
-            from tristream.serve.pipeline_backend import pipeline_factory
+            from tristream.serve.tool_session import tool_pipeline_factory
         except ImportError as exc:
             raise UnknownBackend(f"backend {base!r} is not available: {exc}") from exc
         kind, kw = assistant_plan(opts)
@@ -127,7 +127,7 @@ def make_factory(name: str = DEFAULT_BACKEND, pace: float = 0.0) -> BackendFacto
             from tristream.serve.sched_backend import engine_factory
 
             return engine_factory(**kw)
-        return pipeline_factory(**kw)
+        return tool_pipeline_factory(**kw)  # the pipeline with function calling (serve.tool_session)
     if base == "engine":
         from tristream.serve.sched_backend import engine_factory
 

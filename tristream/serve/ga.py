@@ -139,7 +139,7 @@ def ga_session(beta: dict[str, Any]) -> dict[str, Any]:
                       "turn_detection": beta["turn_detection"], "noise_reduction": None},
             "output": {"format": {"type": "audio/pcm", "rate": rate_out}, "voice": beta["voice"], "speed": 1.0},
         },
-        "tools": [], "tool_choice": "none", "max_output_tokens": beta["max_response_output_tokens"],
+        "tools": beta["tools"], "tool_choice": beta["tool_choice"], "max_output_tokens": beta["max_response_output_tokens"],
         "tracing": None, "truncation": "auto", "prompt": None, "include": None, "tier": beta.get("tier"),
     }
 

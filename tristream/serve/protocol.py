@@ -126,6 +126,8 @@ class ResponseCreate:
     event_id: str | None
     instructions: str | None
     modalities: list[str] | None
+    tool_choice: Any = None
+    """This answer's ``tool_choice`` (raw; None: the session's), checked by the session."""
 
 
 @dataclass(slots=True)
@@ -149,8 +151,31 @@ class VideoFrameAppend:
     stream_id: str
 
 
+@dataclass(slots=True)
+class FunctionOutputCreate:
+    """``conversation.item.create`` of a ``function_call_output``: a function's result for a call."""
+
+    event_id: str | None
+    item_id: str | None
+    call_id: str
+    output: str
+
+
+@dataclass(slots=True)
+class FunctionCallCreate:
+    """``conversation.item.create`` of a ``function_call`` the client adds to the conversation."""
+
+    event_id: str | None
+    item_id: str | None
+    call_id: str
+    name: str
+    arguments: str
+
+
 ClientEvent = (
     SessionUpdate
+    | FunctionOutputCreate
+    | FunctionCallCreate
     | AudioAppend
     | AudioCommit
     | AudioClear
@@ -164,8 +189,9 @@ _SESSION_KEYS = {
     "modalities", "instructions", "voice", "input_audio_format", "output_audio_format",
     "input_audio_sample_rate", "output_audio_sample_rate", "input_audio_transcription",
     "turn_detection", "temperature", "max_response_output_tokens", "tier",
+    "tools", "tool_choice",
     # Accepted for compatibility with official clients, ignored (documented):
-    "model", "tools", "tool_choice", "input_audio_noise_reduction", "tracing", "speed",
+    "model", "input_audio_noise_reduction", "tracing", "speed",
     "client_secret", "include",
 }
 _TURN_KEYS = {"type", "threshold", "prefix_padding_ms", "silence_duration_ms", "create_response",
@@ -239,6 +265,15 @@ def validate_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str,
         if tier not in TIER_NAMES:
             raise ProtocolError(E_INVALID_VALUE, f"session.tier must be one of {TIER_NAMES}", "session.tier", eid)
         out["tier"] = tier
+    if "tools" in sess:
+        from tristream.serve.tools import ToolSpecError, parse_tools
+
+        try:
+            out["tools"] = parse_tools(sess["tools"] if sess["tools"] is not None else [], "session.tools")
+        except ToolSpecError as e:
+            raise ProtocolError(E_INVALID_VALUE, str(e), e.param, eid) from None
+    if "tool_choice" in sess:
+        out["tool_choice"] = sess["tool_choice"]  # checked against the tools by the session
     if "input_audio_transcription" in sess:
         out["input_audio_transcription"] = _optional(sess, "input_audio_transcription", dict, eid)
     if "temperature" in sess:
@@ -281,13 +316,31 @@ def validate_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str,
     return out
 
 
-def _parse_item(ev: dict[str, Any], eid: str | None) -> ItemCreate:
+def _parse_function_item(item: dict[str, Any], eid: str | None) -> FunctionOutputCreate | FunctionCallCreate:
+    iid = _optional(item, "id", str, eid)
+    if item["type"] == "function_call_output":
+        _no_extra(item, {"id", "type", "object", "call_id", "output", "status"}, "item.", eid)
+        return FunctionOutputCreate(eid, iid, _require(item, "call_id", str, eid), _require(item, "output", str, eid))
+    _no_extra(item, {"id", "type", "object", "call_id", "name", "arguments", "status"}, "item.", eid)
+    from tristream.serve.tools import ToolSpecError, check_arguments
+
+    args = _require(item, "arguments", str, eid)
+    try:
+        check_arguments(args, "item.arguments")
+    except ToolSpecError as e:
+        raise ProtocolError(E_INVALID_VALUE, str(e), e.param, eid) from None
+    return FunctionCallCreate(eid, iid, _require(item, "call_id", str, eid), _require(item, "name", str, eid), args)
+
+
+def _parse_item(ev: dict[str, Any], eid: str | None) -> ItemCreate | FunctionOutputCreate | FunctionCallCreate:
     _no_extra(ev, {"type", "event_id", "previous_item_id", "item"}, "", eid)
     item = _require(ev, "item", dict, eid)
+    if item.get("type") in ("function_call_output", "function_call"):
+        return _parse_function_item(item, eid)
     _no_extra(item, {"id", "type", "object", "role", "content", "status"}, "item.", eid)
     if item.get("type", "message") != "message":
-        raise ProtocolError(E_INVALID_VALUE, "only item.type 'message' is supported (no function calls)",
-                            "item.type", eid)
+        raise ProtocolError(E_INVALID_VALUE, "item.type must be 'message', 'function_call' or "
+                            "'function_call_output'", "item.type", eid)
     role = _require(item, "role", str, eid)
     if role not in ("user", "system"):
         raise ProtocolError(E_INVALID_VALUE, "item.role must be 'user' or 'system'", "item.role", eid)
@@ -382,7 +435,10 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         if mods is not None and (not mods or any(m not in ("text", "audio") for m in mods)):
             raise ProtocolError(E_INVALID_VALUE, "response.modalities must be a non-empty subset of "
                                 "['text', 'audio']", "response.modalities", eid)
-        return ResponseCreate(eid, _optional(resp, "instructions", str, eid), mods)
+        if resp.get("tools") is not None:
+            raise ProtocolError(E_INVALID_VALUE, "response.tools is not supported; set the tools with "
+                                "session.update (response.tool_choice may pick one of them)", "response.tools", eid)
+        return ResponseCreate(eid, _optional(resp, "instructions", str, eid), mods, resp.get("tool_choice"))
     if etype == "response.cancel":
         _no_extra(ev, {"type", "event_id", "response_id"}, "", eid)
         return ResponseCancel(eid, _optional(ev, "response_id", str, eid))

@@ -35,6 +35,7 @@ from tristream.serve.ga import API_GA, to_ga
 from tristream.serve.limits import ServerLimits, TokenBucket
 from tristream.serve.media import MediaError
 from tristream.serve.metrics import ServeMetrics
+from tristream.serve.tools import FunctionCallDelta, FunctionCallDone
 from tristream.stages.base import Resampler
 
 log = logging.getLogger("tristream.serve")
@@ -81,6 +82,10 @@ class _Response:
     modalities: list[str]
     text: list[str] = field(default_factory=list)
     audio_samples: int = 0
+    message_index: int | None = None  # output_index of the message item once announced
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # finished output items, in order
+    calls: dict[str, tuple[int, str]] = field(default_factory=dict)  # call_id -> (output_index, item_id)
+    next_index: int = 0
 
 
 class RealtimeSession:
@@ -238,8 +243,12 @@ class RealtimeSession:
                     P.TIER_NAMES.index(tier) < P.TIER_NAMES.index(self.tier_cap):
                 raise P.ProtocolError(P.E_TIER_NOT_ALLOWED, f"this token allows tier '{self.tier_cap}' at best; "
                                       f"'{tier}' needs another token", "session.tier", ev.event_id)
+            self._check_tools(ev.changes, ev.event_id)
             for key, val in ev.changes.items():
                 setattr(self.settings, key, val)
+            ts = self.tool_state
+            if ts is not None:
+                ts.tools, ts.choice = list(self.settings.tools), self.settings.tool_choice
             if ev.api is not None:  # mirror the client: GA-shaped updates get GA events back
                 self.settings.api = ev.api
             self.backend.update(self._backend_config())
@@ -267,10 +276,17 @@ class RealtimeSession:
                                      item={"id": item_id, "object": "realtime.item", "type": "message",
                                            "status": "completed", "role": ev.role, "content": content}))
             self._last_item_id = item_id
+        elif isinstance(ev, (P.FunctionOutputCreate, P.FunctionCallCreate)):
+            self._function_item(ev)
         elif isinstance(ev, P.ResponseCreate):
             if self._response is not None:
                 raise P.ProtocolError(P.E_RESPONSE_ACTIVE, f"response {self._response.id} is still in progress; "
                                       "send response.cancel first or wait for response.done", None, ev.event_id)
+            if ev.tool_choice is not None:
+                choice = self._tool_choice(ev.tool_choice, self.settings.tools, "response.tool_choice", ev.event_id)
+                ts = self.tool_state
+                if ts is not None:
+                    ts.next_choice = choice
             if not self.turn.speech_stopped:
                 self.turn = TurnTiming(requested=now)
             else:  # a committed turn answered on request: the answer's latency counts from here
@@ -283,6 +299,103 @@ class RealtimeSession:
                                       + (f" with id {ev.response_id}" if ev.response_id else ""),
                                       "response_id" if ev.response_id else None, ev.event_id)
             self.backend.cancel_response(now)
+
+    # ------------------------------------------------------------------- tools
+    @property
+    def tool_state(self) -> Any:
+        """The backend's `tool_session.ToolState` (None: this backend cannot call tools)."""
+        return getattr(self.backend, "tool_state", None)
+
+    def _tool_choice(self, raw: Any, tools: list[Any], param: str, eid: str | None) -> str:
+        from tristream.serve.tools import ToolSpecError, parse_tool_choice
+
+        try:
+            return parse_tool_choice(raw, tools, param)
+        except ToolSpecError as e:
+            raise P.ProtocolError(P.E_INVALID_VALUE, str(e), e.param, eid) from None
+
+    def _check_tools(self, changes: dict[str, Any], eid: str | None) -> None:
+        """Validate ``tools`` / ``tool_choice`` of a session.update together (before anything changes)."""
+        if "tools" not in changes and "tool_choice" not in changes:
+            return
+        tools = changes.get("tools", self.settings.tools)
+        if tools and self.tool_state is None:
+            raise P.ProtocolError(P.E_INVALID_VALUE, "this server's backend cannot call tools (function calling "
+                                  "runs on the assistant backend over our engine)", "session.tools", eid)
+        if "tool_choice" in changes:
+            changes["tool_choice"] = self._tool_choice(changes["tool_choice"], tools, "session.tool_choice", eid)
+        elif self.settings.tool_choice not in ("auto", "none", "required") and \
+                not any(t.name == self.settings.tool_choice for t in tools):
+            changes["tool_choice"] = "auto"  # the named tool is gone
+        elif self.settings.tool_choice == "required" and not tools:
+            changes["tool_choice"] = "auto"
+
+    def _function_item(self, ev: P.FunctionOutputCreate | P.FunctionCallCreate) -> None:
+        from tristream.serve.tools import ToolSpecError
+
+        ts = self.tool_state
+        if ts is None:
+            raise P.ProtocolError(P.E_INVALID_VALUE, "this server's backend cannot call tools, so it takes no "
+                                  "function_call items", "item.type", ev.event_id)
+        item_id = ev.item_id or P.new_id("item")
+        try:
+            if isinstance(ev, P.FunctionOutputCreate):
+                ts.add_output(ev.call_id, ev.output)
+                item = {"id": item_id, "object": "realtime.item", "type": "function_call_output",
+                        "call_id": ev.call_id, "output": ev.output, "status": "completed"}
+            else:
+                ts.add_call(ev.call_id, ev.name, ev.arguments)
+                item = {"id": item_id, "object": "realtime.item", "type": "function_call", "call_id": ev.call_id,
+                        "name": ev.name, "arguments": ev.arguments, "status": "completed"}
+        except ToolSpecError as e:
+            raise P.ProtocolError(P.E_INVALID_VALUE, str(e), e.param, ev.event_id) from None
+        self.send(P.server_event("conversation.item.created", previous_item_id=self._last_item_id, item=item))
+        self._last_item_id = item_id
+
+    def _call_item(self, resp: _Response, call_id: str, name: str) -> tuple[int, str]:
+        """The output index and item id of a call, announced on first sight."""
+        got = resp.calls.get(call_id)
+        if got is None:
+            got = resp.calls[call_id] = (resp.next_index, P.new_id("item"))
+            resp.next_index += 1
+            self.send(P.server_event("response.output_item.added", response_id=resp.id, output_index=got[0],
+                                     item={"id": got[1], "object": "realtime.item", "type": "function_call",
+                                           "status": "in_progress", "name": name, "call_id": call_id,
+                                           "arguments": ""}))
+        return got
+
+    def _on_call_delta(self, ev: FunctionCallDelta) -> None:
+        resp = self._active("function_call")
+        if resp is None or not ev.delta:
+            return
+        idx, item_id = self._call_item(resp, ev.call_id, ev.name)
+        self.send(P.server_event("response.function_call_arguments.delta", response_id=resp.id, item_id=item_id,
+                                 output_index=idx, call_id=ev.call_id, delta=ev.delta))
+
+    def _on_call_done(self, ev: FunctionCallDone) -> None:
+        resp = self._active("function_call")
+        if resp is None:
+            return
+        idx, item_id = self._call_item(resp, ev.call_id, ev.name)
+        self.send(P.server_event("response.function_call_arguments.done", response_id=resp.id, item_id=item_id,
+                                 output_index=idx, call_id=ev.call_id, name=ev.name, arguments=ev.arguments))
+        item = {"id": item_id, "object": "realtime.item", "type": "function_call",
+                "status": "completed" if ev.complete else "incomplete", "name": ev.name, "call_id": ev.call_id,
+                "arguments": ev.arguments}
+        self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=idx, item=item))
+        resp.outputs.append(item)
+        self._last_item_id = item_id
+        if not ev.complete:
+            self.metrics.inc("tristream_tool_calls_total", status="incomplete")
+        else:
+            self.metrics.inc("tristream_tool_calls_total", status="completed")
+
+    def _announce_message(self, resp: _Response) -> None:
+        if resp.message_index is None:
+            resp.message_index = resp.next_index
+            resp.next_index += 1
+            self.send(P.server_event("response.output_item.added", response_id=resp.id,
+                                     output_index=resp.message_index, item=self._out_item(resp, "in_progress")))
 
     def _commit(self, item_id: str) -> None:
         self._uncommitted_ms = 0.0
@@ -334,8 +447,7 @@ class RealtimeSession:
             self.turn.response_started = now
             self.send(P.server_event("response.created", response=P.response_object(resp.id, "in_progress", [],
                                                                                     resp.modalities)))
-            self.send(P.server_event("response.output_item.added", response_id=resp.id, output_index=0,
-                                     item=self._out_item(resp, "in_progress")))
+            # the message item is announced with its first text or audio: an answer may be a call only
         elif isinstance(ev, AnswerText):
             tresp = self._active("text")
             if tresp is None:
@@ -351,21 +463,27 @@ class RealtimeSession:
             self._on_audio(aresp, ev, now)
         elif isinstance(ev, ResponseDone):
             self._finish_response(ev, now)
+        elif isinstance(ev, FunctionCallDelta):
+            self._on_call_delta(ev)
+        elif isinstance(ev, FunctionCallDone):
+            self._on_call_done(ev)
 
     def _on_text(self, resp: _Response, ev: AnswerText, now: int) -> None:
+        self._announce_message(resp)
         resp.text.append(ev.text)
         if not self.turn.first_text:
             self.turn.first_text = now
         kind = "response.audio_transcript.delta" if "audio" in resp.modalities else "response.text.delta"
-        self.send(P.server_event(kind, response_id=resp.id, item_id=resp.item_id, output_index=0,
+        self.send(P.server_event(kind, response_id=resp.id, item_id=resp.item_id, output_index=resp.message_index,
                                  content_index=0, delta=ev.text))
 
     def _on_audio(self, resp: _Response, ev: AnswerAudio, now: int) -> None:
+        self._announce_message(resp)
         if not self.turn.first_audio:
             self.turn.first_audio = now
         resp.audio_samples += int(ev.pcm.size)
         self.send(P.server_event("response.audio.delta", response_id=resp.id, item_id=resp.item_id,
-                                 output_index=0, content_index=0, delta=encode_pcm16_b64(ev.pcm)))
+                                 output_index=resp.message_index, content_index=0, delta=encode_pcm16_b64(ev.pcm)))
 
     def _active(self, what: str) -> _Response | None:
         if self._response is None:
@@ -398,20 +516,26 @@ class RealtimeSession:
             failure.error_type = "server_error"
             self.send_error(failure)
         text = "".join(resp.text)
-        common = {"response_id": resp.id, "item_id": resp.item_id, "output_index": 0, "content_index": 0}
-        if "audio" in resp.modalities:
-            self.send(P.server_event("response.audio.done", **common))
-            self.send(P.server_event("response.audio_transcript.done", transcript=text, **common))
-        else:
-            self.send(P.server_event("response.text.done", text=text, **common))
         status = ev.status
-        item = self._out_item(resp, "completed" if status == "completed" else "incomplete")
-        self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=0, item=item))
+        output = list(resp.outputs)
+        if resp.message_index is not None or not resp.calls:  # a call-only answer has no message item
+            self._announce_message(resp)
+            common = {"response_id": resp.id, "item_id": resp.item_id, "output_index": resp.message_index,
+                      "content_index": 0}
+            if "audio" in resp.modalities:
+                self.send(P.server_event("response.audio.done", **common))
+                self.send(P.server_event("response.audio_transcript.done", transcript=text, **common))
+            else:
+                self.send(P.server_event("response.text.done", text=text, **common))
+            item = self._out_item(resp, "completed" if status == "completed" else "incomplete")
+            self.send(P.server_event("response.output_item.done", response_id=resp.id,
+                                     output_index=resp.message_index, item=item))
+            output.insert(min(resp.message_index or 0, len(output)), item)
         t = self.turn
         t.done = now
         t.status = status
         lat = t.latencies_ms()
-        robj = P.response_object(resp.id, status, [item], resp.modalities)
+        robj = P.response_object(resp.id, status, output, resp.modalities)
         if status == "failed":
             robj["status_details"] = {"type": "failed", "reason": f"shed:{shed}" if shed else "engine_error",
                                       "error": {"type": "server_error", "code": P.E_SHED if shed else P.E_SERVER_ERROR,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tristream.pipeline.turns import DEFAULT_HANGOVER_MS
+from tristream.serve.tools import choice_json
 
 DEFAULT_SAMPLE_RATE = 24_000
 
@@ -44,6 +45,10 @@ class SessionSettings:
     max_response_output_tokens: int | str = "inf"
     tier: str = "silver"
     """Extension: SLA tier of the session's turns (gold / silver / bronze); capped by the auth token."""
+    tools: list[Any] = field(default_factory=list)
+    """Function tools (`serve.tools.ToolSpec`) the answers may call."""
+    tool_choice: str = "auto"
+    """'auto', 'none', 'required' or a tool's name."""
     api: str = "beta"
     """Event names and session shape sent to the client: ``"beta"`` or ``"ga"`` (`serve.ga`); not in `to_json`."""
 
@@ -73,8 +78,8 @@ class SessionSettings:
             "output_audio_sample_rate": self.output_audio_sample_rate,
             "input_audio_transcription": self.input_audio_transcription,
             "turn_detection": td,
-            "tools": [],
-            "tool_choice": "none",
+            "tools": [t.to_json() for t in self.tools],
+            "tool_choice": choice_json(self.tool_choice),
             "temperature": self.temperature,
             "max_response_output_tokens": self.max_response_output_tokens,
             "tier": self.tier,
