@@ -149,7 +149,7 @@ class _HostOnlyRunner:
     def __init__(self, words: dict[str, list[tuple[int, int]]], capacity: int, frames: int,
                  speech_mask: bool = False) -> None:
         from tristream.engine.speech.config import WhisperTokens
-        from tristream.engine.speech.runner import RunnerStats
+        from tristream.engine.speech.pass_io import RunnerStats
 
         self.words, self.k, self.frames = words, capacity, frames
         self.speech_mask = speech_mask  # voiced = inside a scripted word (pauses snap edges); else all voiced
@@ -199,7 +199,7 @@ class _HostOnlyRunner:
             self.cpu_s += time.thread_time() - t
 
     def _run_store(self, slots: list[int], drafts: Any, draft_frames: Any, word_times: bool | None) -> Any:
-        from tristream.engine.speech.runner import PassResult
+        from tristream.engine.speech.pass_io import PassResult
 
         self.slots = slots
         n, eot = len(slots), self.tokens.eot
@@ -309,7 +309,7 @@ def bench_set_inputs(streams: int = 16, capacity: int = 32, iters: int = 2000) -
     lengths, slots = [80000] * streams, list(range(streams))
     out = {"streams": streams, "max_draft": capacity - 1, "iters": iters}
     out["with_drafts_and_frames"] = time_us(lambda: r._set_inputs(lengths, streams, drafts, slots, frames), iters)
-    out["table_digest"] = hashlib.sha256(r._host_in.numpy().tobytes()).hexdigest()[:16]  # the table it wrote
+    out["table_digest"] = hashlib.sha256(r.pass_in.host.numpy().tobytes()).hexdigest()[:16]  # the table it wrote
     out["without_drafts"] = time_us(lambda: r._set_inputs(lengths, streams, None, slots, None), iters)
     return out
 

@@ -80,7 +80,7 @@ class ScriptedRunner:
     wobble by a frame. Word times come only from `align_rows` or timed passes."""
 
     def __init__(self, words: dict[str, list[tuple[int, int]]], max_draft: int = 16) -> None:
-        from tristream.engine.speech.runner import RunnerStats
+        from tristream.engine.speech.pass_io import RunnerStats
 
         self.words = words  # stream id -> (start_ns, end_ns) per word; token id 1000 + index
         self.tokens = TOKENS
@@ -112,7 +112,7 @@ class ScriptedRunner:
 
     def run_store(self, store: object, slots: list[int], drafts: object = None, draft_frames: object = None,
                   word_times: bool | None = None):  # type: ignore[no-untyped-def]
-        from tristream.engine.speech.runner import PassResult
+        from tristream.engine.speech.pass_io import PassResult
 
         self.calls += 1
         n = len(slots)

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from tristream.engine.speech.config import WhisperDims
-from tristream.engine.speech.whisper import Whisper, gelu_linear
+from tristream.engine.speech.kernels import gelu_linear
+from tristream.engine.speech.whisper import Whisper
 
 
 def _model(seed: int = 0) -> Whisper:

@@ -1,4 +1,4 @@
-"""`WhisperRunner._set_inputs` / `_put_draft_frames` (vectorised) write the same input table and
+"""`PassInputs.write` / `put_draft_frames` (vectorised, through `WhisperRunner._set_inputs`) write the same input table and
 count the same draft statistics as the former per-row loops, pinned here as the reference: drafts
 truncated to `max_draft`, ids >= end-of-text dropped with the rest closing up, frames cut to
 `max_draft + 1`, for lists, tuples and numpy rows."""
@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from tristream.engine.speech.config import WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
-from tristream.engine.speech.runner import _COLS, SAMPLES_PER_POSITION, WhisperRunner
+from tristream.engine.speech.pass_io import COLS, SAMPLES_PER_POSITION
+from tristream.engine.speech.runner import WhisperRunner
 from tristream.engine.speech.whisper import Whisper
 
 TOKENS = WhisperTokens.for_vocab(51865)
@@ -26,11 +27,11 @@ def _former_set_inputs(r: WhisperRunner, lengths: list[int], bb: int, drafts: Se
                        ) -> tuple[np.ndarray, int, int]:
     """The per-row loops before the vectorised rewrite: (table, truncated drafts, draft tokens)."""
     d = r.max_draft
-    host = np.zeros_like(r._host_in[:bb].numpy())
+    host = np.zeros_like(r.pass_in.host[:bb].numpy())
     truncated = tokens = 0
     host[:, 0] = 1
-    host[:, 1:_COLS] = 0
-    host[:, _COLS:] = EOT
+    host[:, 1:COLS] = 0
+    host[:, COLS:] = EOT
     m = len(lengths)
     host[:m, 0] = np.maximum(1, -(-np.asarray(lengths, np.int64) // SAMPLES_PER_POSITION))
     host[:m, 2] = 1
@@ -42,10 +43,10 @@ def _former_set_inputs(r: WhisperRunner, lengths: list[int], bb: int, drafts: Se
                 truncated += 1
             dr = [t for t in list(dr)[:d] if t < EOT]
             host[i, 1] = len(dr)
-            host[i, _COLS : _COLS + len(dr)] = dr
+            host[i, COLS : COLS + len(dr)] = dr
             tokens += len(dr)
     if draft_frames is not None:
-        lo, cap = _COLS + d, d + 1
+        lo, cap = COLS + d, d + 1
         for i, fr in enumerate(draft_frames):
             f = list(fr)[:cap]
             host[i, 4] = len(f)
@@ -83,20 +84,20 @@ def test_set_inputs_equals_the_former_per_row_loops(runner: WhisperRunner, seed:
     want, truncated, tokens = _former_set_inputs(runner, lengths, bb, drafts, slots, frames)
     before = (runner.stats.truncated_drafts, runner.stats.draft_tokens)
     runner._set_inputs(lengths, bb, drafts, slots, frames)
-    np.testing.assert_array_equal(runner._host_in[:bb].numpy(), want)
-    np.testing.assert_array_equal(runner.inputs[:bb].numpy(), want)
+    np.testing.assert_array_equal(runner.pass_in.host[:bb].numpy(), want)
+    np.testing.assert_array_equal(runner.pass_in.table[:bb].numpy(), want)
     assert (runner.stats.truncated_drafts - before[0], runner.stats.draft_tokens - before[1]) == (truncated, tokens)
 
 
 def test_put_draft_frames_rows_and_errors(runner: WhisperRunner) -> None:
-    tab = np.zeros((3, runner.inputs.shape[1]), np.int64)
-    runner._put_draft_frames(tab, [2, 0], [[5, 6, 7], list(range(30))])
-    lo = _COLS + runner.max_draft
+    tab = np.zeros((3, runner.pass_in.table.shape[1]), np.int64)
+    runner.pass_in.put_draft_frames(tab, [2, 0], [[5, 6, 7], list(range(30))])
+    lo = COLS + runner.max_draft
     assert tab[2, 4] == 3 and tab[2, lo : lo + 3].tolist() == [5, 6, 7] and not tab[2, lo + 3 :].any()
     assert tab[0, 4] == runner.max_draft + 1 and tab[0, lo:].tolist() == list(range(runner.max_draft + 1))
     assert not tab[1].any()
     with pytest.raises(AudioInputError, match="2 draft frame lists for 1 streams"):
-        runner._put_draft_frames(tab, [0], [[1], [2]])
+        runner.pass_in.put_draft_frames(tab, [0], [[1], [2]])
     with pytest.raises(AudioInputError, match="1 drafts for 2 streams"):
         runner._set_inputs([16000, 16000], 2, [[1]])
 

@@ -15,10 +15,8 @@ captured largest first. Tokens and token times leave the GPU once per pass.
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -26,51 +24,19 @@ import torch
 from tristream.engine.graph_capture import capture_buckets
 from tristream.engine.speech import dtw_device, kernels
 from tristream.engine.speech.audio_store import AudioStore
-from tristream.engine.speech.config import HOP, SAMPLE_RATE, WhisperTokens
+from tristream.engine.speech.config import SAMPLE_RATE, WhisperTokens
 from tristream.engine.speech.errors import AudioInputError
 from tristream.engine.speech.mel import LogMel
+from tristream.engine.speech.pass_io import (
+    COLS,
+    SAMPLES_PER_POSITION,
+    PassInputs,
+    PassResult,
+    RunnerStats,
+    valid_frames,
+)
 from tristream.engine.speech.timing import alignment_matrix, anchored_token_starts
 from tristream.engine.speech.whisper import DecoderCache, Whisper
-
-SAMPLES_PER_POSITION = 2 * HOP
-_COLS = 5  # leading columns of WhisperRunner.inputs before the draft tokens and their frames
-
-
-@dataclass(slots=True)
-class PassResult:
-    """One pass: greedy tokens `[B, K]` (text ids, EOT-terminated or full) and per-token frames.
-
-    `frames[b, j]` is the encoder frame (20 ms units from the buffer start) where token `j` starts:
-    its DTW jump time with `word_times`, else 0; `frames[b, n]` (n = number of text tokens, when
-    below K) is the end-of-text row's jump, i.e. where the last word ends. `voiced[b, f]` (with word
-    times): frame f is within `silence_db` of the buffer's loudest 20 ms frame, for snapping word
-    edges to pauses (`timing.snap_words`). `accepted[b]`: draft tokens confirmed by the parallel
-    prefill; `steps`: serial decoder steps run.
-    """
-
-    tokens: np.ndarray
-    frames: np.ndarray
-    audio_bucket_s: float
-    batch_bucket: int
-    accepted: np.ndarray
-    steps: int
-    voiced: np.ndarray | None = None
-
-
-@dataclass(slots=True)
-class RunnerStats:
-    """Counters: passes per bucket, eager passes, graph captures, serial decode steps, draft tokens."""
-
-    passes: dict[tuple[int, float], int] = field(default_factory=dict)
-    captured: int = 0
-    eager_passes: int = 0
-    decode_steps: int = 0
-    align_passes: int = 0  # alignment-heads passes run (word times)
-    aligned_rows: int = 0  # stream rows those passes timed
-    deferred_rows: int = 0  # stream rows of passes run without word times (`word_times=False`)
-    draft_tokens: int = 0
-    draft_accepted: int = 0
-    truncated_drafts: int = 0
 
 
 class WhisperRunner:
@@ -137,20 +103,9 @@ class WhisperRunner:
         self.audio = torch.zeros(bmax, smax, device=dev)
         self.cache = model.new_cache(bmax, tmax_enc, t_max, device=dev, dtype=self.dtype)
         self.prompt_ids = torch.tensor(self.prompt, device=dev)
-        # per-row pass inputs, one int64 table filled by one host→device copy per pass from a pinned
-        # host twin; the graphs read its columns in place: valid frames, draft length, real row,
-        # audio-store slot, draft tokens
-        width = _COLS + 2 * max_draft + 1
-        self.inputs = torch.zeros(bmax, width, dtype=torch.long, device=dev)
-        self._host_in = torch.zeros(bmax, width, dtype=torch.long, pin_memory=dev.type == "cuda")
-        self.valid_frames = self.inputs[:, 0]
-        self.draft_len = self.inputs[:, 1]
-        self.real = self.inputs[:, 2]  # 1: row holds a stream (not bucket padding)
-        self.slots = self.inputs[:, 3]
-        self.n_draft_frames = self.inputs[:, 4]
-        self.draft = self.inputs[:, _COLS : _COLS + max_draft]
-        self.draft_frames = self.inputs[:, _COLS + max_draft :]  # previous frames of the draft (+ its end row)
-        self._in_copied: torch.cuda.Event | None = None
+        self.pass_in = t = PassInputs(bmax, max_draft, tokens.eot, dev)
+        self.valid_frames, self.draft_len, self.real, self.draft = t.valid_frames, t.draft_len, t.real, t.draft
+        self.n_draft_frames, self.draft_frames = t.n_draft_frames, t.draft_frames
         pin = dev.type == "cuda"
         # audio-store rows of a `run_store` pass, uploaded before the inputs (the gather feeds "encode")
         self._slots_dev = torch.zeros(bmax, dtype=torch.long, device=dev)
@@ -182,7 +137,7 @@ class WhisperRunner:
         # the step's bookkeeping); default on where Triton runs on this device, TRISTREAM_WHISPER_KERNELS=0 off
         if fused_kernels is None:
             fused_kernels = os.environ.get("TRISTREAM_WHISPER_KERNELS", "1") != "0" and dev.type == "cuda"
-        self.fused_kernels = bool(fused_kernels) and kernels.enabled(self.inputs)
+        self.fused_kernels = bool(fused_kernels) and kernels.enabled(t.table)
         self._last: tuple[list[int], float, np.ndarray, np.ndarray] = ([], 0.0, np.zeros((0, 0)), np.zeros(0))
         self._graphs: dict[tuple[float, int, str], torch.cuda.CUDAGraph] = {}  # (audio s, batch, kind)
         self._pool: object | None = None
@@ -399,6 +354,13 @@ class WhisperRunner:
         self._set_inputs(lengths, bb, drafts, slots, draft_frames)
         return self._pass(lengths, bb, ab, word_times, draft_frames)
 
+    def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None,
+                    slots: Sequence[int] | None = None, draft_frames: Sequence[Sequence[int]] | None = None) -> None:
+        """The pass's input table (`PassInputs.write`); draft frames only where DTW runs on the device."""
+        cut, written = self.pass_in.write(lengths, bb, drafts, slots, draft_frames if self.device_times else None)
+        self.stats.truncated_drafts += cut
+        self.stats.draft_tokens += written
+
     @staticmethod
     def _check_counts(m: int, drafts: Sequence[Sequence[int]] | None,
                       draft_frames: Sequence[Sequence[int]] | None) -> None:
@@ -407,54 +369,6 @@ class WhisperRunner:
             raise AudioInputError(f"{len(drafts)} drafts for {m} streams; pass one per stream")
         if draft_frames is not None and len(draft_frames) != m:
             raise AudioInputError(f"{len(draft_frames)} draft frame lists for {m} streams; pass one per stream")
-
-    @torch.inference_mode()
-    def _set_inputs(self, lengths: list[int], bb: int, drafts: Sequence[Sequence[int]] | None,
-                    slots: Sequence[int] | None = None, draft_frames: Sequence[Sequence[int]] | None = None) -> None:
-        """One small host→device copy: valid frames, draft lengths, real rows, store slots and draft
-        tokens of every row, from the pinned host twin of `self.inputs`.
-
-        The twin is rewritten only here; the previous pass's copy out of it is long done (every
-        pass ends by reading its tokens, which waits for the whole stream)."""
-        d = self.max_draft
-        if self._in_copied is not None:
-            self._in_copied.synchronize()  # normally long complete; guards a pass that raised midway
-        host = self._host_in[:bb].numpy()
-        host[:, 0] = 1
-        host[:, 1:_COLS] = 0
-        host[:, _COLS:] = self.tokens.eot
-        m = len(lengths)
-        host[:m, 0] = np.maximum(1, -(-np.asarray(lengths, np.int64) // SAMPLES_PER_POSITION))
-        host[:m, 2] = 1
-        if slots is not None:
-            host[:m, 3] = slots
-        if drafts is not None:
-            if len(drafts) != m:
-                raise AudioInputError(f"{len(drafts)} drafts for {m} streams; pass one per stream")
-            # all rows' tokens (the first `d` of each) as one int64 array by one C-level conversion, and
-            # one masked write: per row, a numpy call costs more than the row's few dozen ints
-            lens = [len(dr) for dr in drafts]
-            rows: Sequence[Iterable[int]] = drafts
-            if max(lens, default=0) > d:
-                self.stats.truncated_drafts += sum(n > d for n in lens)
-                lens = [n if n < d else d for n in lens]
-                rows = [itertools.islice(dr, d) for dr in drafts]
-            flat = np.fromiter(itertools.chain.from_iterable(rows), np.int64, sum(lens))
-            take = np.asarray(lens, np.int64)
-            eot = self.tokens.eot
-            if flat.shape[0] and flat.max() >= eot:  # ids >= end-of-text are dropped, the rest close up
-                text = flat < eot
-                flat = flat[text]
-                take = np.bincount(np.repeat(np.arange(m), take)[text], minlength=m)
-            host[:m, 1] = take
-            host[:m, _COLS : _COLS + d][np.arange(d) < take[:, None]] = flat
-            self.stats.draft_tokens += flat.shape[0]
-        if draft_frames is not None and self.device_times:
-            self._put_draft_frames(host, range(m), draft_frames)
-        self.inputs[:bb].copy_(self._host_in[:bb], non_blocking=True)
-        if self.device.type == "cuda":
-            self._in_copied = torch.cuda.Event()
-            self._in_copied.record()
 
     def _read(self, n_real: int, t: int, with_db: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """The pass's output table (a copy: `[n_real, 2K + 3]`, see `_out`) and, `with_db`, the frame
@@ -469,33 +383,10 @@ class WhisperRunner:
         torch.cuda.current_stream(self.device).synchronize()
         return self._host_out[:n_real].numpy().copy(), self._host_db[:n_real, :t].numpy() if with_db else None
 
-    def _put_draft_frames(self, host: np.ndarray, rows: Sequence[int], draft_frames: Sequence[Sequence[int]]) -> None:
-        """Write each row's previous draft frames (at most `max_draft + 1`) into its input-table row."""
-        if len(draft_frames) != len(rows):
-            raise AudioInputError(f"{len(draft_frames)} draft frame lists for {len(rows)} streams; pass one per stream")
-        lo, cap = _COLS + self.max_draft, self.max_draft + 1
-        lens = [len(fr) for fr in draft_frames]
-        items: Sequence[Iterable[int]] = draft_frames
-        if max(lens, default=0) > cap:
-            lens = [n if n < cap else cap for n in lens]
-            items = [itertools.islice(fr, cap) for fr in draft_frames]
-        flat = np.fromiter(itertools.chain.from_iterable(items), np.int64, sum(lens))  # as in _set_inputs
-        take = np.asarray(lens, np.int64)
-        into = np.arange(cap) < take[:, None]  # [rows, cap]: where each row's frames go
-        if isinstance(rows, range) and rows.step == 1:  # the callers' case: a block of the table, in place
-            host[rows.start : rows.stop, 4] = take
-            host[rows.start : rows.stop, lo : lo + cap][into] = flat
-        else:
-            at = np.asarray(rows, np.int64)
-            host[at, 4] = take
-            block = host[at, lo : lo + cap]
-            block[into] = flat
-            host[at, lo : lo + cap] = block
-
     def _token_times(self, toks: np.ndarray, accepted: np.ndarray, lengths: list[int],
                      draft_frames: Sequence[Sequence[int]] | None, align: torch.Tensor | None = None) -> np.ndarray:
-        valid = np.maximum(1, -(-np.asarray(lengths, np.int64) // SAMPLES_PER_POSITION))
-        return anchored_token_starts(self.align if align is None else align, toks, self.tokens.eot, valid, accepted,
+        return anchored_token_starts(self.align if align is None else align, toks, self.tokens.eot,
+                                     valid_frames(lengths), accepted,
                                      draft_frames, self.retime)
 
     def _pass(self, lengths: list[int], bb: int, ab: float, word_times: bool | None = None,
@@ -579,12 +470,12 @@ class WhisperRunner:
             x[:m, :, :last].copy_(x[:, :, :last].index_select(0, idx))
         at = idx if in_place else torch.arange(m, device=self.device)  # where the rows sit now
         if self.device_times:
-            tab = np.zeros((m, _COLS + 2 * self.max_draft + 1), np.int64)
+            tab = np.zeros((m, self.pass_in.table.shape[1]), np.int64)
             if draft_frames is not None:
-                self._put_draft_frames(tab, range(m), draft_frames)
+                self.pass_in.put_draft_frames(tab, range(m), draft_frames)
             dev_tab = torch.as_tensor(tab, device=self.device)
             self.n_draft_frames.index_copy_(0, at, dev_tab[:, 4])
-            self.draft_frames.index_copy_(0, at, dev_tab[:, _COLS + self.max_draft :])
+            self.draft_frames.index_copy_(0, at, dev_tab[:, COLS + self.max_draft :])
         self._run("align", bb, ab)
         sel = np.asarray(rows)
         sub = [lengths[r] for r in rows]

@@ -73,23 +73,8 @@ class EncoderLayer(_Block):
         q, k, v = self.qkv(h).view(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
         a = F.scaled_dot_product_attention(q, k, v)
         x, h = kernels.add_layer_norm(x, self.out(a.transpose(1, 2).reshape(b, n, d)), self.ln2)
-        f = gelu_linear(h, self.fc1.weight, self.fc1.bias) if gelu_epilogue else F.gelu(self.fc1(h))
+        f = kernels.gelu_linear(h, self.fc1.weight, self.fc1.bias) if gelu_epilogue else F.gelu(self.fc1(h))
         return kernels.add_layer_norm(x, self.fc2(f), next_ln)
-
-
-def gelu_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """`gelu(x @ wᵀ + bias)` with the GELU in the GEMM's epilogue (cuBLASLt, CUDA fp16/bf16).
-
-    cuBLASLt's GELU is the tanh approximation; Whisper's is the erf form. In fp16 the two differ by
-    about the rounding of the result (relative 3.6e-4 over Whisper-tiny's fc1 output on the H200,
-    bench/whisper_encode.py), and the epilogue saves the GELU's pass over the activations (fc1:
-    20 + 17 µs → 24 µs at 16 × 500 rows). Elsewhere: the exact form, unfused."""
-    x2 = x.reshape(-1, x.shape[-1])
-    if x.is_cuda and x.dtype in (torch.float16, torch.bfloat16):
-        y = torch._addmm_activation(bias, x2, w.t(), use_gelu=True)
-    else:
-        y = F.gelu(F.linear(x2, w, bias))
-    return y.view(*x.shape[:-1], w.shape[0])
 
 
 class DecoderLayer(_Block):
@@ -295,11 +280,11 @@ class Whisper(nn.Module):
         xp = F.pad(mel.transpose(1, 2), (0, 0, 1, 1))  # [B, 2T + 2, C], time-major, one copy
         cols = xp.as_strided((b, t2, 3 * c), (xp.stride(0), c, 1)).reshape(b * t2, 3 * c)
         assert self.conv1.bias is not None and self.conv2.bias is not None
-        y = gelu_linear(cols, w1, self.conv1.bias)
+        y = kernels.gelu_linear(cols, w1, self.conv1.bias)
         d, t = y.shape[1], t2 // 2
         yp = F.pad(y.view(b, t2, d), (0, 0, 1, 1))
         cols = yp.as_strided((b, t, 3 * d), (yp.stride(0), 2 * d, 1)).reshape(b * t, 3 * d)
-        return gelu_linear(cols, w2, self.conv2.bias).view(b, t, d)
+        return kernels.gelu_linear(cols, w2, self.conv2.bias).view(b, t, d)
 
     # ---- decoder ---------------------------------------------------------------------------
     def new_cache(self, batch: int, enc_len: int, max_len: int, device: torch.device | str | None = None,
