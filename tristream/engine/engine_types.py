@@ -43,7 +43,7 @@ class EngineConfig:
     """Overlapped greedy decode (`overlap.py`): in steady decode, launch step i+1 (its token ids
     fed on the device) before waiting for step i's tokens, hiding the host side of a step
     (H200, batch 1: SmolLM2-135M 0.507 -> 0.458 ms per step, Llama-3.2-1B 0.998 -> 0.851 ms, same
-    tokens: bench/results/llm_gpu_s7b.json). None (the default): on for CUDA, off on CPU (nothing
+    tokens: bench/results/llm_gpu_s7b.json at fdf1e72). None (the default): on for CUDA, off on CPU (nothing
     to hide there); False: off."""
 
 

@@ -13,7 +13,7 @@ and the page's ``/app.js``, ``/style.css``.
 
 Why: through the proxy every frame crossed two extra hops (proxy → ingress over Serve's
 ASGI bridge, and back), about 10 ms of proxy CPU and 13–15 ms of ingress CPU per answered
-turn (``bench/results/scale_profile_cpu_head.json``), all in one process of each.
+turn (``bench/results/scale_profile_cpu_head.json`` at 4c4c48b), all in one process of each.
 """
 
 from __future__ import annotations

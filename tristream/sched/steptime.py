@@ -7,7 +7,7 @@
 Decode pads to the captured CUDA-graph bucket, so it is charged per bucket slot. The
 coefficients are a least-squares fit (`fit_step_time`) to the rows in
 `bench/data/sched_steptime.csv` — H200 figures measured in this workplace (ANCHORS.md for the
-LLM, our graphed SigLIP / Whisper runners from `bench/results/encoders.json`) and, where no
+LLM, our graphed SigLIP / Whisper runners from `bench/results/encoders.json` at a73ab05) and, where no
 measurement exists, roofline-derived rows that say so; `bench/sched.py --fit`
 redoes the fit and writes `bench/data/sched_steptime_fit.json`. The scheduler uses the same
 model to estimate the cost of a plan; the simulator adds seeded jitter on top.
