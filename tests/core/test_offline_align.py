@@ -136,8 +136,42 @@ def test_bulk_tokeniser_agrees_with_json(tmp_path_factory: pytest.TempPathFactor
     e2: list[AlignInputError] = []
     a = align_file(p, tmp / "a.jsonl", on_error=e1.append)
     b = _align_text(p, tmp / "b.jsonl", on_error=e2.append)
+    a2 = align_file(p, tmp / "a2.jsonl", workers=2)  # parts decoded, fitted and written side by side
+    assert (tmp / "a2.jsonl").read_bytes() == (tmp / "a.jsonl").read_bytes()
+    assert {k: v for k, v in a2.items() if k != "output"} == {k: v for k, v in a.items() if k != "output"}
     assert [(e.line, str(e)) for e in e1] == [(e.line, str(e)) for e in e2]
     assert {k: v for k, v in a.items() if k != "output"} == {k: v for k, v in b.items() if k != "output"}
     out_a = [json.loads(x) for x in (tmp / "a.jsonl").read_text(encoding="utf-8").splitlines()]
     out_b = [json.loads(x) for x in (tmp / "b.jsonl").read_text(encoding="utf-8").splitlines()]
     assert out_a == out_b
+
+
+def test_bulk_reader_blocks_and_parts_agree_with_json(recording: tuple[Path, dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
+    """A refused line sends only its block of lines through the line-by-line decoder; lines of
+    every shape (blank, indented, trailing blanks, escaped keys, floats, nulls, broken) give the
+    same output and errors whatever the number of parts, and as the `json` path gives them."""
+    from tristream.core.offline import _align_text
+
+    path, _ = recording
+    lines = path.read_text(encoding="utf-8").splitlines()
+    odd = ['', '   ', '  ' + lines[5], lines[6] + ' \t', lines[7].replace('"ts"', '"\\u0074s"'),
+           lines[8].replace('"arrival_ns": ', '"arrival_ns": 1e3, "arrival_ns": '), '{"source": "mic0"}',
+           lines[9].replace('"unit"', '"ts": 2.5, "unit"'), lines[10][:-1] + ', "x": null}', 'not json',
+           lines[11][:-1] + ', "samples": -3}', lines[12][:-1] + ', "ref_ns": 7}', lines[13] + lines[13]]
+    rng = np.random.default_rng(4)
+    at = np.sort(rng.choice(len(lines), len(odd), replace=False))
+    for k, text in zip(at[::-1], odd[::-1], strict=True):
+        lines.insert(int(k), text)
+    p = tmp_path / "mixed.jsonl"
+    p.write_text("\n".join(lines), encoding="utf-8")  # no newline at the end
+    e_ref: list[AlignInputError] = []
+    ref = _align_text(p, tmp_path / "ref.jsonl", on_error=e_ref.append)
+    want = [json.loads(x) for x in (tmp_path / "ref.jsonl").read_text(encoding="utf-8").splitlines()]
+    for workers in (1, 2, 3):
+        errs: list[AlignInputError] = []
+        got = align_file(p, tmp_path / f"w{workers}.jsonl", on_error=errs.append, workers=workers)
+        assert [(e.line, str(e)) for e in errs] == [(e.line, str(e)) for e in e_ref]
+        assert {k: v for k, v in got.items() if k != "output"} == {k: v for k, v in ref.items() if k != "output"}
+        assert [json.loads(x) for x in (tmp_path / f"w{workers}.jsonl").read_text(encoding="utf-8").splitlines()] \
+            == want
+    assert ref["invalid_lines"] == 4  # missing fields, "not json", samples -3, two objects on a line

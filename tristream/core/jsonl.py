@@ -1,64 +1,68 @@
-"""Vectorised reading and writing of `tristream align` event files (JSON Lines, one flat object a line).
+"""Reading and writing of `tristream align` event files (JSON Lines, one object a line).
 
-`scan(data)` tokenises a whole file with numpy: string boundaries from the quote positions,
-the structural characters outside strings, keys compared as bytes, number literals checked by
-a small vectorised automaton of the JSON number grammar and parsed exactly (integers by Horner
-in int64, decimals by numpy's correctly rounded conversion, as `json` does). A line that is not
-provably a valid flat object with the fields in the shapes this path handles - escapes, nested
-values, control characters, duplicate keys, a float timestamp, an unknown unit, a missing
-field - is marked *slow*: the caller parses it with `json` and reports its exact error. Valid
-lines parse to the same numbers `parse_event` gives.
+`scan(data)` decodes a whole file with msgspec's typed decoder into the columns the fit needs
+(source, start and end in source ns, arrival), blocks of lines at a time: a block whose lines
+all start with `{` and end with `}` decodes as one stream of objects, which then match the
+lines one to one (no object can span two such lines, so equal counts mean one object a line);
+any other block goes line by line. A line the typed decoder refuses - invalid JSON, a missing
+field, a float or out-of-range timestamp, a `null`, `NaN`, a negative sample count, an input
+`ref_ns` - or whose numbers this path does not take (an unknown unit, an empty source, a
+timestamp near the int64 range) is marked *slow*: the caller parses it with `json` and
+`parse_event`, which give its value or its exact error. Valid lines parse to the numbers
+`parse_event` gives.
 
-`render(...)` writes the output: each fast line's own bytes up to its closing brace, then
+`write(...)` writes the output: each fast line's own bytes up to its closing brace, then
 `, "ref_ns": N` (and `, "ref_flag": "..."`) and the brace; slow lines' texts are spliced in
-as given. The scan runs over chunks of lines, so its memory stays a few times the chunk.
+as given. A run of fast lines is one bytes `%` formatting of a template repeated per line.
+
+With `workers > 1` both split the file into that many parts, decoded or written side by side
+in forked processes (`forkjoin.fork_map`); the output does not depend on the split.
 """
 
 from __future__ import annotations
 
-import threading
-from concurrent.futures import ThreadPoolExecutor
+import math
+import os
+import stat
 from dataclasses import dataclass, field
+from itertools import count
+from operator import attrgetter
+from pathlib import Path
+from typing import Annotated, Any
 
+import msgspec
 import numpy as np
 
 from tristream.core.errors import TimeCoreError
+from tristream.core.forkjoin import fork_map
 from tristream.core.units import TimeUnit, parse_unit
 
-_CHUNK_LINES = 1 << 15
-_KEYS = {b"source": 0, b"ts": 1, b"unit": 2, b"arrival_ns": 3, b"samples": 4, b"sample_rate": 5, b"rate_hz": 6,
-         b"duration_ns": 7, b"ref_ns": 8, b"ref_flag": 9}
-_NKEYS = len(_KEYS)
-_WS = np.zeros(256, bool)
-_WS[[9, 10, 13, 32]] = True
-_CLASS = np.zeros(256, np.int8)  # 1 structure, 2 newline, 3 control character
-_CLASS[:32] = 3
-_CLASS[[ord(c) for c in '":,{}[]']] = 1
-_CLASS[10] = 2
-# JSON number automaton: classes 0 '0', 1 '1'-'9', 2 '-', 3 '+', 4 '.', 5 'e'/'E', 6 other, 7 end (padding)
-_CLS = np.full(256, 6, np.int8)
-_CLS[ord("0")] = 0
-_CLS[ord("1") : ord("9") + 1] = 1
-_CLS[ord("-")] = 2
-_CLS[ord("+")] = 3
-_CLS[ord(".")] = 4
-_CLS[[ord("e"), ord("E")]] = 5
-_CLS[0] = 7
-# states: 0 start, 1 '-', 2 '0', 3 int, 4 '.', 5 frac, 6 'e', 7 exp sign, 8 exp digits, 9 accept, 10 reject
-_T = np.full((11, 8), 10, np.int8)
-_T[0, [0, 1, 2]] = [2, 3, 1]
-_T[1, [0, 1]] = [2, 3]
-_T[2, [4, 5, 7]] = [4, 6, 9]
-_T[3, [0, 1, 4, 5, 7]] = [3, 3, 4, 6, 9]
-_T[4, [0, 1]] = [5, 5]
-_T[5, [0, 1, 5, 7]] = [5, 5, 6, 9]
-_T[6, [0, 1, 2, 3]] = [8, 8, 7, 7]
-_T[7, [0, 1]] = [8, 8]
-_T[8, [0, 1, 7]] = [8, 8, 9]
-_T[9, :] = 9
-_NAMES_LOCK = threading.Lock()
-_LIT = 24  # longest literal the fast path reads
-_PAD = 64
+_BLOCK = 8192  # lines decoded as one stream (a refused line sends only its block line by line)
+_LIM = 1 << 62
+_SAFE = float(1 << 61)  # timestamps and durations beyond this go the exact (json) way
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields `tristream align` reads; absent optional fields keep impossible defaults."""
+
+    source: str
+    ts: Annotated[int, msgspec.Meta(gt=-_LIM, lt=_LIM)]
+    unit: str
+    arrival_ns: Annotated[int, msgspec.Meta(ge=0, lt=_LIM)]
+    samples: Annotated[int, msgspec.Meta(ge=0)] = -1
+    sample_rate: Annotated[float, msgspec.Meta(gt=0)] = math.nan
+    rate_hz: Annotated[float, msgspec.Meta(gt=0)] = math.nan
+    duration_ns: Annotated[int, msgspec.Meta(ge=0, lt=_LIM)] = -1
+    ref_ns: msgspec.UnsetType = msgspec.UNSET  # present in the input: rewritten the json way
+    ref_flag: msgspec.UnsetType = msgspec.UNSET
+
+
+_DECODER = msgspec.json.Decoder(_Event)
+_PLACEHOLDER = _Event("", 0, "ns", 0)  # stands in for a refused line (its empty source marks it slow)
+_FMT = (b'%s, "ref_ns": %d}\n', b'%s, "ref_ns": %d, "ref_flag": "outlier"}\n',
+        b'%s, "ref_ns": %d, "ref_flag": "duplicate"}\n')
+_SUFFIX = np.array([len(f % (b"", 0)) - 1 for f in _FMT], np.int64)  # bytes besides the body and the digits
+_POW10 = np.array([10**k for k in range(1, 19)], np.int64)
 
 
 @dataclass(slots=True)
@@ -77,307 +81,213 @@ class Scan:
     units: dict[str, str] = field(default_factory=dict)  # first unit seen per source
 
 
-def _lines(buf: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    nl = np.flatnonzero(buf == 10)
-    starts = np.r_[0, nl + 1]
-    ends = np.r_[nl, buf.size]
-    if starts[-1] == buf.size:  # the file ends with a newline
+def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Dense codes of `values` in order of first appearance, and the distinct values."""
+    table: dict[str, int] = {}
+    raw = np.fromiter(map(table.setdefault, values, count()), np.int64, len(values))
+    first = np.fromiter(table.values(), np.int64, len(table))  # ascending: first-seen line indices
+    return np.searchsorted(first, raw), list(table)
+
+
+def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarray) -> tuple[list[_Event], np.ndarray]:
+    """The events of lines [starts, ends), a placeholder where the typed decoder refuses one."""
+    mv = memoryview(data)
+    m = starts.size
+    good = np.ones(m, bool)
+    events: list[_Event] = []
+    lo_all, hi_all = starts.tolist(), ends.tolist()
+    for i in range(0, m, _BLOCK):
+        j = min(m, i + _BLOCK)
+        if shaped[i:j].all():
+            try:
+                got = _DECODER.decode_lines(mv[lo_all[i] : hi_all[j - 1]])
+            except msgspec.DecodeError:
+                got = []
+            if len(got) == j - i:
+                events.extend(got)
+                continue
+        for k in range(i, j):
+            try:
+                events.append(_DECODER.decode(mv[lo_all[k] : hi_all[k]]))
+            except msgspec.DecodeError:
+                events.append(_PLACEHOLDER)
+                good[k] = False
+    return events, good
+
+
+def _scan_part(data: bytes, lo: int, hi: int) -> dict[str, Any]:
+    """Decode the lines of data[lo:hi] (lo at a line start, hi after a newline or at the end)."""
+    buf = np.frombuffer(data, np.uint8, count=hi - lo, offset=lo)
+    nl = np.flatnonzero(buf == 10) + lo
+    starts = np.r_[lo, nl + 1].astype(np.int64)
+    ends = np.r_[nl, hi].astype(np.int64)
+    if starts[-1] == hi:
         starts, ends = starts[:-1], ends[:-1]
-    return starts.astype(np.int64), ends.astype(np.int64)
+    m = starts.size
+    nonempty = ends > starts
+    first = buf[np.minimum(starts - lo, max(hi - lo - 1, 0))]
+    last = buf[np.maximum(ends - 1 - lo, 0)]
+    shaped = nonempty & (first == ord("{")) & (last == ord("}"))
+    events, good = _decode(data, starts, ends, shaped)
+    close = ends - 1
+    for k in np.flatnonzero(good & ~shaped).tolist():  # a valid object with blanks around it
+        a, b = int(starts[k]), int(ends[k])
+        close[k] = a + len(data[a:b].rstrip(b" \t\r\n")) - 1
+    src, names = _codes(list(map(attrgetter("source"), events)))
+    uc, unit_names = _codes(list(map(attrgetter("unit"), events)))
+    units: list[TimeUnit | None] = []
+    for u in unit_names:
+        try:
+            units.append(parse_unit(u))
+        except (TimeCoreError, ValueError):
+            units.append(None)
+    ts = np.fromiter(map(attrgetter("ts"), events), np.int64, m)
+    arr = np.fromiter(map(attrgetter("arrival_ns"), events), np.int64, m)
+    escaped = data.find(b"\\", lo, hi) >= 0
+
+    def column(key: str, dtype: type, absent: float) -> np.ndarray:
+        # a field no line of this part names keeps its default (a key may be written escaped)
+        if not escaped and data.find(f'"{key}"'.encode(), lo, hi) < 0:
+            return np.full(m, absent, dtype)
+        return np.fromiter(map(attrgetter(key), events), dtype, m)
+
+    samp = column("samples", np.int64, -1)
+    sr = column("sample_rate", np.float64, math.nan)
+    rh = column("rate_hz", np.float64, math.nan)
+    dur_i = column("duration_ns", np.int64, -1)
+    known = np.array([u is not None for u in units], bool)
+    tps = np.array([u.ticks_per_s if u is not None else 1 for u in units], np.int64)[uc]
+    is_si = np.array([u is not None and u.is_sample_index for u in units], bool)[uc]
+    bad = ~good | ~known[uc] | (tps > 1 << 33)
+    empty = np.array([not s for s in names], bool)
+    bad |= empty[src]
+    # durations as parse_event computes them: duration_ns, else samples over the first rate given
+    rate = np.where(~np.isnan(sr), sr, np.where(~np.isnan(rh), rh, np.where(is_si, tps.astype(np.float64), np.nan)))
+    has_d, has_s = dur_i >= 0, samp >= 0
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        dur_f = np.rint(samp * 1e9 / rate)
+        from_s = has_s & ~has_d
+        bad |= from_s & ~(np.abs(dur_f) < _SAFE)
+        dur = np.where(has_d, dur_i, np.where(from_s & ~bad, dur_f, 0.0).astype(np.int64))
+        bad |= ~(np.abs(ts / tps.astype(np.float64)) * 1e9 < _SAFE) | (dur_i >= _SAFE)
+    # ts in ns of the source clock (exact integer conversion, as TimeUnit.to_ns)
+    t = np.where(bad, 0, ts)
+    whole, rest = np.divmod(t, tps)
+    start = np.where(tps == 1_000_000_000, t, whole * 1_000_000_000 + (rest * 1_000_000_000 + tps // 2) // tps)
+    ok = ~bad
+    unit_of: dict[str, str] = {}
+    codes, at = np.unique(src[ok], return_index=True)
+    okx = np.flatnonzero(ok)
+    for code, k in zip(codes.tolist(), at.tolist(), strict=True):
+        unit_of[names[code]] = unit_names[int(uc[okx[k]])]
+    return {"starts": starts, "ends": ends, "kind": np.where(bad, 2, 1).astype(np.int8), "source": src,
+            "names": names, "start_ns": start, "end_ns": start + dur, "arrival_ns": arr,
+            "close": close, "units": unit_of}
 
 
-def _gather(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
-    """Rows of `width` bytes from `pos` (the buffer is padded, so rows never run off its end)."""
-    return np.lib.stride_tricks.sliding_window_view(buf, width)[pos]
-
-
-def _blank(buf: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """True where buf[a:b] is at most three blanks (longer runs go the json way)."""
-    n = b - a
-    ok = (n >= 0) & (n <= 3)
-    for k in range(3):
-        ok &= (k >= n) | _WS[buf[a + k]]
-    return ok
-
-
-def _ints(mat: np.ndarray, length: np.ndarray) -> np.ndarray:
-    """Integers from left-aligned digit rows (optional leading '-'), exact in int64 (<= 18 digits)."""
-    neg = mat[:, 0] == ord("-")
-    v = np.zeros(mat.shape[0], np.int64)
-    for k in range(mat.shape[1]):
-        take = (k >= neg) & (k < length)
-        if not take.any():
+def _cuts(data: bytes, parts: int) -> list[tuple[int, int]]:
+    """`parts` byte ranges of data, each starting at a line start."""
+    bounds = [0]
+    for p in range(1, parts):
+        k = data.find(b"\n", max(bounds[-1], len(data) * p // parts))
+        if k < 0:
             break
-        v = np.where(take, v * 10 + (mat[:, k].astype(np.int64) - 48), v)
-    return np.where(neg, -v, v)
+        bounds.append(k + 1)
+    bounds.append(len(data))
+    return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def scan(data: bytes, workers: int = 1) -> Scan:
-    """Tokenise a whole JSONL file (bytes); see the module docstring."""
-    buf = np.frombuffer(data + bytes(_PAD), np.uint8)
-    starts, ends = _lines(buf[: len(data)])
-    n = starts.size
-    out = Scan(starts, ends, np.full(n, 2, np.int8), np.zeros(n, np.int64), np.zeros(n, np.int64),
-               np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64))
-    if n == 0 or b"\\" in data:
-        return out
-    names: dict[bytes, int] = {}
-    unit_cache: dict[bytes, TimeUnit | None] = {}
-    spans = [(a, min(n, a + _CHUNK_LINES)) for a in range(0, n, _CHUNK_LINES)]
-    if workers > 1 and len(spans) > 1:
-        # numpy releases the GIL in the bulk work, so chunks scan side by side (the shared name
-        # tables are updated under a lock)
-        with ThreadPoolExecutor(workers) as pool:
-            list(pool.map(lambda ab: _scan_chunk(buf, out, ab[0], ab[1], names, unit_cache), spans))
-    else:
-        for a, b in spans:
-            _scan_chunk(buf, out, a, b, names, unit_cache)
-    out.sources = [k.decode("utf-8") for k in names]
-    return out
+    """Decode a whole JSONL file (bytes); see the module docstring."""
+    parts = fork_map(lambda ab: _scan_part(data, *ab), _cuts(data, max(1, workers)) or [(0, 0)])
+    sources: list[str] = []
+    gcode: dict[str, int] = {}
+    units: dict[str, str] = {}
+    remapped = []
+    for p in parts:
+        table = np.array([gcode.setdefault(s, len(gcode)) if s else -1 for s in p["names"]] or [-1], np.int64)
+        remapped.append(table[p["source"]] if p["source"].size else p["source"])
+        for s, u in p["units"].items():
+            units.setdefault(s, u)
+    sources = list(gcode)
+
+    def cat(key: str) -> np.ndarray:
+        return np.concatenate([p[key] for p in parts])
+
+    return Scan(cat("starts"), cat("ends"), cat("kind"), np.concatenate(remapped), cat("start_ns"), cat("end_ns"),
+                cat("arrival_ns"), cat("close"), sources, units)
 
 
-def _scan_chunk(buf: np.ndarray, out: Scan, a: int, b: int, names: dict[bytes, int],
-                unit_cache: dict[bytes, TimeUnit | None]) -> None:
-    lo, hi = int(out.starts[a]), int(out.ends[b - 1])
-    chunk = buf[lo : hi + _PAD]  # `buf` is padded with zeros: gathers never run off the end
-    size = hi - lo
-    ls, le = out.starts[a:b] - lo, out.ends[a:b] - lo
-    m = b - a
-    bad = np.zeros(m, bool)
-    # every interesting byte in one pass: structure, newlines, control characters
-    pos = np.flatnonzero(_CLASS[chunk[:size]])
-    cls = _CLASS[chunk[pos]]
-    nl = cls == 2
-    tline_all = np.cumsum(nl, dtype=np.int32) - nl  # line (in chunk) of every token
-    ctrl = cls == 3
-    if ctrl.any():
-        bad[tline_all[ctrl]] = True
-    keep = cls == 1
-    pos, line_tok = pos[keep], tline_all[keep]
-    ch = chunk[pos]
-    isq = ch == 34
-    outside = ~isq & (np.cumsum(isq, dtype=np.int32) % 2 == 0)
-    qpos = pos[isq]
-    qline = line_tok[isq]
-    if qpos.size % 2 or np.any(qline[0::2] != qline[1::2]):
-        # an odd number of quotes somewhere: mark every line with an odd count, re-pair per line
-        cnt = np.bincount(qline, minlength=m)
-        bad |= cnt % 2 == 1
-        keep_q = ~bad[qline]
-        qpos, qline = qpos[keep_q], qline[keep_q]
-        keep_t = ~bad[line_tok]
-        pos, ch, line_tok = pos[keep_t], ch[keep_t], line_tok[keep_t]
-        isq = ch == 34
-        outside = ~isq & (np.cumsum(isq, dtype=np.int32) % 2 == 0)
-    s_open, s_close = qpos[0::2], qpos[1::2]  # string i is chunk[s_open+1 : s_close]
-    s_line = qline[0::2]
-    tpos = pos[outside]
-    tch = ch[outside]
-    tline = line_tok[outside]
-    # Structure outside strings must be  { : , : , ... : }  per line.
-    tcount = np.bincount(tline, minlength=m)
-    first = np.r_[0, np.cumsum(tcount)[:-1]]
-    rank = np.arange(tpos.size) - first[tline]
-    last = rank == tcount[tline] - 1
-    expect = np.where(rank == 0, ord("{"), np.where(last, ord("}"), np.where(rank % 2 == 1, ord(":"), ord(","))))
-    bad[tline[tch != expect]] = True
-    bad |= (tcount < 3) | (tcount % 2 == 0)
-    # strings between consecutive structural tokens: a key before each ':', at most one value before ',' / '}'
-    s_tok = np.searchsorted(tpos, s_open)  # index of the first structural token after the string
-    s_rank = s_tok - first[s_line]
-    is_key = (s_rank % 2 == 1) & (s_rank < tcount[s_line])
-    per_slot = np.bincount(s_tok, minlength=tpos.size + 1)[: tpos.size]
-    key_slot = (rank % 2 == 1) & ~last  # ':' tokens: exactly one string (the key) before them
-    bad[tline[key_slot & (per_slot != 1)]] = True
-    bad[tline[~key_slot & (rank > 0) & (per_slot > 1)]] = True
-    bad[tline[(rank == 0) & (per_slot > 0)]] = True
-    # Whitespace only around the tokens: before '{', after '}', around keys and string values.
-    open_tok = tpos[rank == 0]
-    close_tok = tpos[last]
-    lines_t = tline[rank == 0]
-    pre_ok = _blank(chunk, ls[lines_t], open_tok)
-    post_ok = _blank(chunk, close_tok + 1, le[lines_t])
-    bad[lines_t[~(pre_ok & post_ok)]] = True
-    prev_tok = tpos[np.maximum(s_tok - 1, 0)]
-    next_tok = tpos[np.minimum(s_tok, tpos.size - 1)]
-    ws_before = _blank(chunk, prev_tok + 1, s_open)
-    ws_after = _blank(chunk, s_close + 1, next_tok)
-    bad[s_line[~(ws_before & ws_after)]] = True
-    # Keys
-    klen = s_close - s_open - 1
-    kid = np.full(s_open.size, -1, np.int64)
-    for name, k in _KEYS.items():
-        cand = np.flatnonzero(is_key & (klen == len(name)))
-        if cand.size:
-            mat = _gather(chunk, s_open[cand] + 1, len(name))
-            hit = np.all(mat == np.frombuffer(name, np.uint8), axis=1)
-            kid[cand[hit]] = k
-    keys = np.flatnonzero(is_key)
-    kk = kid[keys]
-    known = kk >= 0
-    slot = s_line[keys[known]] * _NKEYS + kk[known]
-    seen = np.bincount(slot, minlength=m * _NKEYS).reshape(m, _NKEYS)
-    bad |= np.any(seen > 1, axis=1) | np.any(seen[:, [0, 1, 2, 3]] == 0, axis=1) | np.any(seen[:, [8, 9]] > 0, axis=1)
-    # Values: the token after each key's ':' ends the value; a string value is the next string.
-    colon = s_tok[keys]  # token index of the ':' after each key
-    vend = tpos[np.minimum(colon + 1, tpos.size - 1)]
-    vstart = tpos[colon] + 1
-    nxt = np.minimum(keys + 1, s_open.size - 1)
-    vstr = (s_open[nxt] > tpos[colon]) & (s_open[nxt] < vend) & (keys + 1 < s_open.size)
-    # literals: strip up to 3 blanks each side, no blank inside, grammar checked
-    lit = np.flatnonzero(~vstr)
-    l0 = vstart[lit].copy()
-    for _ in range(3):
-        l0 += _WS[chunk[np.minimum(l0, chunk.size - 1)]] & (l0 < vend[lit])
-    l1 = vend[lit].copy()
-    for _ in range(3):
-        l1 -= _WS[chunk[np.maximum(l1 - 1, 0)]] & (l1 > l0)
-    llen = l1 - l0
-    lline = s_line[keys[lit]]
-    # (blanks beyond three, or inside, leave a blank in the literal, which the grammar refuses)
-    okl = (llen > 0) & (llen <= _LIT)
-    mat = _gather(chunk, l0, _LIT)
-    mat[np.arange(_LIT) >= llen[:, None]] = 0
-    # plain integers (the common case) directly; anything else through the number automaton
-    dig = (mat - 48) < 10
-    neg0 = mat[:, 0] == ord("-")
-    ndig = dig.sum(axis=1)
-    lead = mat[np.arange(lit.size), neg0.astype(np.int64)]
-    nxt_d = dig[np.arange(lit.size), np.minimum(neg0.astype(np.int64) + 1, _LIT - 1)]
-    plain = (ndig + neg0 == llen) & (ndig > 0) & ~((lead == ord("0")) & nxt_d & (ndig > 1))
-    number = plain.copy()
-    other = np.flatnonzero(~plain & (llen > 0))
-    if other.size:
-        mo = mat[other]
-        state = np.zeros(other.size, np.int8)
-        for k in range(_LIT):
-            state = _T[state, _CLS[mo[:, k]]]
-        number[other] = state == 9
-    word = np.zeros(lit.size, bool)
-    for w in (b"true", b"false", b"null"):
-        wm = (llen == len(w))
-        if wm.any():
-            word |= wm & np.all(mat[:, : len(w)] == np.frombuffer(w, np.uint8), axis=1)
-    bad[lline[~okl | ~(number | word)]] = True
-    lit_key = kk[lit]
-    lit_int = plain
-    # string values of keys that must be numbers, literals of keys that must be strings -> json path
-    numeric_key = (kk >= 1) & (kk != 2) & (kk <= 7)
-    bad[s_line[keys[vstr & numeric_key]]] = True
-    bad[s_line[keys[~vstr & ((kk == 0) | (kk == 2) | (kk == 9))]]] = True
-    # ts and arrival_ns: integers only here (a float ts / arrival goes the json way); <= 18 digits
-    numeric = np.isin(lit_key, [1, 3, 4, 5, 6, 7])
-    bad[lline[numeric & ~number]] = True
-    bad[lline[numeric & lit_int & (llen > 18)]] = True
-    bad[lline[np.isin(lit_key, [1, 3, 4]) & ~lit_int]] = True
-    ivals = _ints(mat, llen)
-    fvals = np.zeros(lit.size)
-    fl = np.flatnonzero(number & ~lit_int & np.isin(lit_key, [5, 6, 7]))
-    if fl.size:
-        fvals[fl] = np.char.decode(mat[fl].view(f"S{_LIT}").ravel(), "ascii").astype(np.float64)
-    fvals = np.where(lit_int, ivals.astype(np.float64), fvals)
-
-    def column(k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        sel = lit_key == k
-        has = np.zeros(m, bool)
-        iv = np.zeros(m, np.int64)
-        fv = np.zeros(m)
-        isint = np.zeros(m, bool)
-        ln = lline[sel]
-        has[ln] = True
-        iv[ln] = ivals[sel]
-        fv[ln] = fvals[sel]
-        isint[ln] = lit_int[sel]
-        return has, iv, np.where(isint, iv.astype(np.float64), fv), isint
-
-    _, ts, _, _ = column(1)
-    _, arr, _, _ = column(3)
-    has_s, samp, _, _ = column(4)
-    has_sr, _, sr, _ = column(5)
-    has_rh, _, rh, _ = column(6)
-    has_d, _, dur_f, _ = column(7)
-    bad |= arr < 0
-    bad |= has_s & (samp < 0)
-    # strings: source and unit
-    sk = keys[vstr]
-    sval = np.minimum(sk + 1, s_open.size - 1)
-    src_name = np.full(m, -1, np.int64)
-    unit_of = np.full(m, -1, np.int64)
-    ulist: list[TimeUnit] = []
-    for k, target in ((0, src_name), (2, unit_of)):
-        sel = kid[sk] == k
-        vi = sval[sel]
-        ln = s_line[sk[sel]]
-        vl = s_close[vi] - s_open[vi] - 1
-        for length in np.unique(vl).tolist():
-            if length <= 0:
-                continue
-            g = vl == length
-            rows = np.ascontiguousarray(_gather(chunk, s_open[vi[g]] + 1, int(length)))
-            uniq, inv = np.unique(rows.view(f"S{int(length)}").ravel(), return_inverse=True)
-            for j, raw in enumerate(uniq.tolist()):
-                rb = bytes(raw)
-                if k == 0:
-                    with _NAMES_LOCK:
-                        code = names.setdefault(rb, len(names)) if rb else -1
-                else:
-                    if rb not in unit_cache:
-                        try:
-                            unit_cache[rb] = parse_unit(rb.decode("utf-8"))
-                        except (TimeCoreError, UnicodeDecodeError):
-                            unit_cache[rb] = None
-                    un = unit_cache[rb]
-                    if un is None:
-                        code = -1
-                    else:
-                        ulist.append(un)
-                        code = len(ulist) - 1
-                target[ln[g][inv.ravel() == j]] = code
-    bad |= (src_name < 0) | (unit_of < 0)
-    # durations, as parse_event computes them
-    tps = np.array([u.ticks_per_s for u in ulist] or [1], np.int64)[np.maximum(unit_of, 0)]
-    is_si = np.array([u.is_sample_index for u in ulist] or [False])[np.maximum(unit_of, 0)]
-    rate = np.where(has_sr, sr, np.where(has_rh, rh, np.where(is_si, tps.astype(np.float64), np.nan)))
-    bad |= has_s & ~has_d & ~(rate > 0)
-    bad |= has_d & ~(dur_f >= 0)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        dur = np.where(has_d, np.rint(dur_f), np.where(has_s, np.rint(samp * 1e9 / rate), 0.0))
-    dur = np.where(np.isfinite(dur), dur, 0).astype(np.int64)
-    # ts in ns of the source clock (exact integer conversion)
-    whole, rest = np.divmod(ts, tps)
-    start = np.where(tps == 1_000_000_000, ts, whole * 1_000_000_000 + (rest * 1_000_000_000 + tps // 2) // tps)
-    ok = ~bad
-    kind = np.where(bad, 2, 1).astype(np.int8)  # blank lines go the json way too (rare; it skips them)
-    out.kind[a:b] = kind
-    out.source[a:b] = src_name
-    out.start_ns[a:b] = start
-    out.end_ns[a:b] = start + dur
-    out.arrival_ns[a:b] = arr
-    close = np.zeros(m, np.int64)
-    close[tline[last]] = tpos[last]
-    out.close[a:b] = close + lo
-    by_code = list(names)
-    codes, first_at = np.unique(src_name[ok], return_index=True)
-    for code, at in zip(codes.tolist(), first_at.tolist(), strict=True):
-        sname = by_code[code].decode("utf-8")
-        if sname not in out.units:
-            out.units[sname] = ulist[int(unit_of[ok][at])].name
+def _digits(v: np.ndarray) -> np.ndarray:
+    """Characters of each integer in decimal (with its sign)."""
+    return 1 + np.searchsorted(_POW10, np.abs(v), side="right") + (v < 0)
 
 
-def render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, str]) -> bytes:
-    """Output bytes: fast lines (kind 1) get `ref_ns` (and `ref_flag` 1 outlier / 2 duplicate)
-    appended to their own text; lines in `texts` are written as given; other lines are left out.
+def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, bytes], a: int,
+            b: int) -> bytes:
+    """The output of lines [a, b)."""
+    out: list[bytes] = []
+    slow = (np.flatnonzero(sc.kind[a:b] != 1) + a).tolist()
+    i = a
+    for k in [*slow, b]:
+        for j0 in range(i, k, 1 << 16):  # a run of fast lines, formatted in one go
+            j1 = min(k, j0 + (1 << 16))
+            c = sc.close[j0:j1]
+            if np.array_equal(c, sc.ends[j0:j1] - 1) and np.array_equal(sc.starts[j0 + 1 : j1], sc.ends[j0 : j1 - 1] + 1):
+                # contiguous lines that each end with their brace: "}\n" occurs only at their ends
+                bodies = data[int(sc.starts[j0]) : int(sc.ends[j1 - 1])].split(b"}\n")
+                bodies[-1] = bodies[-1][:-1]
+            else:
+                bodies = list(map(data.__getitem__, map(slice, sc.starts[j0:j1].tolist(), c.tolist())))
+            f = flag[j0:j1]
+            tmpl = _FMT[0] * (j1 - j0) if not f.any() else b"".join(map(_FMT.__getitem__, f.tolist()))
+            args: list[Any] = [None] * (2 * (j1 - j0))
+            args[0::2] = bodies
+            args[1::2] = ref[j0:j1].tolist()
+            out.append(tmpl % tuple(args))
+        if k < b and k in texts:
+            out.append(texts[k])
+        i = k + 1
+    return b"".join(out)
 
-    A join of byte slices: cheaper here than gathering every byte through an index array."""
-    fmts = (b', "ref_ns": %d}\n', b', "ref_ns": %d, "ref_flag": "outlier"}\n',
-            b', "ref_ns": %d, "ref_flag": "duplicate"}\n')
-    parts: list[bytes] = []
-    ap = parts.append
-    rows = zip(sc.kind.tolist(), sc.starts.tolist(), sc.close.tolist(), ref.tolist(), flag.tolist(), strict=True)
-    for i, (k, a, c, r, f) in enumerate(rows):
-        if k == 1:
-            ap(data[a:c])
-            ap(fmts[f] % r)
-        elif i in texts:
-            ap(texts[i].encode("utf-8"))
-    return b"".join(parts)
+
+def write(path: Path, data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, str],
+          workers: int = 1) -> int:
+    """Write the output file (see the module docstring); returns its size in bytes.
+
+    Fast lines (kind 1) get `ref_ns` (and `ref_flag` 1 outlier / 2 duplicate) appended to their
+    own text; lines in `texts` are written as given; other lines are left out. Each part of the
+    lines is rendered and written at its own offset of the file."""
+    tb = {i: t.encode("utf-8") for i, t in texts.items()}
+    n = sc.kind.size
+    size = np.where(sc.kind == 1, sc.close - sc.starts + _SUFFIX[flag] + _digits(ref), 0)
+    for i, t in tb.items():
+        size[i] = len(t)
+    ends = np.cumsum(size)
+    total = int(ends[-1]) if n else 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or workers <= 1 or n < 2:
+            blob = _render(data, sc, ref, flag, tb, 0, n)
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+            return len(blob)
+        cut = [0, *np.searchsorted(ends, [total * p // workers for p in range(1, workers)]).tolist(), n]
+        spans = sorted({(a, b) for a, b in zip(cut[:-1], cut[1:], strict=True) if b > a})
+
+        def part(ab: tuple[int, int]) -> int:
+            a, b = ab
+            off = int(ends[a - 1]) if a else 0
+            blob = _render(data, sc, ref, flag, tb, a, b)
+            if len(blob) != int(ends[b - 1]) - off:
+                raise RuntimeError(f"rendered {len(blob)} bytes for lines {a}-{b}; expected {int(ends[b - 1]) - off}")
+            view = memoryview(blob)
+            while view:
+                k = os.pwrite(fd, view, off)
+                view, off = view[k:], off + k
+            return len(blob)
+
+        return sum(fork_map(part, spans))
+    finally:
+        os.close(fd)

@@ -29,6 +29,7 @@ from tristream.core.curve import fit_lower_curve
 from tristream.core.epochs import duplicates, segment_epochs, unwrap
 from tristream.core.epochs import gaps as epoch_gaps
 from tristream.core.errors import InvalidPacket, TimeCoreError
+from tristream.core.forkjoin import fork_map, usable_cores
 from tristream.core.units import parse_unit
 
 
@@ -223,22 +224,28 @@ def align_file(
     strict: bool = False,
     on_error: Callable[[AlignInputError], None] | None = None,
     progress: Callable[[int], None] | None = None,
+    workers: int | None = None,
 ) -> dict[str, Any]:
     """Two-pass alignment of `inp` into `out`; returns the per-source summary.
 
     A malformed line raises `AlignInputError` when `strict`, else is reported to `on_error`,
-    counted and left out of the output. Lines are tokenised in bulk (`jsonl.scan`); the few
-    that path cannot prove valid go through `json` and `parse_event`, which report errors.
+    counted and left out of the output. Lines are decoded in bulk (`jsonl.scan`); the few that
+    path does not take go through `json` and `parse_event`, which report errors. `workers`
+    processes (default: one per usable core, at most 4; one for files under 4 MB) share the
+    decoding, the fits and the writing.
     """
     data = inp.read_bytes()
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        data = b""
+    if not data.isascii():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError:
+            data = b""
     if not data or b"\r" in data:
         return _align_text(inp, out, latency_ns=latency_ns, strict=strict, on_error=on_error, progress=progress)
+    if workers is None:
+        workers = min(usable_cores(), 4) if len(data) >= 4 << 20 else 1
     latency_ns = latency_ns or {}
-    sc = jsonl.scan(data)
+    sc = jsonl.scan(data, workers)
     if progress is not None:
         progress(len(data))
     n = sc.kind.size
@@ -279,13 +286,23 @@ def align_file(
     fits = {}
     order = np.argsort(src_of, kind="stable")
     bounds = np.searchsorted(src_of[order], np.arange(len(names) + 1) - 0.5)
-    for k, name in enumerate(names):
-        ix = order[bounds[k] : bounds[k + 1]]
-        if ix.size == 0:
-            continue
-        f = fit_source(name, sc.start_ns[ix], sc.end_ns[ix], sc.arrival_ns[ix], latency_ns=latency_ns.get(name, 0),
-                       wrap_ns=parse_unit(units[name]).wrap_ns if name in units else 0.0)
-        fits[name] = f
+    rows = {name: order[bounds[k] : bounds[k + 1]] for k, name in enumerate(names) if bounds[k + 1] > bounds[k]}
+
+    def fit_group(group: list[str]) -> list[SourceFit]:
+        return [fit_source(name, sc.start_ns[rows[name]], sc.end_ns[rows[name]], sc.arrival_ns[rows[name]],
+                           latency_ns=latency_ns.get(name, 0),
+                           wrap_ns=parse_unit(units[name]).wrap_ns if name in units else 0.0) for name in group]
+
+    # the largest sources first, each to the least loaded process
+    groups: list[list[str]] = [[] for _ in range(max(1, min(workers, len(rows))))]
+    load = [0] * len(groups)
+    for name in sorted(rows, key=lambda nm: -rows[nm].size):
+        g = load.index(min(load))
+        groups[g].append(name)
+        load[g] += int(rows[name].size)
+    for f in (f for got in fork_map(fit_group, groups) for f in got):
+        ix = rows[f.source]
+        fits[f.source] = f
         ref[ix] = f.ref_ns
         flag[ix] = np.where(f.outlier, 1, np.where(f.duplicate, 2, 0))
     for i, line in texts.items():
@@ -300,7 +317,7 @@ def align_file(
             if fl:
                 obj["ref_flag"] = fl
             texts[i] = json.dumps(obj) + "\n"
-    out.write_bytes(jsonl.render(data, sc, ref, flag, texts))
+    jsonl.write(out, data, sc, ref, flag, texts, workers)
     if progress is not None:
         progress(len(data))
     return {
