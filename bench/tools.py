@@ -1,0 +1,174 @@
+"""Function-call arguments from the embedded model: valid JSON matching the schema, constrained vs not.
+
+    python bench/tools.py [--quant auto] [--model PATH] [--no-baseline]
+
+40 requests (10 functions with different schemas: strings, enums, integers, numbers,
+booleans, arrays, a nested object, optional fields; 4 user requests each) go through
+`tristream.serve.tools.ToolCaller` on the engine the server uses (`load_engine`, embedded
+SmolLM2-135M-Instruct by default) with ``tool_choice`` naming the function: the prompt ends
+with the call's opening and the arguments are decoded under the schema's token mask. Each
+result is checked by `jsonschema` (an independent validator) against the function's schema.
+The baseline decodes the same prompts without the mask (the same call opening, greedy,
+``max_tokens`` 96) and checks the first JSON value it writes. Writes bench/results/tools.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import cpu_info, git_commit, write_results  # noqa: E402
+
+S = {"type": "string"}
+FUNCTIONS: list[tuple[dict[str, Any], list[str]]] = [
+    ({"name": "get_weather", "description": "Current weather in a city",
+      "parameters": {"type": "object", "properties": {
+          "city": S, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}},
+     ["What's the weather in Paris?", "Is it cold in Oslo right now, in fahrenheit?",
+      "Tell me the temperature in Tokyo.", "How hot is it in Cairo today?"]),
+    ({"name": "set_timer", "description": "Start a countdown timer",
+      "parameters": {"type": "object", "properties": {
+          "minutes": {"type": "integer", "minimum": 0}, "label": S}, "required": ["minutes"]}},
+     ["Set a timer for 10 minutes.", "Timer for half an hour for the pasta please.",
+      "Remind me in 3 minutes.", "Start a 45 minute timer called workout."]),
+    ({"name": "play_music", "description": "Play music",
+      "parameters": {"type": "object", "properties": {
+          "artist": S, "genre": {"type": "string", "enum": ["rock", "jazz", "pop", "classical"]},
+          "shuffle": {"type": "boolean"}}, "required": ["genre", "shuffle"]}},
+     ["Play some jazz.", "Put on random rock songs by Queen.", "I want classical music, not shuffled.",
+      "Play pop music on shuffle."]),
+    ({"name": "convert_currency", "description": "Convert an amount of money",
+      "parameters": {"type": "object", "properties": {
+          "amount": {"type": "number"}, "from": {"type": "string", "enum": ["USD", "EUR", "GBP", "JPY"]},
+          "to": {"type": "string", "enum": ["USD", "EUR", "GBP", "JPY"]}}, "required": ["amount", "from", "to"]}},
+     ["How much is 20 dollars in euros?", "Convert 1500 yen to pounds.", "What is 9.99 EUR in USD?",
+      "Change 100 pounds into dollars."]),
+    ({"name": "add_to_list", "description": "Add items to the shopping list",
+      "parameters": {"type": "object", "properties": {
+          "items": {"type": "array", "items": S, "minItems": 1, "maxItems": 6}}, "required": ["items"]}},
+     ["Add milk and eggs to my shopping list.", "Put bread on the list.",
+      "I need apples, bananas and rice.", "Add coffee, sugar and two lemons to the list."]),
+    ({"name": "book_table", "description": "Book a restaurant table",
+      "parameters": {"type": "object", "properties": {
+          "restaurant": S, "people": {"type": "integer", "minimum": 1}, "time": S,
+          "outdoor": {"type": "boolean"}}, "required": ["restaurant", "people", "time"]}},
+     ["Book a table for two at Luigi's at 7 pm.", "Reserve Sushi Bar for 4 people tomorrow at noon, outside.",
+      "Table for six at The Oak, 8:30.", "Can you get me a table at Chez Marie for 3 at 19:00?"]),
+    ({"name": "set_thermostat", "description": "Set the heating",
+      "parameters": {"type": "object", "properties": {
+          "room": {"type": "string", "enum": ["living room", "bedroom", "kitchen", "office"]},
+          "celsius": {"type": "number"}}, "required": ["room", "celsius"]}},
+     ["Make the bedroom 21 degrees.", "Set the office to 19.5.", "Warm the kitchen up to 23 degrees.",
+      "Living room at 20 please."]),
+    ({"name": "send_message", "description": "Send a text message",
+      "parameters": {"type": "object", "properties": {
+          "to": S, "text": {"type": "string", "maxLength": 120},
+          "urgent": {"type": "boolean"}}, "required": ["to", "text"]}},
+     ["Text Anna that I'm running late.", "Tell Bob the meeting moved to 3 pm, it's urgent.",
+      "Send mum a message saying happy birthday.", "Message Carlos: see you at the station."]),
+    ({"name": "create_event", "description": "Add a calendar event",
+      "parameters": {"type": "object", "properties": {
+          "title": S, "when": {"type": "object", "properties": {
+              "date": S, "hour": {"type": "integer", "minimum": 0, "maximum": 23}}, "required": ["date", "hour"]},
+          "attendees": {"type": "array", "items": S, "maxItems": 5}}, "required": ["title", "when"]}},
+     ["Put a dentist appointment on Friday at 9.", "Schedule lunch with Sam and Lee on May 3 at 12.",
+      "Add team meeting tomorrow at 14.", "Create an event called review on Monday at 10 with Ana."]),
+    ({"name": "navigate", "description": "Start navigation",
+      "parameters": {"type": "object", "properties": {
+          "destination": S, "mode": {"type": "string", "enum": ["car", "walk", "bike", "transit"]},
+          "avoid_tolls": {"type": "boolean"}, "stops": {"type": "integer", "minimum": 0}},
+          "required": ["destination", "mode"]}},
+     ["Take me to the airport by car.", "Walking directions to the museum.",
+      "Bike route to Central Park avoiding tolls.", "Navigate to 12 Main Street by bus."]),
+]
+SYSTEM = "You are a helpful voice assistant that calls functions to act for the user."
+
+
+def first_json(text: str) -> Any:
+    """The first JSON value at the start of `text` (the unconstrained baseline's arguments)."""
+    dec = json.JSONDecoder()
+    return dec.raw_decode(text.lstrip())[0]
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    import jsonschema
+
+    from tristream.engine.sequence import SamplingParams
+    from tristream.pipeline.llm import EngineChatBackend
+    from tristream.serve.tools import CallEnd, ToolCaller, call_opening, parse_tools, with_tools
+
+    t0 = time.perf_counter()
+    chat = EngineChatBackend.load(args.model, "cpu", args.quant)
+    load_s = time.perf_counter() - t0
+    caller = ToolCaller(chat)
+    rows: list[dict[str, Any]] = []
+    for fn, requests in FUNCTIONS:
+        tool = parse_tools([{"type": "function", **fn}])
+        for q in requests:
+            msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
+            t = time.perf_counter()
+            end = None
+            async for p in caller.run(msgs, tool, fn["name"], 48):
+                if isinstance(p, CallEnd):
+                    end = p
+            dt = time.perf_counter() - t
+            row: dict[str, Any] = {"function": fn["name"], "request": q, "seconds": round(dt, 3),
+                                   "arguments": end.arguments if end else None}
+            try:
+                jsonschema.validate(json.loads(row["arguments"]), fn["parameters"])
+                row["valid"] = True
+            except (json.JSONDecodeError, jsonschema.ValidationError, TypeError) as e:
+                row["valid"], row["error"] = False, str(e).splitlines()[0]
+            if args.baseline:
+                full = with_tools(msgs, tool, caller.fmt)
+                ids = caller.prompt_ids(full, call_opening(fn["name"], caller.fmt))
+                text = "".join([x async for x in chat.stream(full, 96, params=SamplingParams(max_tokens=96),
+                                                               prompt_ids=ids)])
+                row["baseline_text"] = text
+                try:
+                    jsonschema.validate(first_json(text), fn["parameters"])
+                    row["baseline_valid"] = True
+                except (json.JSONDecodeError, jsonschema.ValidationError, ValueError) as e:
+                    row["baseline_valid"], row["baseline_error"] = False, str(e).splitlines()[0]
+            rows.append(row)
+            print(f"{'ok ' if row['valid'] else 'BAD'} {dt:5.2f}s {fn['name']:<17} {row['arguments']}"
+                  + (f"   | baseline {'ok' if row.get('baseline_valid') else 'bad'}" if args.baseline else ""))
+    n = len(rows)
+    valid = sum(r["valid"] for r in rows)
+    out: dict[str, Any] = {
+        "cpu": cpu_info(), "git_commit": git_commit(), "model": args.model or "embedded SmolLM2-135M-Instruct",
+        "quant": args.quant, "load_s": round(load_s, 2), "requests": n, "valid": valid,
+        "valid_rate": round(valid / n, 4),
+        "seconds_per_call_median": round(statistics.median(r["seconds"] for r in rows), 3),
+        "rows": rows,
+    }
+    if args.baseline:
+        b = sum(r["baseline_valid"] for r in rows)
+        out["baseline_valid"] = b
+        out["baseline_valid_rate"] = round(b / n, 4)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default=None, help="GGUF file or HF folder (default: the embedded SmolLM2)")
+    ap.add_argument("--quant", default="auto")
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false")
+    args = ap.parse_args()
+    res = asyncio.run(run(args))
+    path = write_results("tools", res, extra_modules=("torch", "jsonschema"))
+    print(f"constrained: {res['valid']}/{res['requests']} valid ({res['valid_rate']:.0%})"
+          + (f"; unconstrained: {res['baseline_valid']}/{res['requests']}" if args.baseline else "")
+          + f"; median {res['seconds_per_call_median']} s per call -> {path}")
+
+
+if __name__ == "__main__":
+    main()
