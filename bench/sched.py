@@ -10,7 +10,7 @@ answered within the tier's P99 target; shed turns count as misses) and response 
 
     .venv/bin/python bench/sched.py                 # simulator → bench/results/sched_sim.json
     .venv/bin/python bench/sched.py --fit           # refit the step-time model → bench/data/sched_steptime_fit.json
-    python bench/sched.py --real --sessions 64      # GPU: see tristream/sched/real.py
+    python bench/sched.py --real --sessions 64      # GPU: see bench/real_backend.py
     python bench/sched.py --real --device cpu --model tiny-random --sessions 8 --duration 3   # CPU smoke
 
 --real also prints and records a per-step breakdown (`phases`: scheduler, backend, ASR, vision,
@@ -214,7 +214,7 @@ def main() -> None:
     p.add_argument("--cap-duration", type=float, default=20.0, help="simulated seconds of each capacity probe")
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--fit", action="store_true", help="refit the step-time model and exit")
-    p.add_argument("--real", action="store_true", help="drive the real GPU engine (see tristream/sched/real.py)")
+    p.add_argument("--real", action="store_true", help="drive the real GPU engine (see bench/real_backend.py)")
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--model", default="", help="--real: HF folder / GGUF, or a preset (llama-3.2-1b, tiny-random)")
     p.add_argument("--device", default="cuda", help="--real: cuda or cpu")

@@ -1,5 +1,5 @@
 """`bench/sched.py --real`: each scheduler over the same seeded trace on the real engine
-(`tristream.sched.real.RealEngineBackend`), its response latencies and per-step phases, and a
+(`bench/real_backend.RealEngineBackend`), its response latencies and per-step phases, and a
 refit of the step-time model to the measured steps."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ import math
 import time
 from typing import Any
 
+from bench.real_backend import RealEngineBackend, build_encoders, time_scheduler
 from tristream.sched.backend import WallClock
 from tristream.sched.phases import summarize_phases
-from tristream.sched.real import RealEngineBackend, build_encoders, build_engine, time_scheduler
+from tristream.sched.real import build_engine
 
 
 def _summary(sched: Any, res: Any, backend: RealEngineBackend, warmup_s: float) -> dict[str, Any]:

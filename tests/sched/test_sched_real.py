@@ -1,4 +1,5 @@
-"""The scheduler drives the real LLM engine (tiny random Llama on CPU; virtual clock advanced by
+"""The scheduler drives the real LLM engine through the benchmark's plan driver
+(`bench/real_backend.py`; tiny random Llama on CPU; virtual clock advanced by
 the measured step times, so nothing sleeps)."""
 
 from __future__ import annotations
@@ -9,12 +10,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from bench.real_backend import EncoderLoad, RealEngineBackend, time_scheduler  # noqa: E402
 from tristream.engine.config import ModelConfig  # noqa: E402
 from tristream.engine.engine import EngineConfig, LLMEngine  # noqa: E402
 from tristream.sched.clock import VirtualClock  # noqa: E402
 from tristream.sched.config import PRESETS  # noqa: E402
 from tristream.sched.driver import run  # noqa: E402
-from tristream.sched.real import RealEngineBackend, random_llama  # noqa: E402
+from tristream.sched.real import random_llama  # noqa: E402
 from tristream.sched.scheduler import Scheduler  # noqa: E402
 from tristream.sched.session import WorkShape  # noqa: E402
 from tristream.sched.trace import TraceConfig, generate_trace  # noqa: E402
@@ -59,9 +61,6 @@ def test_scheduler_drives_the_real_engine(name: str) -> None:
 
 def test_real_backend_uses_the_public_step_and_records_a_phase_breakdown() -> None:
     """Graphed-runner encoder load (eager on CPU), the engine's public step API, per-phase timing."""
-    from tristream.sched.encoders import EncoderLoad
-    from tristream.sched.real import time_scheduler
-
     torch.set_grad_enabled(False)
     eng = LLMEngine(random_llama(TINY, "cpu", torch.float32), None,
                     EngineConfig(block_size=16, num_blocks=2048, use_graphs=False))

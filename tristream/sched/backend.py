@@ -1,8 +1,8 @@
 """The small contract between the scheduler and whatever executes a step.
 
 The scheduler decides *what* runs (a `BatchPlan`); a backend decides *how* and reports
-how long it took. `SimulatedEngine` (sim.py) models the time; `tristream.sched.real`
-wraps the GPU engine. A `tristream.sched.clock.Clock` gives the scheduler its notion of now.
+how long it took. `SimulatedEngine` (sim.py) models the time; `turn_executor.TurnExecutor`
+runs the plans on the real engine. A `tristream.sched.clock.Clock` gives the scheduler its notion of now.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """`TurnExecutor`: runs a scheduler's `BatchPlan` on the `LLMEngine` with the sessions' real prompts.
 
-The mapping of plan entries onto engine calls is the one of `tristream.sched.real.RealEngineBackend`
+The mapping of plan entries onto engine calls is the one of `bench/real_backend.RealEngineBackend`
 (one engine context per turn, a planned PREFILL / TURN_END chunk appended just before the step,
 `start_generation` when the TURN_END completes so the chunk's logits give the first token in
 this very step, `step(allow=..., max_batch=..., max_prefill_tokens=...)` so that sequences the
