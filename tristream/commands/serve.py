@@ -15,6 +15,8 @@ def register(app: typer.Typer) -> None:
     def serve_cmd(
         host: str = typer.Option("127.0.0.1", help="Interface to bind (0.0.0.0 for all)."),
         port: int = typer.Option(8765, help="TCP port for WebSocket, page, /metrics, /healthz."),
+        chat_port: int = typer.Option(None, help="TCP port for the OpenAI-compatible /v1/chat/completions "
+                                      "(assistant backend; default PORT+1, 0 any free port, -1 off)."),
         token: list[str] = typer.Option(None, help="Accepted bearer token (repeatable); default $TRISTREAM_TOKEN."),
         no_auth: bool = typer.Option(False, "--no-auth", help="Accept clients without a token (trusted demo only)."),
         backend: str = typer.Option("assistant", help="Session backend: assistant (the default: VAD, Whisper ASR, "
@@ -97,9 +99,13 @@ def register(app: typer.Typer) -> None:
             factory = make_factory(backend, pace=pace)
         except ValueError as exc:  # a bad engine option value
             raise UserError(f"--backend {backend}: {exc}") from exc
+        chat_default = chat_port is None
+        if chat_port is None:
+            chat_port = port + 1 if port else 0
         server = RealtimeServer(factory, host=host, port=port, tokens=tokens,
                                 require_auth=not no_auth, limits=limits, record_dir=record,
-                                tracer=TurnTracer(otlp_endpoint=otlp_endpoint))
+                                tracer=TurnTracer(otlp_endpoint=otlp_endpoint),
+                                chat_port=None if chat_port < 0 else chat_port, chat_required=not chat_default)
 
         async def main() -> None:
             await server.start()
@@ -108,7 +114,8 @@ def register(app: typer.Typer) -> None:
             server.metrics.add_collector(gc_pauses().collect)
             settle_heap()
             typer.echo(f"ws://{host}:{server.port}/v1/realtime  page http://{host}:{server.port}/  "
-                       f"metrics http://{host}:{server.port}/metrics")
+                       f"metrics http://{host}:{server.port}/metrics"
+                       + (f"  chat {server.chat_url}/chat/completions" if server.chat_url else ""))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

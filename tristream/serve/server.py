@@ -109,9 +109,14 @@ class RealtimeServer:
         tracer: TurnTracer | None = None,
         clock_ns: Callable[[], int] = time.monotonic_ns,
         token_tiers: dict[str, str] | None = None,
+        chat_port: int | None = None,
+        chat_required: bool = True,
     ) -> None:
         """``tokens`` may carry a tier as ``SECRET@bronze`` (the CLI's way); ``token_tiers`` maps
-        tokens to the best SLA tier their sessions may use (default: any)."""
+        tokens to the best SLA tier their sessions may use (default: any). ``chat_port``: also
+        serve ``/v1/chat/completions`` there (0: a free port; see ``chat_url``) when the backend
+        family answers on our engine (``factory.chat_llm``); ``chat_required`` False: a taken port
+        only logs a warning."""
         tiers = dict(token_tiers or {})
         plain: list[str] = []
         for t in tokens or []:
@@ -142,6 +147,9 @@ class RealtimeServer:
         self._server: Server | None = None
         self.turns: deque[TurnTiming] = deque(maxlen=4096)  # the latest turns; bounded (a long-running server)
         self._bg: set[asyncio.Task[None]] = set()
+        self.chat_port = chat_port
+        self.chat_required = chat_required
+        self.chat: Any = None  # the ChatCompletionsServer once started
         self.trimmer = MemoryTrimmer(self.limits.memory_trim_s, self.limits.memory_trim_min_sessions,
                                      collect=self.limits.memory_trim_collect)
 
@@ -168,6 +176,32 @@ class RealtimeServer:
             self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.record_dir, 0o700)
         log.info("tristream realtime server on ws://%s:%d/v1/realtime", self.host, self.port)
+        llm = getattr(self.factory, "chat_llm", None)
+        if self.chat_port is not None and getattr(llm, "engine", None) is not None:
+            from tristream.serve.chat_completions import ChatCompletionsServer
+
+            chat = ChatCompletionsServer(llm, self._token_ok, self.host, self.chat_port,
+                                         draining=lambda: self.draining, count=self.metrics.inc)
+            try:
+                await chat.start()
+            except OSError as exc:
+                if self.chat_required:
+                    raise
+                log.warning("no /v1/chat/completions: cannot listen on %s:%d (%s)", self.host, self.chat_port,
+                            exc.strerror)
+                return
+            self.chat = chat
+            log.info("chat completions on %s/chat/completions", chat.url)
+
+    @property
+    def chat_url(self) -> str | None:
+        """The OpenAI API base of ``/v1/chat/completions`` (None when not served)."""
+        return None if self.chat is None else str(self.chat.url)
+
+    def _token_ok(self, offered: str | None) -> bool:
+        if not self.require_auth:
+            return True
+        return offered is not None and any(hmac.compare_digest(offered.encode(), t) for t in self.tokens)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Graceful shutdown: refuse new sessions, let answers finish, then close everyone."""
@@ -184,6 +218,9 @@ class RealtimeServer:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(c.session.responding for c in self.conns.values()):
             await asyncio.sleep(0.02)
+        if self.chat is not None:
+            await self.chat.close()
+            self.chat = None
         self._server.close(close_connections=True, code=1001, reason="server shutting down")
         await self._server.wait_closed()
         self._server = None

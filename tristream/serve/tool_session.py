@@ -212,6 +212,7 @@ def tool_pipeline_factory(**load_kw: Any) -> Any:
 
     factory.collect = STAGE_TOTALS.families  # type: ignore[attr-defined]
     factory.healthy = lambda: bool(getattr(models.llm, "healthy", True))  # type: ignore[attr-defined]
+    factory.chat_llm = models.llm  # type: ignore[attr-defined]  # /v1/chat/completions answers on it
     return factory
 
 

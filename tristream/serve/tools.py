@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -306,18 +307,20 @@ class ToolCaller:
         return list(self.tokenizer.encode(self.tokenizer.render_chat(messages) + suffix))
 
     async def run(self, messages: list[dict[str, str]], tools: list[ToolSpec], choice: str,
-                  max_tokens: int) -> AsyncIterator[Piece]:
-        """The pieces of one answer to `messages` (the system message first, history rendered)."""
+                  max_tokens: int, params: Any = None) -> AsyncIterator[Piece]:
+        """The pieces of one answer to `messages` (the system message first, history rendered);
+        ``params``: `SamplingParams` of a text answer (None: the chat backend's own settings)."""
         from tristream.engine.sequence import SamplingParams
 
         if choice == "none" or not tools:
-            async for text in self.chat.stream(messages, max_tokens):
-                yield TextPiece(text)
+            async with contextlib.aclosing(self.chat.stream(messages, max_tokens, params=params)) as gen:
+                async for text in gen:
+                    yield TextPiece(text)
             return
         msgs = with_tools(messages, tools, self.fmt)
         if choice == "auto":
             held = ""
-            params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+            params = params or SamplingParams(max_tokens=max_tokens, temperature=0.0)
             decided: bool | None = None
             gen = self.chat.stream(msgs, max_tokens, params=params)
             try:
@@ -354,8 +357,9 @@ class ToolCaller:
         params = SamplingParams(max_tokens=CALL_MAX_TOKENS, temperature=0.0, logits_mask=mask)
         call_id = new_call_id()
         ids = self.prompt_ids(msgs, call_opening(tool.name, self.fmt))
-        async for text in self.chat.stream(msgs, CALL_MAX_TOKENS, params=params, prompt_ids=ids):
-            yield CallPiece(call_id, tool.name, text)
+        async with contextlib.aclosing(self.chat.stream(msgs, CALL_MAX_TOKENS, params=params, prompt_ids=ids)) as gen:
+            async for text in gen:
+                yield CallPiece(call_id, tool.name, text)
         yield CallEnd(call_id, tool.name, mask.text, mask.done and not mask.failed)
 
     async def _any(self, msgs: list[dict[str, str]], tools: list[ToolSpec]) -> AsyncIterator[Piece]:
