@@ -133,3 +133,26 @@ def test_bad_tools_and_malformed_arguments_are_coded_errors_and_the_server_goes_
     run(go())
     port = server.rsplit(":", 1)[1].split("/")[0]
     assert urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).status == 200
+
+
+def test_a_spoken_request_calls_the_named_function(server: str) -> None:
+    import numpy as np
+
+    from tristream.serve.client import stream_media
+    from tristream.stages.base import resample
+    from tristream.stages.synth import energy_edges
+    from tristream.stages.tts import PiperTTS
+
+    tts = PiperTTS(deterministic=True)
+    clip = resample(tts.synthesize("What is the weather in Paris?"), tts.sample_rate, 24_000)
+    a, b = energy_edges(clip, 24_000)
+    pcm = np.concatenate([np.zeros(12_000, np.float32), clip[a:b], np.zeros(24_000, np.float32)]) * 32767
+    events: list[dict[str, Any]] = []
+    res = run(stream_media(server, TOKEN, pcm.astype(np.int16), 24_000, pace=1.0, expect_turns=1,
+                           tail_silence_s=0.5, answer_timeout_s=240, on_event=events.append,
+                           session={"tools": [WEATHER], "tool_choice": {"type": "function", "name": "get_weather"}}))
+    assert len(res) == 1 and res[0].status == "completed"
+    assert "paris" in res[0].transcript.lower(), res[0].transcript
+    done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
+    assert set(json.loads(done["arguments"])) == {"city", "unit"}
+    assert not any(e["type"] == "response.audio.delta" for e in events)  # a call is not spoken
