@@ -26,7 +26,7 @@ import dataclasses
 import json
 import re
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ def parse_tools(raw: Any, param: str = "tools") -> list[ToolSpec]:
         p = f"{param}[{i}]"
         if not isinstance(t, dict) or t.get("type", "function") != "function":
             raise ToolSpecError(f"{p} must be an object with type 'function' (only function tools are supported)", p)
-        body = t.get("function") if isinstance(t.get("function"), dict) else t
+        body: dict[str, Any] = t["function"] if isinstance(t.get("function"), dict) else t
         name = body.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ToolSpecError(f"{p}.name must match [A-Za-z0-9_-]{{1,64}}, got {name!r}", f"{p}.name")
@@ -103,7 +103,7 @@ def parse_tool_choice(raw: Any, tools: list[ToolSpec], param: str = "tool_choice
             raise ToolSpecError(f"'{param}' is 'required' but no tools are defined", param)
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function":
-        body = raw.get("function") if isinstance(raw.get("function"), dict) else raw
+        body: dict[str, Any] = raw["function"] if isinstance(raw.get("function"), dict) else raw
         name = body.get("name")
         if not any(t.name == name for t in tools):
             raise ToolSpecError(f"'{param}' names function {name!r}, which is not among the tools "
@@ -307,7 +307,7 @@ class ToolCaller:
         return list(self.tokenizer.encode(self.tokenizer.render_chat(messages) + suffix))
 
     async def run(self, messages: list[dict[str, str]], tools: list[ToolSpec], choice: str,
-                  max_tokens: int, params: Any = None) -> AsyncIterator[Piece]:
+                  max_tokens: int, params: Any = None) -> AsyncGenerator[Piece, None]:
         """The pieces of one answer to `messages` (the system message first, history rendered);
         ``params``: `SamplingParams` of a text answer (None: the chat backend's own settings)."""
         from tristream.engine.sequence import SamplingParams
@@ -349,7 +349,7 @@ class ToolCaller:
         async for p in self._any(msgs, tools):
             yield p
 
-    async def _named(self, msgs: list[dict[str, str]], tool: ToolSpec) -> AsyncIterator[Piece]:
+    async def _named(self, msgs: list[dict[str, str]], tool: ToolSpec) -> AsyncGenerator[Piece, None]:
         from tristream.engine import constrain as C
         from tristream.engine.sequence import SamplingParams
 
@@ -362,7 +362,7 @@ class ToolCaller:
                 yield CallPiece(call_id, tool.name, text)
         yield CallEnd(call_id, tool.name, mask.text, mask.done and not mask.failed)
 
-    async def _any(self, msgs: list[dict[str, str]], tools: list[ToolSpec]) -> AsyncIterator[Piece]:
+    async def _any(self, msgs: list[dict[str, str]], tools: list[ToolSpec]) -> AsyncGenerator[Piece, None]:
         from tristream.engine import constrain as C
         from tristream.engine.sequence import SamplingParams
 
