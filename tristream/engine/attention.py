@@ -96,7 +96,9 @@ class TorchAttention:
                 ks = k[s.q_start:s.q_start + s.q_len]
                 vs = v[s.q_start:s.q_start + s.q_len]
             else:
-                kc, vc = self.cache.flat(layer)  # type: ignore[union-attr]
+                if self.cache is None:
+                    raise ValueError("a sequence with cache slots (kv_index) needs the KV cache")
+                kc, vc = self.cache.flat(layer)
                 if s.kv_start is not None:
                     ks = kc[s.kv_start:s.kv_start + s.ctx_len].to(q.dtype)
                     vs = vc[s.kv_start:s.kv_start + s.ctx_len].to(q.dtype)

@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 import torch
@@ -139,11 +140,8 @@ def _save_tokenizer(path: Path, reader: Any, folder: Path) -> None:
     def reuse(p: Any, *a: Any, **k: Any) -> Any:
         return reader if Path(p).resolve() == path.resolve() and not a and not k else original(p, *a, **k)
 
-    gguf.GGUFReader = reuse  # type: ignore[assignment,misc]
-    try:
+    with mock.patch.object(gguf, "GGUFReader", reuse):
         tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    finally:
-        gguf.GGUFReader = original  # type: ignore[misc]
     template = _field(reader, "tokenizer.chat_template")
     if template:
         tok.chat_template = template

@@ -172,7 +172,7 @@ def build_app(config: ScaleConfig) -> Any:
         raise ValueError(f"relay must be 'socket' or 'ray', not {config.relay!r}")
     router = RouterDeployment.bind(config)
     dep = DirectDeployment if config.ingress == "direct" else IngressDeployment
-    return dep.options(num_replicas=config.n_ingress(),  # type: ignore[union-attr]
+    return dep.options(num_replicas=config.n_ingress(),
                        ray_actor_options={"num_cpus": config.ingress_cpus}).bind(config, router)
 
 

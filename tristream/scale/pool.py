@@ -141,7 +141,7 @@ class ReplicaPool:
     # ------------------------------------------------------------ lifecycle
     def _spawn(self) -> ReplicaRef:
         rid = f"{self.config.name_prefix}-replica-{next(self._ids)}"
-        actor = ray.remote(EngineReplica).options(  # type: ignore[attr-defined]
+        actor = ray.remote(EngineReplica).options(
             name=rid, namespace=NAMESPACE, num_cpus=self.config.replica_cpus, num_gpus=self.config.replica_gpus,
             max_restarts=0, max_concurrency=1000)
         return ReplicaRef(rid, actor.remote(rid, self.config.spec))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tristream.sched.admission import LadderConfig, QueuePolicy, default_queue_policies
 from tristream.sched.batcher import BatchLimits
@@ -34,13 +35,13 @@ class SchedulerConfig:
     tiers: dict[Tier, TierSpec] = field(default_factory=lambda: dict(DEFAULT_TIERS))
 
 
-def ours_config(**overrides: object) -> SchedulerConfig:
+def ours_config(**overrides: Any) -> SchedulerConfig:
     """Ends of turn first, then tier-major (tier, modality) classes with EDF and aging;
     preemption, AIMD step budget, degradation ladder."""
-    return replace(SchedulerConfig(), **overrides)  # type: ignore[arg-type]
+    return replace(SchedulerConfig(), **overrides)
 
 
-def fifo_config(**overrides: object) -> SchedulerConfig:
+def fifo_config(**overrides: Any) -> SchedulerConfig:
     """Arrival order, running decodes never preempted, largest buckets, no timeouts.
 
     The only protection is a bound on the queue (rejecting when full), as a plain
@@ -54,10 +55,10 @@ def fifo_config(**overrides: object) -> SchedulerConfig:
         degrade=False,
         queue={t: QueuePolicy(max_queue_size=4096) for t in Tier},
     )
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(base, **overrides)
 
 
-def static_priority_config(**overrides: object) -> SchedulerConfig:
+def static_priority_config(**overrides: Any) -> SchedulerConfig:
     """Triton-dynamic-batcher-like: priority level = tier, FIFO within a level.
 
     Same per-tier queue policies (max queue size, REJECT/DELAY timeouts) as ours; no
@@ -71,13 +72,13 @@ def static_priority_config(**overrides: object) -> SchedulerConfig:
         adaptive=False,
         degrade=False,
     )
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(base, **overrides)
 
 
-def ours_tier_local_config(**overrides: object) -> SchedulerConfig:
+def ours_tier_local_config(**overrides: Any) -> SchedulerConfig:
     """Ours, but an end of turn only ranks first within its own tier (gold work, then silver...)."""
     base = ours_config(name="ours_tier_local", policy=PolicyConfig(global_turn_ends=False))
-    return replace(base, **overrides)  # type: ignore[arg-type]
+    return replace(base, **overrides)
 
 
 PRESETS = {

@@ -120,8 +120,8 @@ def fit_step_time(samples: Sequence[StepSample], source: str, nonneg: bool = Fal
     coefs = [float(c) for c in (c0, c_dec, c_pf, v0, v1, a0, a1)]
     if any(c < 0 or not math.isfinite(c) for c in coefs):
         raise ValueError(f"step-time fit gave a negative or non-finite coefficient: {coefs}")
-    names = ("c0", "c_dec", "c_pf", "v0", "v1", "a0", "a1")
-    return StepTimeModel(**dict(zip(names, coefs, strict=True)), source=source)  # type: ignore[arg-type]
+    c0, c_dec, c_pf, v0, v1, a0, a1 = coefs
+    return StepTimeModel(c0=c0, c_dec=c_dec, c_pf=c_pf, v0=v0, v1=v1, a0=a0, a1=a1, source=source)
 
 
 def read_samples_csv(text: str) -> list[StepSample]:

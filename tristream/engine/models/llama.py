@@ -18,6 +18,7 @@ from torch import nn
 
 from tristream.engine.config import ModelConfig
 from tristream.engine.linear import Linear
+from tristream.engine.models.layers import Layers
 from tristream.engine.rope import cos_sin_table
 
 
@@ -79,9 +80,7 @@ class LlamaModel(nn.Module):
         self.dtype = dtype
         kw: dict[str, Any] = {"dtype": dtype, "device": device}
         self.embed_tokens = nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size, **kw), requires_grad=False)
-        self.layers: list[LlamaLayer] = nn.ModuleList(  # type: ignore[assignment]
-            [LlamaLayer(cfg, dtype, device) for _ in range(cfg.num_layers)]
-        )
+        self.layers = Layers[LlamaLayer](LlamaLayer(cfg, dtype, device) for _ in range(cfg.num_layers))
         self.norm = nn.Parameter(torch.ones(cfg.hidden_size, **kw), requires_grad=False)
         self.lm_head: Linear | None = None
         if not cfg.tie_word_embeddings:
@@ -109,8 +108,7 @@ class LlamaModel(nn.Module):
         """Token ids [T] → embeddings [T, hidden]."""
         return F.embedding(ids, self.embed_tokens)
 
-    def forward(self, h: torch.Tensor, attention: AttentionBackend,  # type: ignore[override]
-                ops: Any = None) -> torch.Tensor:
+    def forward(self, h: torch.Tensor, attention: AttentionBackend, ops: Any = None) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm; attention owns positions and cache.
 
         `ops` supplies rms_norm / add_rms_norm / silu_mul (torch by default, Triton for GPU decode).

@@ -14,12 +14,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # Triton is absent from CPU-only installs; the runner then keeps the host DTW
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on CPU-only machines
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
+from tristream.engine.optional_triton import tl, triton
 
 
 def available() -> bool:

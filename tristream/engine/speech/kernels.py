@@ -24,12 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:  # absent from CPU-only installs: the decoder then keeps the torch ops
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on CPU-only machines
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
+from tristream.engine.optional_triton import tl, triton
 
 ARGMAX_BLOCK = 1024  # vocabulary entries per first-stage program (51,865 → 51 programs per row)
 

@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import torch
 
-try:  # absent from CPU-only installs: timing.alignment_matrix then keeps the torch network
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on CPU-only machines
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
+from tristream.engine.optional_triton import tl, triton
 
 BLOCK = 256
 

@@ -18,15 +18,9 @@ import os
 import numpy as np
 import torch
 
+from tristream.engine.optional_triton import tl, triton
 from tristream.engine.speech.config import HOP, N_FFT, SAMPLE_RATE
 from tristream.engine.speech.kernels import enabled
-
-try:  # absent from CPU-only installs: the log-mel then keeps the torch ops
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on CPU-only machines
-    triton = None  # type: ignore[assignment]
-    tl = None  # type: ignore[assignment]
 
 # filterbank kernel: frames x mel bands per program, and its warps (H200, 16 x 10 s: fastest of
 # BLOCK_T 8-64 x MELS 4-16 x 1-4 warps)

@@ -11,14 +11,13 @@ the alignment heads' cross-attention (word times by DTW, see `timing.py`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Generic, TypeVar, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tristream.engine.models.layers import Layers
 from tristream.engine.speech import kernels
 from tristream.engine.speech.config import ALIGNMENT_HEADS, PRESETS, WhisperDims
 from tristream.engine.speech.errors import AudioInputError, WhisperWeightsError
@@ -182,19 +181,6 @@ class DecoderCache:
     @property
     def max_len(self) -> int:
         return int(self.mask.shape[0])
-
-
-L = TypeVar("L", bound=nn.Module)
-
-
-class Layers(nn.ModuleList, Generic[L]):
-    """A `ModuleList` of one layer type, typed as such when indexed or iterated."""
-
-    def __getitem__(self, i: int) -> L:  # type: ignore[override]
-        return cast(L, super().__getitem__(i))
-
-    def __iter__(self) -> Iterator[L]:
-        return cast(Iterator[L], super().__iter__())
 
 
 class Whisper(nn.Module):
