@@ -59,11 +59,38 @@ class ApproximateTimeSync(_QueuedJoin):
     def push(self, stream: str, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
         """Add a message; returns the sets that became final."""
         q = self.q
-        if q.push(stream, ref_ns, item, now_ns) and len(q.t[stream]) > self.queue_size:
-            q.t[stream].pop(0)
-            q.v[stream].pop(0)
-            self.counts.add(f"overflow:{stream}")
-            self._bh = None
+        ts = q.t.get(stream)
+        if ts is None:
+            raise KeyError(f"unknown stream {stream!r}; this join was built for {self.streams}")
+        # `_Queues.push` and `WatermarkTracker.observe`, inlined: this runs for every packet
+        wm = q.wm
+        if wm._unstarted:
+            wm._start(now_ns)
+        if now_ns > q.now:
+            q.now = now_ns
+        st = wm.streams[stream]
+        if now_ns > st.last_active_ns:
+            st.last_active_ns = now_ns
+        st.closed = False
+        seen = st.max_seen_ns
+        if ref_ns > seen:
+            st.max_seen_ns = ref_ns
+        if (seen > NEG_INF and ref_ns < seen - st.lateness_ns) or ref_ns < wm._combined:
+            wm.counts.add(f"late:{stream}")
+            q.counts.add(f"late:{stream}")
+        else:
+            if not ts or ref_ns >= ts[-1]:
+                ts.append(ref_ns)
+                q.v[stream].append(item)
+            else:
+                k = bisect.bisect_right(ts, ref_ns)
+                ts.insert(k, ref_ns)
+                q.v[stream].insert(k, item)
+            if len(ts) > self.queue_size:
+                ts.pop(0)
+                q.v[stream].pop(0)
+                self.counts.add(f"overflow:{stream}")
+                self._bh = None
         bh = self._bh
         if bh is not None and ref_ns > bh and stream in self._bactive and q.now <= self._bdeadline and not q.flushed:
             if stream not in self._bmin or self._still_unknown(stream):
@@ -130,37 +157,48 @@ class ApproximateTimeSync(_QueuedJoin):
     def _emit_sets(self) -> list[AlignedWindow]:
         out: list[AlignedWindow] = []
         q = self.q
+        qt = q.t
+        # Taking sets changes neither the watermarks nor processing time: one horizon and one
+        # set of active streams hold for the whole pass.
+        h = q.horizon()
+        self._last_h = h
+        flushed = q.flushed
+        active = () if flushed else q.wm.active(q.now)
+        mi = self.max_interval_ns
         while True:
-            h = q.horizon()
-            self._last_h = h
-            active = set(self.streams) if q.flushed else set(q.wm.active(q.now))
-            heads: list[tuple[int, int, str]] = []
+            p_t = 0
+            pivot: str | None = None
             absent: set[str] = set()
             unknown = False
             blocker: str | None = None
-            for i, s in enumerate(self.streams):
-                ts = q.t[s]
+            for s in self.streams:
+                ts = qt[s]
                 if ts and ts[0] <= h:
-                    heads.append((ts[0], i, s))
-                elif ts or (s in active and not q.flushed):
+                    if pivot is None or ts[0] > p_t:  # the latest head; the first stream of equal ones
+                        p_t, pivot = ts[0], s
+                elif ts or (not flushed and s in active):
                     unknown = True  # its next message is later than h but not known yet
                     if blocker is None:
                         blocker = s
                 else:
                     absent.add(s)  # empty and idle (or ended): it cannot hold a set back
-            if not heads:
+            if pivot is None:
                 self._unknown = blocker
                 return out
             if unknown:
                 # The pivot (latest head) is > h, so nothing at or before h - max_interval can be used.
                 for s in self.streams:
-                    q.pop_until(s, h - self.max_interval_ns, "unmatched")
+                    ts = qt[s]
+                    if ts and ts[0] <= h - mi:
+                        q.pop_until(s, h - mi, "unmatched")
                 self._unknown = blocker
                 return out
-            p_t, _, pivot = max(heads, key=lambda x: (x[0], -x[1]))
             dropped = 0
+            floor = p_t - mi - 1
             for s in self.streams:  # too old for any set containing this (or a later) pivot
-                dropped += len(q.pop_until(s, p_t - self.max_interval_ns - 1, "unmatched"))
+                ts = qt[s]
+                if ts and ts[0] <= floor:
+                    dropped += len(q.pop_until(s, floor, "unmatched"))
             if dropped:
                 continue
             choice = self._best(pivot, p_t, h, absent)
