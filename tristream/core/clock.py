@@ -167,6 +167,15 @@ class SourceClock:
         self.last_epoch: _Epoch | None = None  # epoch (or reset candidate) the last packet was mapped with
         self.epoch_history: list[_Epoch] = []  # every epoch ever confirmed, oldest first
 
+    @classmethod
+    def for_unit(cls, source_id: str, unit: str, **kwargs: object) -> SourceClock:
+        """A clock for timestamps in `unit` (`"us"`, `"rtp@90000"`, `"pts90k"`, ...): a wrapping
+        unit sets `wrap_ns`, so its wraps are counted and never taken for resets. Times passed
+        to `observe`/`observe_span` are still ns (`TimeUnit.to_ns` of the raw stamps)."""
+        from tristream.core.units import parse_unit
+
+        return cls(source_id, wrap_ns=parse_unit(unit).wrap_ns, **kwargs)  # type: ignore[arg-type]
+
     # ------------------------------------------------------------------ public API
     @property
     def drift_ppm(self) -> float:

@@ -9,13 +9,16 @@ depths, ring watermarks, drops by reason) through `ServeMetrics.add_collector`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from tristream.core.metrics import LatencyHistogram
 
 Sample = tuple[str, dict[str, str], float]
 Collector = Callable[[], list[tuple[str, str, str, list[Sample]]]]  # name, type, help, samples
+# What a source clock counts (`SourceClock.counts`); these are exported even while still zero.
+CLOCK_EVENTS = ("duplicate", "gap", "lost", "wrap", "reset", "outlier", "delayed", "reordered", "previous_epoch")
 
 
 def _labels(labels: dict[str, str]) -> str:
@@ -106,3 +109,34 @@ def _gpu_memory() -> list[tuple[str, str, str, list[Sample]]]:
                                float(torch.cuda.memory_reserved(i))) for i in range(n)]
     return [("tristream_gpu_memory_allocated_bytes", "gauge", "GPU memory allocated by torch", alloc),
             ("tristream_gpu_memory_reserved_bytes", "gauge", "GPU memory reserved by torch", reserved)]
+
+
+def clock_families(clocks: Mapping[str, Any], **labels: str) -> list[tuple[str, str, str, list[Sample]]]:
+    """Prometheus families of source clocks (`tristream.core.clock.SourceClock`, keyed by source):
+    every duplicate, gap, lost packet, wrap and reset (and the other clock events) counted per
+    source, the holes not yet confirmed as gaps, drift, uncertainty and epoch. `labels` (e.g.
+    ``session=...``) go on every sample, so many sessions' clocks can share one scrape."""
+    events: list[Sample] = []
+    open_gaps: list[Sample] = []
+    drift: list[Sample] = []
+    unc: list[Sample] = []
+    epoch: list[Sample] = []
+    for source, clock in sorted(clocks.items()):
+        lab = {**labels, "source": source}
+        counts = clock.counts.snapshot()
+        for ev in (*CLOCK_EVENTS, *sorted(set(counts) - set(CLOCK_EVENTS))):
+            events.append(("tristream_clock_events_total", {**lab, "event": ev}, float(counts.get(ev, 0))))
+        open_gaps.append(("tristream_clock_open_gaps", lab, float(clock.open_gaps)))
+        drift.append(("tristream_clock_drift_ppm", lab, float(clock.drift_ppm)))
+        u = clock.uncertainty_ns
+        unc.append(("tristream_clock_uncertainty_seconds", lab, u / 1e9 if u != float("inf") else -1.0))
+        epoch.append(("tristream_clock_epoch", lab, float(clock.epoch)))
+    return [
+        ("tristream_clock_events_total", "counter",
+         "source clock events by source: duplicates, gaps, lost packets, wraps, resets, outliers, ...", events),
+        ("tristream_clock_open_gaps", "gauge", "holes in a source's timeline not yet confirmed as gaps", open_gaps),
+        ("tristream_clock_drift_ppm", "gauge", "how fast a source clock runs against the reference (ppm)", drift),
+        ("tristream_clock_uncertainty_seconds", "gauge",
+         "bound on the newest mapping's error (-1 before the first packet)", unc),
+        ("tristream_clock_epoch", "gauge", "current epoch of a source clock (resets so far)", epoch),
+    ]
