@@ -1,5 +1,7 @@
 """OpenAI-compatible ``POST /v1/chat/completions`` (streaming SSE and not, with tools) on our engine.
 
+The side HTTP port also carries other POST routes given by the server (the WebRTC SDP offer).
+
 `tristream serve` opens it on its own port (``--chat-port``, default PORT+1): the WebSocket
 library that serves the realtime port reads no request bodies. The same bearer tokens as the
 realtime routes; ``GET /v1/models`` lists the model. HTTP/1.1 with ``Connection: close``,
@@ -18,7 +20,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tristream.serve.tool_session import ToolState, render_format
@@ -33,6 +35,8 @@ from tristream.serve.tools import (
 )
 
 MAX_BODY = 4 << 20
+Route = Callable[[dict[str, str], bytes], Awaitable[tuple[int, str, bytes]]]
+"""A POST route of the side port: (lower-case headers, body) -> (status, content type, body)."""
 DEFAULT_MAX_TOKENS = 256
 
 
@@ -138,9 +142,12 @@ class ChatCompletionsServer:
 
     def __init__(self, chat: Any, authorized: Callable[[str | None], bool], host: str = "127.0.0.1",
                  port: int = 0, model_name: str = "tristream-embedded", draining: Callable[[], bool] = lambda: False,
-                 count: Callable[..., None] | None = None) -> None:
-        self.caller = ToolCaller(chat)
-        self.fmt = render_format(self.caller)
+                 count: Callable[..., None] | None = None, routes: dict[str, Route] | None = None) -> None:
+        """``chat``: an `EngineChatBackend` (None: no chat route, only ``routes``); ``routes``: other
+        POST routes of this port by path (the WebRTC SDP exchange)."""
+        self.caller = ToolCaller(chat) if chat is not None else None
+        self.fmt = render_format(self.caller) if self.caller is not None else ""
+        self.routes = dict(routes or {})
         self.authorized = authorized
         self.host, self.port = host, port
         self.model_name = model_name
@@ -176,14 +183,27 @@ class ChatCompletionsServer:
             auth = headers.get("authorization", "")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
             try:
-                if path not in ("/v1/chat/completions", "/v1/models"):
-                    raise BadRequest(f"no route {path}; this port serves /v1/chat/completions and /v1/models",
+                known = ([*("/v1/chat/completions", "/v1/models")] if self.caller is not None else []) + list(self.routes)
+                if path not in known:
+                    raise BadRequest(f"no route {path}; this port serves {', '.join(known)}",
                                      status=404, code="not_found")
                 if not self.authorized(token):
                     raise BadRequest("missing or invalid bearer token: send 'Authorization: Bearer <token>'",
                                      status=401, code="invalid_api_key")
                 if self.draining():
                     raise BadRequest("server is shutting down", status=503, code="server_shutting_down")
+                if path in self.routes:
+                    if method != "POST":
+                        raise BadRequest(f"use POST for {path}", status=405)
+                    n = int(headers.get("content-length", "0") or 0)
+                    if n > MAX_BODY:
+                        raise BadRequest(f"body of {n} bytes is over the {MAX_BODY}-byte limit", status=413)
+                    raw = await asyncio.wait_for(reader.readexactly(n), 30) if n else b""
+                    status, ctype, data = await self.routes[path](headers, raw)
+                    writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
+                                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+                    await writer.drain()
+                    return
                 if path == "/v1/models":
                     await self._json(writer, 200, {"object": "list", "data": [
                         {"id": self.model_name, "object": "model", "created": 0, "owned_by": "tristream"}]})
@@ -220,6 +240,7 @@ class ChatCompletionsServer:
         await writer.drain()
 
     async def _complete(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        assert self.caller is not None
         try:
             tools = parse_tools(body.get("tools") or [], "tools")
             choice = parse_tool_choice(body.get("tool_choice"), tools, "tool_choice")
@@ -278,7 +299,7 @@ class ChatCompletionsServer:
             self.count("tristream_chat_requests_total", status="client_closed")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+_REASONS = {200: "OK", 201: "Created", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
             413: "Payload Too Large", 503: "Service Unavailable"}
 
 __all__ = ["BadRequest", "ChatCompletionsServer", "conversation"]

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import hmac
+import json
 import logging
 import os
 import time
@@ -149,7 +150,8 @@ class RealtimeServer:
         self._bg: set[asyncio.Task[None]] = set()
         self.chat_port = chat_port
         self.chat_required = chat_required
-        self.chat: Any = None  # the ChatCompletionsServer once started
+        self.chat: Any = None  # the side HTTP port (ChatCompletionsServer) once started
+        self.webrtc: Any = None  # its WebRtcCalls where aiortc is installed
         self.trimmer = MemoryTrimmer(self.limits.memory_trim_s, self.limits.memory_trim_min_sessions,
                                      collect=self.limits.memory_trim_collect)
 
@@ -177,11 +179,13 @@ class RealtimeServer:
             os.chmod(self.record_dir, 0o700)
         log.info("tristream realtime server on ws://%s:%d/v1/realtime", self.host, self.port)
         llm = getattr(self.factory, "chat_llm", None)
-        if self.chat_port is not None and getattr(llm, "engine", None) is not None:
+        if self.chat_port is not None:
             from tristream.serve.chat_completions import ChatCompletionsServer
 
-            chat = ChatCompletionsServer(llm, self._token_ok, self.host, self.chat_port,
-                                         draining=lambda: self.draining, count=self.metrics.inc)
+            routes = self._webrtc_routes()
+            chat = ChatCompletionsServer(llm if getattr(llm, "engine", None) is not None else None, self._token_ok,
+                                         self.host, self.chat_port, draining=lambda: self.draining,
+                                         count=self.metrics.inc, routes=routes)
             try:
                 await chat.start()
             except OSError as exc:
@@ -192,6 +196,29 @@ class RealtimeServer:
                 return
             self.chat = chat
             log.info("chat completions on %s/chat/completions", chat.url)
+
+    def _webrtc_routes(self) -> dict[str, Any]:
+        """``/v1/realtime/calls`` (and the beta ``/v1/realtime``) when aiortc is installed."""
+        try:
+            import aiortc  # noqa: F401
+        except ImportError:
+            log.info("no WebRTC: aiortc is not installed")
+            return {}
+        from tristream.serve.webrtc import WebRtcCalls
+
+        self.webrtc = WebRtcCalls(self)
+
+        async def offer(headers: dict[str, str], body: bytes) -> tuple[int, str, bytes]:
+            if self.draining:
+                return 503, "text/plain", b"server is shutting down\n"
+            ctype = headers.get("content-type", "").split(";")[0].strip()
+            if ctype != "application/sdp":
+                return 400, "application/json", json.dumps({"error": {
+                    "type": "invalid_request_error", "code": "invalid_offer", "param": "Content-Type",
+                    "message": f"Content-Type must be application/sdp, got {ctype or 'none'}"}}).encode()
+            return await self.webrtc.offer(body.decode("utf-8", "replace"))
+
+        return {"/v1/realtime/calls": offer, "/v1/realtime": offer}
 
     @property
     def chat_url(self) -> str | None:
@@ -218,6 +245,8 @@ class RealtimeServer:
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(c.session.responding for c in self.conns.values()):
             await asyncio.sleep(0.02)
+        if self.webrtc is not None:
+            await self.webrtc.close_all()
         if self.chat is not None:
             await self.chat.close()
             self.chat = None

@@ -210,6 +210,16 @@ class RealtimeSession:
             failure.error_type = "server_error"
             self.send_error(failure)
 
+    def push_audio(self, pcm: Any, rate: int, capture_ts_us: int | None = None) -> None:
+        """int16 mono audio at `rate` from a media transport (a WebRTC track), as an
+        ``input_audio_buffer.append`` would bring it."""
+        if self.closed:
+            return
+        if self._in_rate is None or self._in_rate.rate_in != rate:
+            self._in_rate = Resampler(rate, BACKEND_RATE)
+        self.backend.push_audio(self._in_rate.push(pcm), self.clock_ns(), capture_ts_us)
+        self._uncommitted_ms += pcm.size * 1000 / rate
+
     def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
         self._in_item = False
         stream: str | None = None

