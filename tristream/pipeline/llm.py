@@ -59,6 +59,9 @@ class EngineChatBackend:
         self.recoveries_s: list[float] = []
         """Seconds from each failed step to the engine's recovery (readiness back)."""
         self._failed_at: float | None = None
+        self._warm: dict[str, int] = {}
+        self.prefills = 0
+        """Open contexts started by `prefill` (incremental prefill while a user speaks)."""
         self._thread = threading.Thread(target=self._loop, name="llm-engine", daemon=True)
         self._thread.start()
 

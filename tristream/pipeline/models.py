@@ -31,7 +31,8 @@ def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
                 threads: int = 2, device: str = "auto", quant: str = "auto", with_llm: bool = True) -> SharedModels:
     """Load (once per process and argument set) the models sessions share.
 
-    The LLM: `llm_url` (an OpenAI-compatible endpoint), or our engine for `llm_path` (None: the
+    ASR: ``whisper`` (streaming Whisper base, `asr_stream`), ``whisper-utterance`` (one decode
+    of each utterance at its end), ``pocketsphinx``. The LLM: `llm_url` (an OpenAI-compatible endpoint), or our engine for `llm_path` (None: the
     embedded SmolLM2) on `device` with `quant` weights (`tristream.engine.cli_support.load_engine`);
     ``with_llm=False``: no shared LLM (each session brings its own chat backend).
     """
@@ -42,16 +43,20 @@ def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
         from tristream.stages.vad import SileroVAD
 
         vad = SileroVAD(threads=1)
-        if asr == "whisper":
+        if asr in ("whisper", "whisper-utterance"):
             from tristream.stages.asr_whisper import WhisperASR
 
             asr_model: Any = WhisperASR(threads=threads)
+            if asr == "whisper":  # streaming: committed words while the user speaks (`asr_stream`)
+                from tristream.stages.asr_stream import AgreementWhisper
+
+                asr_model = AgreementWhisper(asr_model)
         elif asr == "pocketsphinx":
             from tristream.stages.asr_pocketsphinx import PocketsphinxASR
 
             asr_model = PocketsphinxASR()
         else:
-            raise ModelSetupError(f"unknown ASR {asr!r}; expected 'whisper' or 'pocketsphinx'")
+            raise ModelSetupError(f"unknown ASR {asr!r}; expected 'whisper', 'whisper-utterance' or 'pocketsphinx'")
         from tristream.stages.tts import default_tts
 
         tts_model = default_tts(prefer=tts)

@@ -98,9 +98,12 @@ class SessionConfig:
     """False: half duplex, microphone audio is ignored (counted) while the assistant answers
     (live speakers without echo cancellation would otherwise interrupt the assistant with itself)."""
     tts_first_words: int = 4
+    """Speak the first this-many words of an answer as their own piece (0: wait for a clause)."""
     speculate_after_ms: float = 120.0
     """Start the ASR final after this much silence, during the hangover (0: off; Whisper only)."""
-    """Speak the first this-many words of an answer as their own piece (0: wait for a clause)."""
+    prefill_while_speaking: bool = True
+    """Committed words of a streaming ASR enter the LLM's KV cache while the user speaks
+    (`ChatBackend.prefill`); at the end of the turn only the tail is prefilled."""
 
 
 @dataclass(slots=True)
@@ -157,7 +160,12 @@ class Session:
         self.vad = models.vad.stream(self.id, VADOptions(min_silence_ms=cfg.hangover_ms))
         self.spec_asr: SpeculativeRecognizer | None = None
         self.spec_after = int(cfg.speculate_after_ms * 16)
-        if cfg.speculate_after_ms > 0 and getattr(models.asr, "name", "") == "whisper":
+        self.streaming_asr = bool(getattr(models.asr, "streaming", False))
+        """The ASR commits words while the user speaks (`asr_stream`): partials prefill the LLM,
+        and its utterances speculate their final themselves."""
+        if self.streaming_asr:
+            self.asr = models.asr.stream(self.id)
+        elif cfg.speculate_after_ms > 0 and getattr(models.asr, "name", "") == "whisper":
             from tristream.stages.asr import UtteranceStream
 
             self.spec_asr = SpeculativeRecognizer(models.asr)
@@ -182,6 +190,8 @@ class Session:
         self.barge_ins: list[dict[str, Any]] = []
         self.clip_end_ns: list[int] = []  # known true ends of speech (file playback), for reports
         self.turn_done = asyncio.Event()
+        self.prefills = 0
+        """Incremental prefills started while the user spoke (`prefill_partial`)."""
         self.input = InputStage(self)
         self.asr_stage = AsrStage(self)
         self.llm_stage = LlmStage(self)
@@ -233,6 +243,7 @@ class Session:
                     await st.task
                 except asyncio.CancelledError:
                     pass
+        self.close_prefill()
         for stream in (self.vad, self.asr, self.tts, self.scene_stream):
             if stream is not None:
                 stream.close()
@@ -286,6 +297,25 @@ class Session:
         return asyncio.get_running_loop().run_in_executor(self.pool, run)
 
     # ---- turns ------------------------------------------------------------------------
+    def prefill_partial(self, text: str) -> None:
+        """The user's committed words so far enter the LLM's KV cache (incremental prefill).
+
+        The prompt is the one the turn would get if it ended now; the LLM backend keeps one open
+        context per session and replaces it on each call, and its prefix cache keeps every full
+        block that the new prompt shares with the old one: growing words prefill only what is
+        new, and revised words roll the cache back to the first block that differs."""
+        prefill = getattr(self.llm, "prefill", None)
+        if prefill is None or not self.config.prefill_while_speaking or self.assistant_active or not text:
+            return
+        prefill(self.id, self.conversation.prompt(self.turns.text_with(text), None))
+        self.prefills += 1
+
+    def close_prefill(self) -> None:
+        """Close this session's open prefill context (its cached blocks stay reusable)."""
+        prefill = getattr(self.llm, "prefill", None)
+        if prefill is not None and self.prefills:
+            prefill(self.id, None)
+
     def begin_turn(self, turn: UserTurn) -> TurnRecord:
         """The LLM starts answering `turn`."""
         rec = TurnRecord(turn.turn_id, turn.text, turn.speech_end_ns, turn.asr_final_ns)

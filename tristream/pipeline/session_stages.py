@@ -65,7 +65,7 @@ class InputStage(Stage):
             ms = int(ev.sample_index * 1000 // SAMPLE_RATE)
             s.publish(SpeechStarted(ms, s.clock.now_ns()) if ev.kind == "start" else SpeechStopped(ms, s.clock.now_ns()))
             self.emit(ev)
-        if s.spec_asr is not None:
+        if s.spec_asr is not None or s.streaming_asr:
             self._mark_silence(vad)
 
     def _mark_silence(self, vad: Any) -> None:
@@ -90,7 +90,7 @@ class AsrStage(Stage):
         self._final_pending = False
         # decoders that work on every chunk (pocketsphinx: ~15 ms per 20 ms on 2 cores) run in
         # a worker thread so that the event loop, and barge-in with it, never waits for them
-        self._incremental = getattr(session.models.asr, "name", "") != "whisper"
+        self._incremental = not session.streaming_asr and getattr(session.models.asr, "name", "") != "whisper"
         self._segment_start: int | None = None
         self._early_scene: Any = None
 
@@ -108,14 +108,14 @@ class AsrStage(Stage):
                 self._send(turn)
             return
         if type(item) is SilenceOnset:
-            u = s.spec_asr.current if s.spec_asr is not None else None
+            u = self._speculating_decoder()
             if u is not None and s.asr.in_utterance:
                 u.speculate(s.pool)
                 # the latest frame at the first silent sample is the one at the end of speech
                 self._early_scene = s.describe_scene(self._segment_start, item.t_ns)
             return
         if type(item) is SpeechResumed:
-            u = s.spec_asr.current if s.spec_asr is not None else None
+            u = self._speculating_decoder()
             if u is not None:
                 u.drop()
             self._early_scene = None
@@ -134,11 +134,20 @@ class AsrStage(Stage):
         await loop.run_in_executor(s.pool, s.asr.push, item)
         self._collect()
 
+    def _speculating_decoder(self) -> Any:
+        """The open utterance's decoder that can start its final early (None if there is none)."""
+        s = self.s
+        if s.spec_asr is not None:
+            return s.spec_asr.current
+        u = s.asr.decoder if s.streaming_asr else None
+        return u if hasattr(u, "speculate") else None
+
     def _collect(self) -> None:
         s = self.s
         for tr in s.asr.poll():
             s.publish(TranscriptDelta(tr.text, s.clock.now_ns()))
             if not tr.final:
+                s.prefill_partial(tr.text)
                 continue
             timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript` times its words
             words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
@@ -173,6 +182,7 @@ class LlmStage(Stage):
             rec.scene = scene_text
         messages = s.conversation.prompt(turn.text, scene_text)
         s.conversation.add_user(turn.text)
+        s.close_prefill()  # its blocks stay cached: the answer's prompt reuses them
         speak = s.config.speak if turn.speak is None else turn.speak
         rec.llm_start_ns = s.clock.now_ns()
         try:

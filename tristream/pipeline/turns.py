@@ -96,6 +96,10 @@ class TurnTaker:
         """Whether finished speech is waiting for the end-of-turn decision."""
         return self._deadline_ns is not None
 
+    def text_with(self, partial: str) -> str:
+        """The turn's text so far with `partial` (the open segment's words) after it."""
+        return " ".join([*self._texts, partial.strip()]).strip()
+
     def on_speech_start(self, t_ns: int) -> None:
         """The user speaks: a held turn continues; otherwise a new turn starts."""
         if self._deadline_ns is not None:

@@ -77,6 +77,12 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         self._utt_start = 0
         self._since_partial = 0
         self._pending_end: SpeechEvent | None = None
+        self._last_partial = ""
+
+    @property
+    def decoder(self) -> UtteranceDecoder | None:
+        """The open utterance's decoder (None between utterances)."""
+        return self._decoder
 
     @property
     def in_utterance(self) -> bool:
@@ -136,6 +142,7 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
             self._utt_start = start
             self._fed_to = start
             self._since_partial = 0
+            self._last_partial = ""
             self._feed_available()
         elif self._decoder is None:
             self._count("end_without_start")
@@ -173,6 +180,9 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
             t0 = time.perf_counter()
             text = self._decoder.partial()
             dt = time.perf_counter() - t0
+            if text == self._last_partial:
+                return
+            self._last_partial = text
             self._events.append(Transcript(self.session_id, text, False, self.clock.ns_at(self._utt_start),
                                            self.clock.ns_at(stop), self.clock.ns_at(stop), dt))
 

@@ -22,7 +22,7 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -151,22 +151,62 @@ class WhisperASR:
         return self._transcribe_audio_window(pcm)
 
     def _transcribe_audio_window(self, pcm: np.ndarray) -> str:
+        enc, _ = self.encode(pcm)
+        ids = self.generate(enc, [], [], max_new=int(pcm.shape[0] / SAMPLE_RATE * 8) + 16)
+        text, dropped = collapse_repeats(str(self._tokenizer.decode(ids)).strip())
+        self.repeats_dropped += dropped
+        return text
+
+    def encode(self, pcm: np.ndarray, min_window_s: float | None = None) -> tuple[Any, int]:
+        """Encoder output of `pcm` plus `pad_s` of silence (a window of at least `min_window_s`),
+        and the number of mel frames that hold audio (for `word_times`)."""
         import ctranslate2
 
-        pad = max(int(self.pad_s * SAMPLE_RATE), int(self.min_window_s * SAMPLE_RATE) - pcm.shape[0])
+        least = self.min_window_s if min_window_s is None else min_window_s
+        pad = max(int(self.pad_s * SAMPLE_RATE), int(least * SAMPLE_RATE) - pcm.shape[0])
         padded = np.concatenate([pcm, np.zeros(pad, dtype=np.float32)])
         feats = self.model.feature_extractor(padded, padding=0)
         n = min(feats.shape[-1] - feats.shape[-1] % 2, 3000)
         feats = np.ascontiguousarray(feats[:, :n][None], dtype=np.float32)
         enc = self.model.model.encode(ctranslate2.StorageView.from_array(feats), to_cpu=False)
-        dur = pcm.shape[0] / SAMPLE_RATE
-        max_len = min(448, len(self._prompt) + int(dur * 8) + 16)  # ~3 tokens/s speech; a loop stops here
-        res = self.model.model.generate(enc, [self._prompt], beam_size=1, max_length=max_len,
-                                        suppress_blank=True, suppress_tokens=self._suppress)
-        ids = [t for t in res[0].sequences_ids[0] if t < self._tokenizer.eot]
-        text, dropped = collapse_repeats(str(self._tokenizer.decode(ids)).strip())
-        self.repeats_dropped += dropped
-        return text
+        return enc, min(n, pcm.shape[0] // 160)
+
+    def generate(self, enc: Any, prefix: list[int], context: list[int], max_new: int) -> list[int]:
+        """Greedy text tokens after `prefix` (tokens forced after the start sequence), with
+        `context` as Whisper's previous text; at most `max_new` new tokens (a loop stops there)."""
+        prev = [self._tokenizer.sot_prev, *context] if context else []
+        prompt = prev + self._prompt + list(prefix)
+        max_len = min(448, len(prompt) + max(max_new, 4))
+        res = self.model.model.generate(enc, [prompt], beam_size=1, max_length=max_len,
+                                        suppress_blank=not prefix, suppress_tokens=self._suppress)
+        out = list(res[0].sequences_ids[0])
+        if out[:len(prefix)] == list(prefix):  # CTranslate2 returns the forced prefix too
+            out = out[len(prefix):]
+        eot = self._tokenizer.eot
+        cut = out.index(eot) if eot in out else len(out)
+        return [t for t in out[:cut] if t < eot]
+
+    def split_words(self, tokens: list[int]) -> list[tuple[str, list[int]]]:
+        """(word with its leading space, its tokens) for each word of `tokens`."""
+        if not tokens:
+            return []
+        words, groups = self._tokenizer.split_to_word_tokens(list(tokens) + [self._tokenizer.eot])
+        return [(w, list(g)) for w, g in zip(words, groups, strict=False) if g and g[0] < self._tokenizer.eot]
+
+    def word_times(self, enc: Any, tokens: list[int], frames: int) -> list[tuple[float, float]]:
+        """(start s, end s) of each word of `tokens` in the encoded audio (cross-attention alignment)."""
+        if not tokens:
+            return []
+        res = self.model.model.align(enc, list(self._tokenizer.sot_sequence), [list(tokens)], frames)
+        pairs = res[0].alignments
+        text_idx = np.array([p[0] for p in pairs])
+        time_idx = np.array([p[1] for p in pairs])
+        jumps = np.concatenate([[True], np.diff(text_idx) != 0]) if len(text_idx) else np.zeros(0, bool)
+        jump_times = time_idx[jumps] / 50.0  # 50 encoder frames per second
+        bounds = np.concatenate([[0], np.cumsum([len(g) for _, g in self.split_words(tokens)])])
+        if len(jump_times) < bounds[-1] + 1:
+            return []
+        return [(float(jump_times[a]), float(jump_times[b])) for a, b in zip(bounds[:-1], bounds[1:], strict=False)]
 
     def utterance(self) -> WhisperUtterance:
         """A decoder for one utterance (buffers audio; decodes on `partial()`/`final()`)."""

@@ -1,0 +1,369 @@
+"""Streaming Whisper on CPU (LocalAgreement): committed words while the user speaks, only the tail at the end.
+
+`AgreementWhisper` turns the CTranslate2 Whisper of `asr_whisper` into a streaming recogniser
+with LocalAgreement-2 (Macháček et al., "Turning Whisper into Real-Time Transcription System"):
+
+- Every `step_s` of new speech the utterance's *buffer* (the audio not yet trimmed away) is
+  encoded with a window sized to the audio present (`WhisperASR.encode`: no padded 30 s), and
+  decoded with the words already committed in this buffer forced as a decoder prefix, so only
+  the uncommitted part is generated. The words that two consecutive hypotheses agree on are
+  committed; committed text only grows, and each growth is a partial transcript.
+- When the buffer is longer than `trim_s`, Whisper's cross-attention alignment
+  (`WhisperASR.word_times`) places the committed words in time and the audio is cut at a gap
+  between two committed words at least `keep_s` before its end; the words before the cut
+  become settled text, the last `context_tokens` of it go to the decoder as previous text.
+  The encoder therefore never sees more than about `trim_s + step_s` of audio, whatever the
+  length of the turn.
+- At the end of the utterance (`final()`) one decode of the buffer with the committed prefix
+  forced gives the uncommitted tail: settled + committed + tail is the transcript. The session
+  can start that final decode at the onset of silence (`speculate()`); if the user stays
+  silent, `final()` takes its text.
+
+All decodes of all sessions run on one worker thread of the recogniser (CTranslate2 uses
+`threads` cores per call), finals and speculations before updates; an update that finds its
+utterance already finished or a newer update queued is skipped. Decoding loops (Whisper
+repeating a phrase on a short window) are cut (`drop_loops`) before agreement.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import heapq
+import itertools
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tristream.stages.asr import UtteranceStream
+from tristream.stages.asr_whisper import SAMPLE_RATE, WhisperASR
+
+__all__ = ["AgreementWhisper", "StreamingUtterance", "local_agreement"]
+
+_NORM = re.compile(r"[^\w']+")
+
+
+def _key(word: str) -> str:
+    """A word compared without case and punctuation; punctuation alone compares as itself."""
+    return _NORM.sub("", word.lower()) or word.strip()
+
+
+def local_agreement(a: list[str], b: list[str]) -> int:
+    """Length of the longest common prefix of two word lists (case and punctuation ignored)."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if _key(x) != _key(y):
+            break
+        n += 1
+    return n
+
+
+def _cut_loops(words: list[tuple[str, list[int]]], before: list[str] = ()) -> list[tuple[str, list[int]]]:  # type: ignore[assignment]
+    """Words up to Whisper's first decoding loop: a run of ≥ 2 words repeated right after itself,
+    one word three times in a row, or a sentence that starts like an earlier one of the buffer
+    (`before`: the committed words ahead of `words`) — Whisper re-reading its window."""
+    keys = [_key(w) for w, _ in words]
+    n = len(keys)
+    for i in range(n):
+        if i + 2 < n and keys[i] == keys[i + 1] == keys[i + 2] and keys[i].isalnum():
+            return words[:i + 1]
+        for p in range(2, (n - i) // 2 + 1):
+            if keys[i:i + p] == keys[i + p:i + 2 * p]:
+                return words[:i + p]
+    every = [_key(w) for w in before] + keys
+    starts = [0] + [j + 1 for j, k in enumerate(every) if k in (".", "?", "!")]
+    seen: set[tuple[str, ...]] = set()
+    for j in starts:
+        head = tuple(every[j:j + 3])
+        if len(head) < 2:
+            continue
+        if head in seen and j >= len(before):
+            return words[:j - len(before)]
+        if len(head) == 3:
+            seen.add(head)
+            seen.add(head[:2])
+    return words
+
+
+class _Worker:
+    """One thread that runs decode jobs by priority (0 before 1), in order within a priority."""
+
+    def __init__(self, name: str) -> None:
+        self._heap: list[tuple[int, int, Callable[[], Any], concurrent.futures.Future[Any]]] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        self.jobs = 0
+
+    def submit(self, priority: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        with self._cv:
+            heapq.heappush(self._heap, (priority, next(self._seq), fn, fut))
+            self._cv.notify()
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap:
+                    self._cv.wait()
+                _, _, fn, fut = heapq.heappop(self._heap)
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # delivered to whoever waits on the job
+                fut.set_exception(exc)
+            self.jobs += 1
+
+
+@dataclass(slots=True)
+class StreamStats:
+    """Counters of a `AgreementWhisper` over all its utterances."""
+
+    updates: int = 0
+    updates_skipped: int = 0
+    trims: int = 0
+    words_committed: int = 0
+    finals: int = 0
+    speculation_hits: int = 0
+    speculation_misses: int = 0
+    loops_cut: int = 0
+
+
+class AgreementWhisper:
+    """A streaming recogniser over one loaded `WhisperASR` (shared by every session)."""
+
+    name = "whisper-stream"
+    streaming = True
+
+    def __init__(self, asr: WhisperASR | None = None, step_s: float = 1.0, trim_s: float = 6.0,
+                 keep_s: float = 1.5, context_tokens: int = 64, min_window_s: float = 2.0,
+                 inline: bool = False) -> None:
+        """``inline``: run every decode on the caller's thread as soon as it is due (offline
+        evaluation and deterministic tests: the result no longer depends on timing)."""
+        self.asr = asr or WhisperASR()
+        self.inline = inline
+        self.step = int(step_s * SAMPLE_RATE)
+        self.trim = int(trim_s * SAMPLE_RATE)
+        self.keep = int(keep_s * SAMPLE_RATE)
+        self.context_tokens = context_tokens
+        self.min_window_s = min_window_s
+        self.stats = StreamStats()
+        self._worker = None if inline else _Worker("asr-stream")
+
+    def transcribe(self, pcm: np.ndarray) -> str:
+        """Whole-clip text (no streaming), as `WhisperASR.transcribe`."""
+        return self.asr.transcribe(pcm)
+
+    def utterance(self) -> StreamingUtterance:
+        """A streaming decoder for one utterance."""
+        return StreamingUtterance(self)
+
+    def stream(self, session_id: str, partial_every_s: float | None = None) -> UtteranceStream:
+        """A per-session ASR stream; partials are the committed words (checked every 100 ms)."""
+        return UtteranceStream(self, session_id, partial_every_s=0.1, max_utterance_s=600.0)
+
+    def submit(self, priority: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run `fn` on the decode thread (0: finals and speculations, 1: updates)."""
+        if self._worker is not None:
+            return self._worker.submit(priority, fn)
+        fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            fut.set_result(fn())
+        except Exception as exc:
+            fut.set_exception(exc)
+        return fut
+
+
+@dataclass(slots=True)
+class _Hyp:
+    words: list[tuple[str, list[int]]] = field(default_factory=list)
+
+
+class StreamingUtterance:
+    """One utterance of a `AgreementWhisper`: feed audio, read committed text, finish with the tail.
+
+    State changes only on the recogniser's decode thread (updates, trims) or under `_lock`
+    (feeding); `partial()` and `committed_text` never wait for a decode.
+    """
+
+    def __init__(self, owner: AgreementWhisper) -> None:
+        self.owner = owner
+        self._lock = threading.Lock()
+        self._audio: list[np.ndarray] = []
+        self._n = 0  # samples fed
+        self._buf_start = 0  # sample index (in this utterance) where the buffer begins
+        self._buf = np.zeros(0, dtype=np.float32)  # audio from _buf_start, joined lazily
+        self.settled: list[str] = []  # words trimmed out of the buffer
+        self._context: list[int] = []  # their last tokens, the decoder's previous text
+        self.committed: list[tuple[str, list[int]]] = []  # agreed words inside the buffer
+        self._prev: list[tuple[str, list[int]]] = []  # the last hypothesis beyond `committed`
+        self._last_update_at = 0
+        self._pending: concurrent.futures.Future[Any] | None = None
+        self._spec: concurrent.futures.Future[tuple[int, str]] | None = None
+        self._done = False
+
+    # ---- feeding (caller's thread) ------------------------------------------------------
+    def feed(self, pcm: np.ndarray) -> None:
+        """Add audio; an update is queued every `step_s` of new audio (none while one waits)."""
+        with self._lock:
+            self._audio.append(np.asarray(pcm, dtype=np.float32))
+            self._n += int(pcm.shape[0])
+            due = self._n - self._last_update_at >= self.owner.step and self._pending is None and not self._done
+            if due:
+                self._last_update_at = self._n
+                self._pending = _PLACEHOLDER
+        if due:
+            fut = self.owner.submit(1, self._update)
+            with self._lock:
+                if self._pending is _PLACEHOLDER:
+                    self._pending = fut
+
+    def partial(self) -> str:
+        """Settled + committed words (only ever grows within the utterance)."""
+        return self.committed_text
+
+    @property
+    def committed_text(self) -> str:
+        """The text no later decode of this utterance will change."""
+        with self._lock:
+            return _join(self.settled + [w for w, _ in self.committed])
+
+    # ---- decode thread ------------------------------------------------------------------
+    def _take_buffer(self) -> tuple[np.ndarray, int]:
+        with self._lock:
+            if self._audio:
+                joined = np.concatenate([self._buf, *self._audio])
+                self._audio = []
+                self._buf = joined
+            return self._buf, self._n
+
+    def _decode(self, buf: np.ndarray) -> tuple[Any, int, list[tuple[str, list[int]]]]:
+        """(encoder output, content frames, hypothesis words beyond the committed prefix)."""
+        asr = self.owner.asr
+        enc, frames = asr.encode(buf, min_window_s=self.owner.min_window_s)
+        prefix = [t for _, toks in self.committed for t in toks]
+        dur = buf.shape[0] / SAMPLE_RATE
+        new = asr.generate(enc, prefix, self._context[-self.owner.context_tokens:],
+                           max_new=int(dur * 7) + 16 - len(prefix))
+        words = asr.split_words(new)
+        kept = _cut_loops(words, [w for w, _ in self.committed])
+        if len(kept) < len(words):
+            self.owner.stats.loops_cut += 1
+        return enc, frames, kept
+
+    def _update(self) -> None:
+        st = self.owner.stats
+        with self._lock:
+            self._pending = None
+            if self._done:
+                st.updates_skipped += 1
+                return
+        buf, _ = self._take_buffer()
+        enc, frames, hyp = self._decode(buf)
+        st.updates += 1
+        n = local_agreement([w for w, _ in hyp], [w for w, _ in self._prev])
+        with self._lock:
+            if self._done:
+                return
+            self.committed.extend(hyp[:n])
+            self._prev = hyp[n:]
+            st.words_committed += n
+        if buf.shape[0] > self.owner.trim and len(self.committed) >= 2:
+            self._trim(enc, frames, buf.shape[0])
+
+    def _trim(self, enc: Any, frames: int, buf_len: int) -> None:
+        """Cut the buffer at a gap between committed words at least `keep_s` before its end."""
+        asr = self.owner.asr
+        tokens = [t for _, toks in self.committed for t in toks]
+        times = asr.word_times(enc, tokens, frames)
+        if len(times) != len(self.committed):
+            return
+        limit = (buf_len - self.owner.keep) / SAMPLE_RATE
+        cut_word, cut_s = -1, 0.0
+        for i in range(len(times) - 1):
+            end_i, start_next = times[i][1], times[i + 1][0]
+            if start_next <= limit:
+                cut_word, cut_s = i, (end_i + start_next) / 2
+        if cut_word < 0:
+            return
+        cut = int(cut_s * SAMPLE_RATE)
+        with self._lock:
+            if self._done:
+                return
+            moved = self.committed[:cut_word + 1]
+            self.committed = self.committed[cut_word + 1:]
+            self.settled.extend(w for w, _ in moved)
+            self._context.extend(t for _, toks in moved for t in toks)
+            self._context = self._context[-self.owner.context_tokens:]
+            self._buf = self._buf[cut:]
+            self._buf_start += cut
+            self.owner.stats.trims += 1
+
+    def _final_text(self) -> tuple[int, str]:
+        buf, n = self._take_buffer()
+        if buf.shape[0] == 0:
+            return n, self.committed_text
+        _, _, tail = self._decode(buf)
+        with self._lock:
+            words = self.settled + [w for w, _ in self.committed] + [w for w, _ in tail]
+        return n, _join(words)
+
+    # ---- end of the utterance -----------------------------------------------------------
+    def speculate(self, pool: Any = None) -> None:
+        """Start the final decode on the audio so far (the onset of silence)."""
+        if self._spec is None:
+            self._spec = self.owner.submit(0, self._final_text)
+
+    @property
+    def speculating(self) -> bool:
+        """Whether a speculative final runs or ran and was not dropped."""
+        return self._spec is not None
+
+    def drop(self) -> None:
+        """The user spoke again: the speculation no longer covers the utterance."""
+        if self._spec is not None:
+            self._spec.cancel()
+            self._spec = None
+
+    def final(self, max_extra_s: float = 1.0) -> str:
+        """The transcript: the speculative one when only silence came after it, else a decode
+        of the buffer's uncommitted tail (waits for the decode thread)."""
+        st = self.owner.stats
+        spec = self._spec
+        if spec is not None and not spec.cancelled():
+            n, text = spec.result()
+            if self._n - n <= int(max_extra_s * SAMPLE_RATE):
+                st.speculation_hits += 1
+                self._finish()
+                return text
+            st.speculation_misses += 1
+        _, text = self.owner.submit(0, self._final_text).result()
+        self._finish()
+        return text
+
+    def abort(self) -> None:
+        """Drop the utterance without a final."""
+        self.drop()
+        self._finish()
+
+    def _finish(self) -> None:
+        with self._lock:
+            self._done = True
+            self.owner.stats.finals += 1
+            if self._pending is not None and self._pending is not _PLACEHOLDER:
+                self._pending.cancel()
+            self._pending = None
+
+
+_PLACEHOLDER: concurrent.futures.Future[Any] = concurrent.futures.Future()
+"""Marks an update as queued between the decision and its `submit` (outside the lock)."""
+
+
+def _join(words: list[str]) -> str:
+    return "".join(words).strip()
