@@ -4,7 +4,8 @@
   LLM -> TTS with barge-in, camera scene) with the embedded real models, through
   `tristream.serve.pipeline_backend`; options ``model=PATH`` (a GGUF file or HF folder instead
   of the embedded SmolLM2), ``device=cpu|cuda|auto``, ``quant=auto|none|int8|int4`` and
-  ``sched=none|ours|...`` (`assistant_plan`: the stages per device).
+  ``sched=none|ours|...`` (`assistant_plan`: the stages per device), ``asr=whisper`` (streaming
+  Whisper, the default on CPU) ``|whisper-utterance|pocketsphinx``.
 - ``echo``: `EchoBackend` (no models; a test backend for the protocol and serving-layer load).
 - ``engine``: answers on our `LLMEngine`, turn by turn through the scheduler
   (`tristream.serve.sched_backend`). Options ride on the name, so ``tristream serve --backend``
@@ -75,7 +76,7 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     return kw
 
 
-ASSISTANT_OPTIONS = {"model", "device", "quant", "sched"}
+ASSISTANT_OPTIONS = {"model", "device", "quant", "sched", "asr"}
 
 
 def assistant_plan(opts: dict[str, str], cuda: bool | None = None) -> tuple[str, dict[str, Any]]:
@@ -109,7 +110,10 @@ def assistant_plan(opts: dict[str, str], cuda: bool | None = None) -> tuple[str,
     if sched != "none":
         return "engine", {"device": device, "model": model or "smollm2", "stages": "embedded", "quant": quant,
                           "sched": sched, "max_tokens": DECODE.max_tokens}
-    return "pipeline", {"llm_path": model, "device": device, "quant": quant}
+    kw: dict[str, Any] = {"llm_path": model, "device": device, "quant": quant}
+    if "asr" in opts:  # whisper (streaming, the default), whisper-utterance, pocketsphinx
+        kw["asr"] = opts["asr"]
+    return "pipeline", kw
 
 
 def make_factory(name: str = DEFAULT_BACKEND, pace: float = 0.0) -> BackendFactory:
