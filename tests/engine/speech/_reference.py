@@ -1,8 +1,31 @@
-"""Plain reference loops of the word-timing code, for its tests."""
+"""Plain reference loops of the word-timing code, and the small inputs the speech tests share."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+
+from tristream.engine.speech.config import WhisperTokens
+from tristream.engine.speech.runner import WhisperRunner
+from tristream.engine.speech.whisper import Whisper
+
+TOKENS = WhisperTokens.for_vocab(51865)
+
+
+def tone(seconds: float, seed: int, hz: float = 200.0, step_hz: float = 50.0) -> np.ndarray:
+    """A noisy sine of `hz + step_hz * seed` (16 kHz float32): audio that differs per seed."""
+    rng = np.random.default_rng(seed)
+    t = np.arange(int(seconds * 16000)) / 16000
+    return (0.3 * np.sin(2 * np.pi * (hz + step_hz * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def small_runner(model: Whisper, **kw: Any) -> WhisperRunner:
+    """A runner on buckets of 1-4 streams x 2 / 5 s, chunks of 4 steps, no early stop; `kw` overrides."""
+    args: dict[str, Any] = dict(batch_buckets=(1, 2, 4), audio_buckets_s=(2.0, 5.0), max_new_tokens=10, chunk=4,
+                                early_stop=False)
+    args.update(kw)
+    return WhisperRunner(model, TOKENS, **args)
 
 
 def dtw_reference(cost: np.ndarray) -> list[int]:

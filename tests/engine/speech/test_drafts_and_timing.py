@@ -2,32 +2,27 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.engine.speech._reference import dtw_reference
-from tristream.engine.speech.config import WhisperDims, WhisperTokens
+from tests.engine.speech._reference import TOKENS, dtw_reference, small_runner, tone
+from tristream.engine.speech.config import WhisperDims
 from tristream.engine.speech.runner import WhisperRunner
 from tristream.engine.speech.timing import alignment_matrix, dtw_token_starts
 from tristream.engine.speech.whisper import Whisper, load_whisper
 
-TOKENS = WhisperTokens.for_vocab(51865)
-
 
 def _audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * 16000)) / 16000
-    return (0.3 * np.sin(2 * np.pi * (180 + 40 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
+    return tone(seconds, seed, 180, 40)
 
 
-def _runner(model: Whisper, **kw: object) -> WhisperRunner:
-    args: dict[str, object] = dict(batch_buckets=(1, 2, 4), audio_buckets_s=(2.0, 5.0), max_new_tokens=12, chunk=4,
-                                   early_stop=False, max_draft=10)
-    args.update(kw)
-    return WhisperRunner(model, TOKENS, **args)  # type: ignore[arg-type]
+def _runner(model: Whisper, **kw: Any) -> WhisperRunner:
+    return small_runner(model, **{"max_new_tokens": 12, "max_draft": 10, **kw})
 
 
 def test_per_sequence_positions_equal_separate_decoding(tiny_whisper: Whisper) -> None:

@@ -6,31 +6,16 @@ import numpy as np
 import pytest
 import torch
 
-from tristream.engine.speech.config import FRAME_S, WhisperTokens
+from tests.engine.speech._reference import TOKENS, small_runner, tone
+from tristream.engine.speech.config import FRAME_S
 from tristream.engine.speech.mel import LogMel
-from tristream.engine.speech.runner import WhisperRunner
 from tristream.engine.speech.streaming import NS, StreamingWhisper, tokens_to_words
 from tristream.engine.speech.whisper import Whisper
 
-TOKENS = WhisperTokens.for_vocab(51865)
-
-
-def _audio(seconds: float, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    t = np.arange(int(seconds * 16000)) / 16000
-    return (0.3 * np.sin(2 * np.pi * (200 + 50 * seed) * t) + 0.05 * rng.standard_normal(t.size)).astype(np.float32)
-
-
-def _runner(model: Whisper, **kw: object) -> WhisperRunner:
-    args: dict[str, object] = dict(batch_buckets=(1, 2, 4), audio_buckets_s=(2.0, 5.0), max_new_tokens=10, chunk=4,
-                                   early_stop=False)
-    args.update(kw)
-    return WhisperRunner(model, TOKENS, **args)  # type: ignore[arg-type]
-
 
 def test_greedy_pass_matches_full_sequence_reference(tiny_whisper: Whisper) -> None:
-    r = _runner(tiny_whisper)
-    audio = [_audio(1.3, 0), _audio(1.9, 1), _audio(0.4, 2)]
+    r = small_runner(tiny_whisper)
+    audio = [tone(1.3, 0), tone(1.9, 1), tone(0.4, 2)]
     res = r.run(audio)
     assert res.tokens.shape == (3, 10) and res.audio_bucket_s == 2.0 and res.batch_bucket == 4
     with torch.no_grad():
@@ -47,8 +32,8 @@ def test_greedy_pass_matches_full_sequence_reference(tiny_whisper: Whisper) -> N
 
 
 def test_batched_pass_equals_one_stream_at_a_time(tiny_whisper: Whisper) -> None:
-    r = _runner(tiny_whisper)
-    audio = [_audio(3.0, 3), _audio(4.5, 4)]
+    r = small_runner(tiny_whisper)
+    audio = [tone(3.0, 3), tone(4.5, 4)]
     both = r.run(audio)
     for i, a in enumerate(audio):
         one = r.run([a, np.zeros(int(4.5 * 16000), np.float32)])  # keep the same audio bucket
@@ -58,9 +43,9 @@ def test_batched_pass_equals_one_stream_at_a_time(tiny_whisper: Whisper) -> None
 
 
 def test_bucket_limits_are_actionable(tiny_whisper: Whisper) -> None:
-    r = _runner(tiny_whisper)
+    r = small_runner(tiny_whisper)
     with pytest.raises(ValueError, match="trim"):
-        r.run([_audio(5.5, 0)])
+        r.run([tone(5.5, 0)])
     with pytest.raises(ValueError, match="split"):
         r.batch_bucket(5)
 
@@ -78,13 +63,13 @@ def test_tokens_to_words_groups_on_spaces_and_times_on_reference_clock() -> None
 
 
 def test_streaming_many_streams_emit_timed_words(tiny_whisper: Whisper) -> None:
-    r = _runner(tiny_whisper, max_new_tokens=6)
+    r = small_runner(tiny_whisper, max_new_tokens=6)
     asr = StreamingWhisper(r, lambda t: f" w{t % 5}", min_update_s=0.32, trim_after_s=3.0, keep_s=1.0)
     starts = {"a": 1_000 * NS, "b": 2_000 * NS}
     for sid, t0 in starts.items():
         asr.open(sid, t0)
     chunk = 5120  # 320 ms
-    streams = {"a": _audio(4.0, 5), "b": _audio(4.0, 6)}
+    streams = {"a": tone(4.0, 5), "b": tone(4.0, 6)}
     events = []
     for k in range(0, 64000, chunk):
         for sid, a in streams.items():
@@ -108,7 +93,7 @@ def test_audio_store_append_trim_and_store_pass_equals_host_pass(tiny_whisper: W
     from tristream.engine.speech.audio_store import AudioStore
 
     store = AudioStore(slots=3, max_samples=80000)
-    a, b = _audio(1.5, 7), _audio(2.5, 8)
+    a, b = tone(1.5, 7), tone(2.5, 8)
     sa, sb = store.acquire(), store.acquire()
     for k in range(0, a.size, 4000):
         store.append(sa, a[k : k + 4000])
@@ -117,7 +102,7 @@ def test_audio_store_append_trim_and_store_pass_equals_host_pass(tiny_whisper: W
     store.trim(sb, 8000)
     np.testing.assert_array_equal(store.host_copy(sb), b[8000:])
     assert float(store.buf[sb, b.size - 8000 :].abs().max()) == 0.0  # tail stays zero
-    r = _runner(tiny_whisper)
+    r = small_runner(tiny_whisper)
     via_store = r.run_store(store, [sa, sb])
     via_host = r.run([a, b[8000:]])
     np.testing.assert_array_equal(via_store.tokens, via_host.tokens)

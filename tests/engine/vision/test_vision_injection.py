@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.vision._tiny_vlm import IMAGE_TOKEN, saved_vlm
 from tristream.engine.vision.inject import append_images, load_language_model
 from tristream.engine.vision.vlm import VisionLanguageModel
 
@@ -14,19 +15,7 @@ transformers = pytest.importorskip("transformers")
 engine_mod = pytest.importorskip("tristream.engine.engine")
 seq_mod = pytest.importorskip("tristream.engine.sequence")
 
-TEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              image_size=32, patch_size=8)
-IMAGE_TOKEN = 300
 N_NEW = 6
-
-
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.15)
 
 
 def _hf_greedy(ref: torch.nn.Module, ids: torch.Tensor, px: torch.Tensor) -> list[int]:
@@ -60,17 +49,8 @@ def _engine_greedy(vlm: VisionLanguageModel, before: list[int], px: torch.Tensor
 
 @pytest.mark.parametrize("arch", ["llava", "idefics3"])
 def test_images_prefilled_through_engine_decode_like_transformers(tmp_path: Path, arch: str) -> None:
-    if arch == "llava":
-        cfg = transformers.LlavaConfig(vision_config=transformers.SiglipVisionConfig(**VISION).to_dict(),
-                                       text_config=transformers.LlamaConfig(**TEXT).to_dict(),
-                                       image_token_index=IMAGE_TOKEN, vision_feature_select_strategy="full")
-        ref = transformers.LlavaForConditionalGeneration(cfg).eval()
-    else:
-        cfg = transformers.Idefics3Config(vision_config=dict(VISION), text_config=transformers.LlamaConfig(**TEXT).to_dict(),
-                                          image_token_id=IMAGE_TOKEN, scale_factor=2)
-        ref = transformers.Idefics3ForConditionalGeneration(cfg).eval()
-    _randomise(ref, 21)
-    ref.save_pretrained(tmp_path / arch)
+    strategy = {"vision_feature_select_strategy": "full"} if arch == "llava" else {}
+    ref = saved_vlm(transformers, tmp_path / arch, arch, layers=2, seed=21, scale=0.15, **strategy)
     vlm = VisionLanguageModel.from_folder(tmp_path / arch).eval()
     px = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     before, after = [1, 17, 18], [19, 20, 21, 22]

@@ -12,46 +12,20 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.engine.vision._tiny_vlm import IMAGE_TOKEN, TEXT, saved_vlm
 from tristream.engine.vision.vlm import VisionLanguageModel
 
 transformers = pytest.importorskip("transformers")
 
-TEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=3, num_attention_heads=4,
-              image_size=32, patch_size=8)
-IMAGE_TOKEN = 300
-
-
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-
-
-def _save(model: torch.nn.Module, path: Path) -> Path:
-    model.save_pretrained(path)  # type: ignore[operator]
-    return path
-
 
 def _llava(tmp_path: Path, vision: str, strategy: str, layer: int | list[int]) -> tuple[torch.nn.Module, Path]:
-    vcfg = (transformers.CLIPVisionConfig(**VISION) if vision == "clip"
-            else transformers.SiglipVisionConfig(**VISION))
-    cfg = transformers.LlavaConfig(vision_config=vcfg.to_dict(), text_config=transformers.LlamaConfig(**TEXT).to_dict(),
-                                   image_token_index=IMAGE_TOKEN, vision_feature_select_strategy=strategy,
-                                   vision_feature_layer=layer)
-    ref = transformers.LlavaForConditionalGeneration(cfg).eval()
-    _randomise(ref, 11)
-    return ref, _save(ref, tmp_path / "llava")
+    ref = saved_vlm(transformers, tmp_path / "llava", "llava", layers=3, seed=11, scale=0.1, tower=vision,
+                    vision_feature_select_strategy=strategy, vision_feature_layer=layer)
+    return ref, tmp_path / "llava"
 
 
 def _idefics3(tmp_path: Path) -> tuple[torch.nn.Module, Path]:
-    cfg = transformers.Idefics3Config(vision_config=dict(VISION), text_config=transformers.LlamaConfig(**TEXT).to_dict(),
-                                      image_token_id=IMAGE_TOKEN, scale_factor=2)
-    ref = transformers.Idefics3ForConditionalGeneration(cfg).eval()
-    _randomise(ref, 12)
-    return ref, _save(ref, tmp_path / "idefics3")
+    return saved_vlm(transformers, tmp_path / "idefics3", "idefics3", layers=3, seed=12, scale=0.1), tmp_path / "idefics3"
 
 
 def _prompt(vlm: VisionLanguageModel, n_images: int, keep: float = 1.0) -> torch.Tensor:
