@@ -62,11 +62,10 @@ def test_graph_replay_equals_eager_at_every_bucket(kernels: str) -> None:
         assert torch.equal(dec.ids[:n].long(), toks)
 
 
-@pytest.mark.parametrize("kernels", ["b1_hc", "cublas"])
 @pytest.mark.parametrize("qwen", [False, True])
-def test_triton_decode_equals_torch_reference(qwen: bool, kernels: str) -> None:
+def test_triton_decode_equals_torch_reference(qwen: bool) -> None:
     model = _model(torch.float32, qwen)
-    eng = _running_engine(model, 5, kernels)
+    eng = _running_engine(model, 5, "cublas")  # 5 rows: bucket 8 (bucket 1's variants: the test below)
     seqs = list(eng.seqs.values())
     got = eng.runner.decoder.run(seqs).clone()
     eng.runner.packed = False  # the per-sequence torch attention path is the reference
