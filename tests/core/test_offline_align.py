@@ -146,18 +146,25 @@ def test_bulk_tokeniser_agrees_with_json(tmp_path_factory: pytest.TempPathFactor
     assert out_a == out_b
 
 
-def test_bulk_reader_blocks_and_parts_agree_with_json(recording: tuple[Path, dict], tmp_path: Path) -> None:  # type: ignore[type-arg]
+def test_bulk_reader_blocks_and_parts_agree_with_json(recording: tuple[Path, dict], tmp_path: Path,  # type: ignore[type-arg]
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A refused line sends only its block of lines through the line-by-line decoder; lines of
-    every shape (blank, indented, trailing blanks, escaped keys, floats, nulls, broken) give the
-    same output and errors whatever the number of parts, and as the `json` path gives them."""
+    every shape (blank, indented, trailing blanks, escaped keys, floats, nulls, broken, a source
+    or unit first seen late) give the same output and errors whatever the number of parts, and
+    as the `json` path gives them."""
+    from tristream.core import jsonl
     from tristream.core.offline import _align_text
+
+    monkeypatch.setattr(jsonl, "_BLOCK", 64)  # many blocks: the specialised decoders are rebuilt on the way
 
     path, _ = recording
     lines = path.read_text(encoding="utf-8").splitlines()
     odd = ['', '   ', '  ' + lines[5], lines[6] + ' \t', lines[7].replace('"ts"', '"\\u0074s"'),
            lines[8].replace('"arrival_ns": ', '"arrival_ns": 1e3, "arrival_ns": '), '{"source": "mic0"}',
            lines[9].replace('"unit"', '"ts": 2.5, "unit"'), lines[10][:-1] + ', "x": null}', 'not json',
-           lines[11][:-1] + ', "samples": -3}', lines[12][:-1] + ', "ref_ns": 7}', lines[13] + lines[13]]
+           lines[11][:-1] + ', "samples": -3}', lines[12][:-1] + ', "ref_ns": 7}', lines[13] + lines[13],
+           '{"source": "late0", "ts": 5, "unit": "ms", "arrival_ns": 7000000}',
+           lines[14].replace('"source": "', '"source": "x')]
     rng = np.random.default_rng(4)
     at = np.sort(rng.choice(len(lines), len(odd), replace=False))
     for k, text in zip(at[::-1], odd[::-1], strict=True):

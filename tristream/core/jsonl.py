@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from itertools import count
 from operator import attrgetter
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -58,6 +58,20 @@ class _Event(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_Event)
+_NAMED_MAX = 64  # distinct sources and units a part's decoder is specialised for
+
+
+def _named_decoder(sources: frozenset[str], units: frozenset[str]) -> msgspec.json.Decoder[Any]:
+    """A decoder whose `source` and `unit` are `Literal`s of the values seen so far: each line's
+    strings are then the literals' own objects (no allocation, hashes cached); a block with a new
+    value fails and is decoded generically, which adds the value."""
+    src_t: Any = Literal[tuple(sorted(sources))]
+    unit_t: Any = Literal[tuple(sorted(units))]
+    fields = [(f, src_t if f == "source" else unit_t if f == "unit" else _Event.__annotations__[f],
+               getattr(_PLACEHOLDER, f) if f not in ("source", "ts", "unit", "arrival_ns") else msgspec.NODEFAULT)
+              for f in _Event.__struct_fields__]
+    named = msgspec.defstruct("_NamedEvent", fields, gc=False)
+    return msgspec.json.Decoder(named)
 _PLACEHOLDER = _Event("", 0, "ns", 0)  # stands in for a refused line (its empty source marks it slow)
 _FMT = (b'%s, "ref_ns": %d}\n', b'%s, "ref_ns": %d, "ref_flag": "outlier"}\n',
         b'%s, "ref_ns": %d, "ref_flag": "duplicate"}\n')
@@ -89,20 +103,37 @@ def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
     return np.searchsorted(first, raw), list(table)
 
 
-def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarray) -> tuple[list[_Event], np.ndarray]:
+def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarray) -> tuple[list[Any], np.ndarray]:
     """The events of lines [starts, ends), a placeholder where the typed decoder refuses one."""
     mv = memoryview(data)
     m = starts.size
     good = np.ones(m, bool)
     events: list[_Event] = []
     lo_all, hi_all = starts.tolist(), ends.tolist()
+    named: msgspec.json.Decoder[Any] | None = None
+    sources: frozenset[str] = frozenset()
+    units: frozenset[str] = frozenset()
     for i in range(0, m, _BLOCK):
         j = min(m, i + _BLOCK)
         if shaped[i:j].all():
-            try:
-                got = _DECODER.decode_lines(mv[lo_all[i] : hi_all[j - 1]])
-            except msgspec.DecodeError:
-                got = []
+            block = mv[lo_all[i] : hi_all[j - 1]]
+            got: list[Any] = []
+            if named is not None:
+                try:
+                    got = named.decode_lines(block)
+                except msgspec.DecodeError:
+                    got = []
+            if len(got) != j - i:
+                try:
+                    got = _DECODER.decode_lines(block)
+                except msgspec.DecodeError:
+                    got = []
+                if len(got) == j - i:
+                    new_s = sources | set(map(attrgetter("source"), got))
+                    new_u = units | set(map(attrgetter("unit"), got))
+                    if (new_s != sources or new_u != units) and len(new_s) <= _NAMED_MAX and len(new_u) <= _NAMED_MAX:
+                        sources, units = new_s, new_u
+                        named = _named_decoder(sources, units)
             if len(got) == j - i:
                 events.extend(got)
                 continue

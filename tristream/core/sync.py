@@ -22,6 +22,8 @@ from typing import Any
 from tristream.core.align import AlignedWindow, _QueuedJoin, _Queues
 from tristream.core.watermark import NEG_INF, POS_INF
 
+_FAR = 1 << 63  # farther than any two reference times (both < 2**62) are apart
+
 
 class ApproximateTimeSync(_QueuedJoin):
     """Emit approximately synchronised sets (one message per stream) as they become final."""
@@ -50,8 +52,8 @@ class ApproximateTimeSync(_QueuedJoin):
         # cannot make any set final (the horizon, the heads and the active set are unchanged),
         # so it returns at once: most pushes take this path.
         self._bh: int | None = None
-        self._bmin: frozenset[str] = frozenset()
-        self._bactive: frozenset[str] = frozenset()
+        self._bmin: list[str] = []
+        self._bactive: list[str] = []
         self._bdeadline = 0
         self._last_h: int | None = None
         self._unknown: str | None = None  # a stream with messages, all beyond the last pass's horizon
@@ -128,8 +130,8 @@ class ApproximateTimeSync(_QueuedJoin):
             self._bh = None
             return
         self._bh = self._last_h
-        self._bmin = frozenset(mins)
-        self._bactive = frozenset(act)
+        self._bmin = mins  # (a few streams: a list's membership test is cheaper than a set's build)
+        self._bactive = act
         self._bdeadline = deadline
 
     def _still_unknown(self, stream: str) -> bool:
@@ -144,9 +146,11 @@ class ApproximateTimeSync(_QueuedJoin):
         if tu and tu[0] <= h:
             return False
         self._last_h = h
-        if any(ts and ts[0] <= h for ts in q.t.values()):
-            for s in self.streams:
-                q.pop_until(s, h - self.max_interval_ns, "unmatched")
+        floor = h - self.max_interval_ns
+        for s in self.streams:
+            ts = q.t[s]
+            if ts and ts[0] <= floor:
+                q.pop_until(s, floor, "unmatched")
         self._record_block()
         return True
 
@@ -221,18 +225,19 @@ class ApproximateTimeSync(_QueuedJoin):
 
     def _best(self, pivot: str, p_t: int, h: int, absent: set[str]) -> dict[str, int | None] | None:
         """Members minimising (missing, lo + hi * (1 + age_penalty)); None if not final yet."""
-        q = self.q
+        qt = self.q.t
+        far = _FAR  # the distance of a member that does not exist: never within any bound
         # per other stream: (name, distance before, time before, distance after, time after, uncertain)
-        opts: list[tuple[str, int | None, int | None, int | None, int | None, bool]] = []
+        opts: list[tuple[str, int, int | None, int, int | None, bool]] = []
         lo_set = {0}
         hi_set = {0}
         for s in self.streams:
             if s == pivot:
                 continue
             if s in absent:
-                opts.append((s, None, None, None, None, False))
+                opts.append((s, far, None, far, None, False))
                 continue
-            ts = q.t[s]
+            ts = qt[s]
             k = bisect.bisect_right(ts, p_t)
             b = ts[k - 1] if k else None
             nxt = ts[k] if k < len(ts) else None
@@ -243,11 +248,11 @@ class ApproximateTimeSync(_QueuedJoin):
                 a, unc = max(h, p_t + 1), True  # earliest a future message could have
             else:
                 a = nxt
-            db = None if b is None else p_t - b
-            da = None if a is None else a - p_t
-            if db is not None:
+            db = far if b is None else p_t - b
+            da = far if a is None else a - p_t
+            if b is not None:
                 lo_set.add(db)
-            if da is not None:
+            if a is not None:
                 hi_set.add(da)
             opts.append((s, db, b, da, a, unc))
         mi = self.max_interval_ns
@@ -256,16 +261,16 @@ class ApproximateTimeSync(_QueuedJoin):
         best_key: tuple[int, float, int] | None = None
         best_lh = (0, 0)
         for lo in sorted(lo_set):
+            if lo > mi:
+                break
             for hi in his:
                 if lo + hi > mi:
                     break
                 n_missing = n_uncertain = 0
                 for _, db, _, da, _, unc in opts:
-                    b_ok = db is not None and db <= lo
-                    a_ok = da is not None and da <= hi
-                    if b_ok and (not a_ok or db <= da):  # type: ignore[operator]
+                    if db <= lo and (da > hi or db <= da):
                         continue
-                    if a_ok:
+                    if da <= hi:
                         n_uncertain += unc
                     else:
                         n_missing += 1
@@ -277,7 +282,5 @@ class ApproximateTimeSync(_QueuedJoin):
         lo, hi = best_lh
         best: dict[str, int | None] = {}
         for s, db, b, da, a, _ in opts:
-            b_ok = db is not None and db <= lo
-            a_ok = da is not None and da <= hi
-            best[s] = b if b_ok and (not a_ok or db <= da) else a if a_ok else None  # type: ignore[operator]
+            best[s] = b if db <= lo and (da > hi or db <= da) else a if da <= hi else None
         return best
