@@ -77,15 +77,8 @@ def least_loaded(reports: Sequence[LoadReport], sessions: dict[str, int] | None 
 
     The latency pressure is scaled by ``min(1, (sessions + 1) / (window_sessions + 1))``: a P99
     measured while the replica held 270 sessions says little about it once it holds 20, and the
-    window lags by its horizon (10 s). Unscaled, the pressure left over from one load level
-    steered the next level's burst of opens — on two H200s 373 of 448 sessions went to the replica
-    that had been the faster one a moment before (``bench/results/scale_gpu_x2_weighted.json`` at afc9fee).
-
-    Why weighted and not banded: the first version banded by the full pressure (queue included)
-    from 0.5, and on two H200s sent 279 of 384 sessions to one replica (answers in flight — the
-    queue — follow the sessions held); the second banded by latency pressure from 1.0, and a P99
-    window still holding the last minute's load sent a whole burst of 384, then of 416, to one
-    replica (``bench/results/scale_gpu_x2_rerun.json`` at 1b3ac47): a hard threshold on a lagging signal herds.
+    window lags by its horizon (10 s). A weight, not a band: a hard threshold on a lagging signal
+    herds whole bursts of opens onto one replica (docs/scale.md, "Alternatives measured").
     """
     counts = sessions or {}
     cands = [r for r in reports if r.accepting]
