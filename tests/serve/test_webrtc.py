@@ -9,6 +9,7 @@ offer without audio and a data channel that never opens give clear errors and th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fractions
 import json
 import os
@@ -189,6 +190,73 @@ def test_echo_call_round_trip_and_clear_errors() -> None:
             status, _ = await s.call(url)
             assert status == 201 and (await s.until("session.created"))
             await s.pc.close()
+        finally:
+            await srv.stop(grace_s=0)
+
+    asyncio.run(asyncio.wait_for(go(), 180))
+
+
+def impair(pc: RTCPeerConnection, loss: float, jitter_s: float, seed: int = 5) -> dict[str, int]:
+    """netem in-process: the peer's outgoing RTP (not RTCP, not the data channel) loses `loss` of its packets
+    and each other packet is delayed by a uniform 0..`jitter_s` (so packets reorder)."""
+    import random
+
+    from aiortc.rtp import is_rtcp
+
+    rng = random.Random(seed)
+    counts = {"sent": 0, "dropped": 0}
+    dtls = pc.getSenders()[0].transport
+    send = dtls._send_rtp
+
+    async def lossy(data: bytes) -> None:
+        if is_rtcp(data):
+            await send(data)
+            return
+        counts["sent"] += 1
+        if rng.random() < loss:
+            counts["dropped"] += 1
+            return
+        await asyncio.sleep(0)
+        loop = asyncio.get_running_loop()
+        loop.call_later(rng.uniform(0, jitter_s), lambda: loop.create_task(late(data)))
+
+    async def late(data: bytes) -> None:
+        with contextlib.suppress(ConnectionError):  # the call ended meanwhile
+            await send(data)
+
+    dtls._send_rtp = lossy
+    return counts
+
+
+def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
+    async def go() -> None:
+        srv = await echo_server()
+        url = srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+        try:
+            p = Peer(np.concatenate([tone(1.5), np.zeros(RATE, np.int16)]))
+            status, _ = await p.call(url)
+            assert status == 201
+            counts = impair(p.pc, 0.10, 0.060)
+            await p.until("session.created")
+            p.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
+                                                                             "silence_duration_ms": 400}}})
+            await p.until("session.updated")
+            p.mic.play.set()
+            evs = await p.until("response.done", timeout=60)
+            transcript = next(e["transcript"] for e in evs
+                              if e["type"] == "conversation.item.input_audio_transcription.completed")
+            assert 900 <= int(transcript.split()[1]) <= 1900, transcript  # the 1.5 s tone, with holes
+            assert evs[-1]["response"]["status"] == "completed"
+            await asyncio.sleep(2.0)
+            assert p.heard_rms() > 300  # the answer came back
+            st = await srv.webrtc.refresh_stats()
+            assert counts["dropped"] > 10 and st["received"] > 50
+            # every dropped packet counted as lost (give or take the few still in flight, delayed)
+            assert abs(st["lost"] - counts["dropped"]) <= 3, (st, counts)
+            metrics = srv.metrics.render()
+            assert "tristream_webrtc_rtp_packets_lost_total" in metrics
+            assert srv.webrtc.jitter["skipped"] >= counts["dropped"] - 3  # each hole skipped, not waited out
+            await p.pc.close()
         finally:
             await srv.stop(grace_s=0)
 

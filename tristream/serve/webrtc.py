@@ -14,7 +14,11 @@ when an answer is cancelled (barge-in).
 Refused with HTTP 400 and a message: a body that is not an SDP offer, an offer without an
 audio m-line. A call whose ``oai-events`` channel does not open within `DATA_CHANNEL_TIMEOUT_S`,
 or whose connection fails, is closed and counted (``tristream_webrtc_calls_total{result}``).
-Not done yet: the camera as a video track (RTP/RTCP capture times), loss statistics.
+Losses: the audio jitter buffer (`gap_skipping_jitter_buffer`) reorders packets late by up to
+80 ms and skips a hole after that (counted); packets that never arrive are counted
+(``tristream_webrtc_rtp_packets_lost_total``, RFC 3550's expected - received, from the
+receivers' stats once a second and at the end of each call). Not done yet: the camera as a
+video track (RTP/RTCP capture times).
 """
 
 from __future__ import annotations
@@ -94,6 +98,50 @@ def answer_track() -> Any:
     return AnswerTrack()
 
 
+_JB_ATTR = "_RTCRtpReceiver__jitter_buffer"
+
+
+def gap_skipping_jitter_buffer(counts: dict[str, int]) -> Any:
+    """aiortc's audio jitter buffer, but a lost packet costs only its own 20 ms.
+
+    aiortc's buffer waits at a hole until 16 packets (320 ms) are queued behind it and then
+    discards frames: with 10% loss half the audio was gone. This one skips a hole as soon as
+    `prefetch` (4 packets, 80 ms) have arrived after it, which also covers reordering by up to
+    80 ms; skipped packets and packets that arrive after their hole was skipped are counted."""
+    from aiortc.jitterbuffer import MAX_MISORDER, JitterBuffer, JitterFrame
+    from aiortc.utils import uint16_add
+
+    class GapSkippingJitterBuffer(JitterBuffer):  # type: ignore[misc]
+        def add(self, packet: Any) -> Any:
+            if self._origin is not None:
+                delta = uint16_add(packet.sequence_number, -self._origin)
+                misorder = uint16_add(self._origin, -packet.sequence_number)
+                if misorder < delta and misorder < MAX_MISORDER:
+                    counts["late"] += 1
+            return super().add(packet)
+
+        def _remove_frame(self, sequence_number: int) -> Any:
+            """The oldest frame once `prefetch` packets are queued behind it; holes before it are skipped."""
+            cap, origin = self._capacity, self._origin
+            present = [i for i in range(cap) if self._packets[(origin + i) % cap] is not None]
+            if len(present) <= self._prefetch:
+                return None
+            if present[0]:
+                counts["skipped"] += present[0]
+                self.remove(present[0])
+            first = self._packets[self._origin % cap]
+            parts: list[Any] = []
+            while len(parts) < cap:
+                p = self._packets[(self._origin + len(parts)) % cap]
+                if p is None or p.timestamp != first.timestamp:
+                    break
+                parts.append(p)
+            self.remove(len(parts))
+            return JitterFrame(data=b"".join(x._data for x in parts), timestamp=first.timestamp)
+
+    return GapSkippingJitterBuffer(capacity=16, prefetch=4)
+
+
 def check_offer(sdp: str) -> None:
     """Refuse what is not an SDP offer with audio, before any peer connection is made."""
     if not sdp.lstrip().startswith("v=0"):
@@ -122,6 +170,7 @@ class WebRtcCall:
         self.session = RealtimeSession(self.id, srv.factory(), self.send, srv.clock_ns, srv.limits, srv.metrics,
                                        on_turn=lambda t: srv._on_turn(self.id, t))
         self.session.settings.output_audio_sample_rate = RATE
+        self.rtp = {"received": 0, "lost": 0, "jitter": 0}
 
     def send(self, event: dict[str, Any]) -> None:
         """A server event: answer audio to the track, everything else to the data channel."""
@@ -194,6 +243,19 @@ class WebRtcCall:
             except Exception:  # the backend refused one chunk: count it, the call goes on
                 self.calls.server.metrics.inc("tristream_messages_dropped_total", reason="webrtc_audio_error")
 
+    async def rtp_stats(self) -> dict[str, int]:
+        """RTP packets received and lost (RFC 3550: expected - received) and jitter (RTP units), summed over the
+        call's receivers; aiortc's jitter buffer reorders late packets, lost ones leave gaps."""
+        out = {"received": 0, "lost": 0, "jitter": 0}
+        for r in self.pc.getReceivers():
+            for st in (await r.getStats()).values():
+                if getattr(st, "type", "") == "inbound-rtp":
+                    out["received"] += int(st.packetsReceived)
+                    out["lost"] += max(0, int(st.packetsLost))
+                    out["jitter"] = max(out["jitter"], int(st.jitter))
+        self.rtp = out
+        return out
+
     async def watch(self) -> None:
         """Close the call when its data channel never opens."""
         try:
@@ -204,11 +266,22 @@ class WebRtcCall:
                         self.calls.data_channel_timeout_s)
             await self.close()
 
+    async def poll_stats(self) -> None:
+        """Refresh the RTP counters once a second (for /metrics)."""
+        while not self.closed:
+            await asyncio.sleep(1.0)
+            with contextlib.suppress(Exception):
+                await self.rtp_stats()
+
     async def close(self) -> None:
         if self.closed:
             return
         self.closed = True
         self.calls.calls.pop(self.id, None)
+        with contextlib.suppress(Exception):
+            await self.rtp_stats()
+        self.calls.closed_rtp["received"] += self.rtp["received"]
+        self.calls.closed_rtp["lost"] += self.rtp["lost"]
         for t in list(self.tasks):
             t.cancel()
         with contextlib.suppress(Exception):
@@ -224,6 +297,34 @@ class WebRtcCalls:
         self.server = server
         self.calls: dict[str, WebRtcCall] = {}
         self.data_channel_timeout_s = DATA_CHANNEL_TIMEOUT_S
+        self.closed_rtp = {"received": 0, "lost": 0}
+        self.jitter = {"skipped": 0, "late": 0}  # the audio jitter buffers' holes skipped, packets too late
+        server.metrics.add_collector(self.families)
+
+    async def refresh_stats(self) -> dict[str, int]:
+        """RTP totals over open and closed calls (open calls' stats read now)."""
+        out = dict(self.closed_rtp)
+        for call in list(self.calls.values()):
+            st = await call.rtp_stats()
+            out["received"] += st["received"]
+            out["lost"] += st["lost"]
+        return out
+
+    def families(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+        """Prometheus families: RTP packets received and lost (open calls as of their last stats read)."""
+        rx = self.closed_rtp["received"] + sum(c.rtp["received"] for c in self.calls.values())
+        lost = self.closed_rtp["lost"] + sum(c.rtp["lost"] for c in self.calls.values())
+        return [("tristream_webrtc_rtp_packets_received", "counter", "RTP packets received on WebRTC calls",
+                 [("tristream_webrtc_rtp_packets_received_total", {}, float(rx))]),
+                ("tristream_webrtc_rtp_packets_lost", "counter", "RTP packets lost on WebRTC calls (never arrived)",
+                 [("tristream_webrtc_rtp_packets_lost_total", {}, float(lost))]),
+                ("tristream_webrtc_jitter_skipped_packets", "counter",
+                 "audio packets the jitter buffer gave up waiting for (lost or later than 80 ms)",
+                 [("tristream_webrtc_jitter_skipped_packets_total", {}, float(self.jitter["skipped"]))]),
+                ("tristream_webrtc_jitter_late_packets", "counter", "audio packets dropped: arrived after their slot",
+                 [("tristream_webrtc_jitter_late_packets_total", {}, float(self.jitter["late"]))]),
+                ("tristream_webrtc_calls_open", "gauge", "open WebRTC calls",
+                 [("tristream_webrtc_calls_open", {}, float(len(self.calls)))])]
 
     def count(self, result: str) -> None:
         self.server.metrics.inc("tristream_webrtc_calls_total", result=result)
@@ -255,6 +356,9 @@ class WebRtcCalls:
         try:
             await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type="offer"))
             pc.addTrack(call.track)  # on the offer's audio transceiver
+            for t in pc.getTransceivers():
+                if t.kind == "audio" and hasattr(t.receiver, _JB_ATTR):
+                    setattr(t.receiver, _JB_ATTR, gap_skipping_jitter_buffer(self.jitter))
             await pc.setLocalDescription(await pc.createAnswer())
         except Exception as e:  # aiortc raises ValueError and others for an SDP it cannot use
             self.count("bad_offer")
@@ -264,6 +368,7 @@ class WebRtcCalls:
         self.calls[call.id] = call
         await call.session.open()
         call._spawn(call.watch())
+        call._spawn(call.poll_stats())
         self.count("answered")
         return 201, "application/sdp", pc.localDescription.sdp.encode()
 
