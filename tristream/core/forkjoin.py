@@ -8,10 +8,13 @@ copying it. A child that fails is redone in the parent, so the result never depe
 
 from __future__ import annotations
 
+import mmap
 import os
 import pickle
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
+
+import numpy as np
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -22,6 +25,14 @@ def usable_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+def shared_empty(n: int, dtype: Any) -> np.ndarray:
+    """An uninitialised 1-d array in memory shared with the processes forked after this call (a
+    child writes its results there instead of sending them back through a pipe)."""
+    dt = np.dtype(dtype)
+    buf = mmap.mmap(-1, max(1, n * dt.itemsize))  # anonymous and MAP_SHARED
+    return np.frombuffer(buf, dt, count=n)
 
 
 def fork_map(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from operator import attrgetter
@@ -34,7 +35,7 @@ import msgspec
 import numpy as np
 
 from tristream.core.errors import TimeCoreError
-from tristream.core.forkjoin import fork_map
+from tristream.core.forkjoin import fork_map, shared_empty
 from tristream.core.units import TimeUnit, parse_unit
 
 _BLOCK = 8192  # lines decoded as one stream (a refused line sends only its block line by line)
@@ -228,9 +229,32 @@ def _cuts(data: bytes, parts: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
+_COLUMNS = {"starts": np.int64, "ends": np.int64, "kind": np.int8, "source": np.int64, "start_ns": np.int64,
+            "end_ns": np.int64, "arrival_ns": np.int64, "close": np.int64}
+
+
 def scan(data: bytes, workers: int = 1) -> Scan:
     """Decode a whole JSONL file (bytes); see the module docstring."""
-    parts = fork_map(lambda ab: _scan_part(data, *ab), _cuts(data, max(1, workers)) or [(0, 0)])
+    cuts = _cuts(data, max(1, workers)) or [(0, 0)]
+    # the parts decoded in forked children write their columns into memory shared with this process
+    shared: list[dict[str, np.ndarray] | None] = [None]
+    for lo, hi in cuts[1:]:
+        m = data.count(b"\n", lo, hi) + (data[hi - 1] != 10)
+        shared.append({k: shared_empty(m, dt) for k, dt in _COLUMNS.items()})
+
+    def run(k: int) -> dict[str, Any]:
+        got = _scan_part(data, *cuts[k])
+        out = shared[k]
+        if out is None:
+            return got
+        for key, col in out.items():
+            col[:] = got.pop(key)
+        return got
+
+    parts = fork_map(run, range(len(cuts)))
+    for p, out in zip(parts, shared, strict=True):
+        if out is not None:
+            p.update(out)
     sources: list[str] = []
     gcode: dict[str, int] = {}
     units: dict[str, str] = {}
@@ -255,9 +279,8 @@ def _digits(v: np.ndarray) -> np.ndarray:
 
 
 def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, bytes], a: int,
-            b: int) -> bytes:
-    """The output of lines [a, b)."""
-    out: list[bytes] = []
+            b: int) -> Iterator[bytes]:
+    """The output of lines [a, b), in pieces."""
     slow = (np.flatnonzero(sc.kind[a:b] != 1) + a).tolist()
     i = a
     for k in [*slow, b]:
@@ -275,11 +298,22 @@ def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dic
             args: list[Any] = [None] * (2 * (j1 - j0))
             args[0::2] = bodies
             args[1::2] = ref[j0:j1].tolist()
-            out.append(tmpl % tuple(args))
+            yield tmpl % tuple(args)
         if k < b and k in texts:
-            out.append(texts[k])
+            yield texts[k]
         i = k + 1
-    return b"".join(out)
+
+
+def _put(fd: int, pieces: Iterator[bytes], off: int | None) -> int:
+    """Write `pieces` at `off` (or at the file position when None); returns the bytes written."""
+    total = 0
+    for piece in pieces:
+        view = memoryview(piece)
+        while view:
+            k = os.write(fd, view) if off is None else os.pwrite(fd, view, off + total)
+            view = view[k:]
+            total += k
+    return total
 
 
 def write(path: Path, data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, str],
@@ -299,25 +333,17 @@ def write(path: Path, data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode) or workers <= 1 or n < 2:
-            blob = _render(data, sc, ref, flag, tb, 0, n)
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view) :]
-            return len(blob)
+            return _put(fd, _render(data, sc, ref, flag, tb, 0, n), None)
         cut = [0, *np.searchsorted(ends, [total * p // workers for p in range(1, workers)]).tolist(), n]
         spans = sorted({(a, b) for a, b in zip(cut[:-1], cut[1:], strict=True) if b > a})
 
         def part(ab: tuple[int, int]) -> int:
             a, b = ab
             off = int(ends[a - 1]) if a else 0
-            blob = _render(data, sc, ref, flag, tb, a, b)
-            if len(blob) != int(ends[b - 1]) - off:
-                raise RuntimeError(f"rendered {len(blob)} bytes for lines {a}-{b}; expected {int(ends[b - 1]) - off}")
-            view = memoryview(blob)
-            while view:
-                k = os.pwrite(fd, view, off)
-                view, off = view[k:], off + k
-            return len(blob)
+            done = _put(fd, _render(data, sc, ref, flag, tb, a, b), off)
+            if done != int(ends[b - 1]) - off:
+                raise RuntimeError(f"wrote {done} bytes for lines {a}-{b}; expected {int(ends[b - 1]) - off}")
+            return done
 
         return sum(fork_map(part, spans))
     finally:

@@ -29,7 +29,7 @@ from tristream.core.curve import fit_lower_curve
 from tristream.core.epochs import duplicates, segment_epochs, unwrap
 from tristream.core.epochs import gaps as epoch_gaps
 from tristream.core.errors import InvalidPacket, TimeCoreError
-from tristream.core.forkjoin import fork_map, usable_cores
+from tristream.core.forkjoin import fork_map, shared_empty, usable_cores
 from tristream.core.units import parse_unit
 
 
@@ -281,17 +281,25 @@ def align_file(
         slow_obj[i] = obj
         texts[i] = line
     names = list(code)
-    ref = np.zeros(n, np.int64)
-    flag = np.zeros(n, np.int8)
-    fits = {}
+    # written by the fits in forked children too (shared memory): only summaries come back
+    ref = shared_empty(n, np.int64) if workers > 1 else np.zeros(n, np.int64)
+    flag = shared_empty(n, np.int8) if workers > 1 else np.zeros(n, np.int8)
+    flag[:] = 0
+    fits: dict[str, dict[str, Any]] = {}
     order = np.argsort(src_of, kind="stable")
     bounds = np.searchsorted(src_of[order], np.arange(len(names) + 1) - 0.5)
     rows = {name: order[bounds[k] : bounds[k + 1]] for k, name in enumerate(names) if bounds[k + 1] > bounds[k]}
 
-    def fit_group(group: list[str]) -> list[SourceFit]:
-        return [fit_source(name, sc.start_ns[rows[name]], sc.end_ns[rows[name]], sc.arrival_ns[rows[name]],
-                           latency_ns=latency_ns.get(name, 0),
-                           wrap_ns=parse_unit(units[name]).wrap_ns if name in units else 0.0) for name in group]
+    def fit_group(group: list[str]) -> list[tuple[str, dict[str, Any]]]:
+        done = []
+        for name in group:
+            ix = rows[name]
+            f = fit_source(name, sc.start_ns[ix], sc.end_ns[ix], sc.arrival_ns[ix], latency_ns=latency_ns.get(name, 0),
+                           wrap_ns=parse_unit(units[name]).wrap_ns if name in units else 0.0)
+            ref[ix] = f.ref_ns
+            flag[ix] = np.where(f.outlier, 1, np.where(f.duplicate, 2, 0))
+            done.append((name, f.summary))
+        return done
 
     # the largest sources first, each to the least loaded process
     groups: list[list[str]] = [[] for _ in range(max(1, min(workers, len(rows))))]
@@ -300,11 +308,7 @@ def align_file(
         g = load.index(min(load))
         groups[g].append(name)
         load[g] += int(rows[name].size)
-    for f in (f for got in fork_map(fit_group, groups) for f in got):
-        ix = rows[f.source]
-        fits[f.source] = f
-        ref[ix] = f.ref_ns
-        flag[ix] = np.where(f.outlier, 1, np.where(f.duplicate, 2, 0))
+    fits.update(item for got in fork_map(fit_group, groups) for item in got)
     for i, line in texts.items():
         fl = ("outlier", "duplicate")[flag[i] - 1] if flag[i] else None
         text = line.rstrip()
@@ -326,7 +330,7 @@ def align_file(
         "lines": n,
         "written": int(np.sum(sc.kind == 1)) + len(texts),
         "invalid_lines": bad,
-        "sources": {s: f.summary for s, f in sorted(fits.items())},
+        "sources": dict(sorted(fits.items())),
     }
 
 
