@@ -47,7 +47,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import cpu_info, write_results  # noqa: E402
 from tristream.core.family import FAULTS, generate_family  # noqa: E402
 from tristream.core.offline import align_file, fit_source  # noqa: E402
 from tristream.core.ring import ObjectRing, TimeIndexedRing  # noqa: E402
@@ -226,6 +226,55 @@ print(json.dumps(out))
 """
 
 
+_CPU_BASELINE = r"""
+import json, sys
+import numpy as np
+from tristream.core.scenario import run_online
+from tristream.core.synth import SourceSpec, SyntheticStream
+reps = int(sys.argv[1])
+out = {}
+for path in sys.argv[2:]:
+    z = np.load(path, allow_pickle=False)
+    streams = {}
+    for sid in [str(x) for x in z["sources"]]:
+        spec = SourceSpec(sid, str(z[sid + ".modality"]), str(z[sid + ".unit"]), 1, int(z[sid + ".samples"]),
+                          latency_ns=int(z[sid + ".latency"]))
+        n = z[sid + ".src"].size
+        streams[sid] = SyntheticStream(spec, z[sid + ".src"], z[sid + ".src"], z[sid + ".dur"], z[sid + ".arr"],
+                                       z[sid + ".true"], np.zeros(n, np.int64))
+    n = sum(len(s) for s in streams.values())
+    out[path] = min(run_online(streams, sync=True).seconds for _ in range(reps)) * 1e6 / n
+print(json.dumps(out))
+"""
+
+
+def _tree(commit: str, dest: Path) -> Path | None:
+    """`tristream/core` of `commit` extracted under `dest` (a PYTHONPATH root); None when git cannot give it."""
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        arch = subprocess.run(["git", "archive", commit, "tristream/__init__.py", "tristream/core"], cwd=ROOT,
+                              capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=arch, check=True)
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print(f"no tree for {commit}:", getattr(exc, "stderr", exc))
+        return None
+    return dest
+
+
+def _cpu_baseline(commit: str, paths: list[Path], tmp: Path, reps: int) -> dict[str, float] | None:
+    """Online CPU per packet (best of `reps`) of the time core at `commit` on the saved recordings."""
+    tree = _tree(commit, tmp / f"cpu-{commit}")
+    if tree is None:
+        return None
+    try:
+        res = subprocess.run([sys.executable, "-c", _CPU_BASELINE, str(reps), *map(str, paths)], cwd=tmp,
+                             capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(tree)})
+    except (OSError, subprocess.CalledProcessError) as exc:
+        print("cpu baseline run failed:", getattr(exc, "stderr", exc))
+        return None
+    return {k: float(v) for k, v in json.loads(res.stdout.strip().splitlines()[-1]).items()}
+
+
 def _save(path: Path, streams: dict[str, Any]) -> None:
     arrs: dict[str, Any] = {"sources": np.array(list(streams))}
     for sid, s in streams.items():
@@ -259,7 +308,8 @@ def _score(streams: dict[str, Any], refs: dict[str, np.ndarray], warmup: float) 
             "events_over_5ms_per_source": off5, "absolute_p99_ms": {k: v["p99"] for k, v in err["absolute"].items()}}
 
 
-def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: float, baseline: str) -> dict[str, Any]:
+def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: float, baseline: str,
+                 cpu_baseline: str | None = None, cpu_reps: int = 3) -> dict[str, Any]:
     cases = [(f, seed) for f in FAULTS for seed in range(1, seeds_per_fault + 1)]
     cases += [("all", seed) for seed in range(1, all_seeds + 1)]
     rows = []
@@ -272,13 +322,16 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
             _save(path, streams)
             recs.append((fault, seed, streams, path))
         base_cpu = _baseline(baseline, [r[3] for r in recs], tmp)
+        start_cpu = _cpu_baseline(cpu_baseline, [r[3] for r in recs], tmp, cpu_reps) if cpu_baseline else None
         for fault, seed, streams, path in recs:
             n = sum(len(s) for s in streams.values())
             t0 = time.thread_time()
             fits = {sid: fit_source(sid, s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=s.spec.latency_ns,
                                     wrap_ns=parse_unit(s.spec.unit).wrap_ns) for sid, s in streams.items()}
             fit_s = time.thread_time() - t0
-            online = run_online(streams, sync=True)
+            runs = [run_online(streams, sync=True) for _ in range(cpu_reps)]  # CPU: the best of `cpu_reps`
+            online = min(runs, key=lambda r: r.seconds)
+            cpu_runs = sorted(round(r.seconds * 1e6 / n, 2) for r in runs)
             unc = run_online(streams, sync=False, uncertainty=True)
             cov, u50 = {}, {}
             for sid, s in streams.items():
@@ -297,6 +350,7 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
                 "online": _score(streams, online.refs, warmup),
                 "online_uncertainty_coverage": cov, "online_uncertainty_p50_ms": u50,
                 "online_cpu_us_per_packet": round(online.seconds * 1e6 / n, 2),
+                "online_cpu_us_per_packet_runs": cpu_runs,
                 "offline_fit_events_per_s": round(n / fit_s),
                 "truth": truth, "counted_offline": counted_off, "counted_online": counted_on,
             }
@@ -305,6 +359,8 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
                 row["baseline_offline"] = _score(streams, {sid: z["off." + sid] for sid in streams}, warmup)
                 row["baseline_online"] = _score(streams, {sid: z["on." + sid] for sid in streams}, warmup)
                 row["baseline_online_cpu_us_per_packet"] = round(base_cpu[str(path)], 2)
+            if start_cpu is not None:
+                row["start_online_cpu_us_per_packet"] = round(start_cpu[str(path)], 2)
             rows.append(row)
     summary: dict[str, Any] = {}
     for key in ("offline", "online", "baseline_offline", "baseline_online"):
@@ -326,6 +382,11 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
     if rows and "baseline_online_cpu_us_per_packet" in rows[0]:
         summary["baseline_online_cpu_us_per_packet_median"] = float(
             np.median([r["baseline_online_cpu_us_per_packet"] for r in rows]))
+    if rows and "start_online_cpu_us_per_packet" in rows[0]:
+        summary["start_online_cpu_us_per_packet_best"] = min(r["start_online_cpu_us_per_packet"] for r in rows)
+        summary["start_online_cpu_us_per_packet_median"] = float(
+            np.median([r["start_online_cpu_us_per_packet"] for r in rows]))
+    summary["online_cpu_us_per_packet_max"] = max(r["online_cpu_us_per_packet"] for r in rows)
     summary["counts_match_truth_offline"] = all(
         r["counted_offline"][sid] == {"wraps": t["wraps"], "duplicates": t["duplicates"], "gaps": t["gaps"],
                                       "lost_packets": t["lost"], "resets": t["resets"]}
@@ -334,7 +395,8 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
         {k: r["counted_online"][sid][k] for k in ("wrap", "duplicate", "gap", "lost", "reset")}
         == {"wrap": t["wraps"], "duplicate": t["duplicates"], "gap": t["gaps"], "lost": t["lost"], "reset": t["resets"]}
         for r in rows for sid, t in r["truth"].items())
-    return {"seconds": seconds, "warmup_s": warmup, "baseline_commit": baseline, "summary": summary, "rows": rows,
+    return {"seconds": seconds, "warmup_s": warmup, "baseline_commit": baseline, "cpu_baseline_commit": cpu_baseline,
+            "cpu_reps": cpu_reps, "summary": summary, "rows": rows,
             "targets": {"offline_p99_ms": 0.3, "offline_events_over_5ms": 5, "online_p99_ms": 1.0,
                         "online_coverage": 0.99, "online_cpu_us_per_packet": 10.0}}
 
@@ -395,25 +457,68 @@ def bench_online_split(seed: int = 2, seconds: float = 300.0, repeats: int = 3) 
                (("clock_us", clocks), ("ring_us", rings), ("sync_us", sync))}}
 
 
-def bench_align_throughput(seconds: float, repeats: int = 2) -> dict[str, Any]:
+def _cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def bench_align_throughput(seconds: float, repeats: int = 3, baseline: str | None = None) -> dict[str, Any]:
+    """`tristream align` on one recording of the whole family, end to end (file read -> output
+    written): wall time and CPU (this process and its forked workers) of `align_file` per worker
+    count, best and all of `repeats`; the CLI as a fresh process (interpreter start and imports
+    included); and `align_file` of the time core at `baseline` on the same file."""
+    from tristream.core.forkjoin import usable_cores
+
     streams = generate_family("all", 7, seconds)
     events = to_events(streams)
     for e in events:  # the family's own units (wrapping RTP/PTS) travel in the file
         if e["modality"] == "audio" and not e["unit"].startswith("samples@"):
             e["sample_rate"] = parse_unit(e["unit"]).ticks_per_s
-    best = 0.0
-    with tempfile.TemporaryDirectory() as tmp:
-        inp, outp = Path(tmp) / "in.jsonl", Path(tmp) / "out.jsonl"
+    n = len(events)
+    out: dict[str, Any] = {"seconds": seconds, "events": n, "repeats": repeats, "target_events_per_s": 1_000_000,
+                           "usable_cores": usable_cores()}
+    with tempfile.TemporaryDirectory() as tmpd:
+        tmp = Path(tmpd)
+        inp, outp = tmp / "in.jsonl", tmp / "out.jsonl"
         inp.write_text("".join(json.dumps(e) + "\n" for e in events), encoding="utf-8")
+        out["bytes"] = inp.stat().st_size
+        runs: dict[str, list[dict[str, float]]] = {}
+        for workers in sorted({min(usable_cores(), 4), 1}, reverse=True):
+            got = []
+            for _ in range(repeats):
+                w0, c0 = time.perf_counter(), _cpu_s()
+                summary = align_file(inp, outp, workers=workers)
+                wall, cpu = time.perf_counter() - w0, _cpu_s() - c0
+                got.append({"events_per_s": round(n / wall), "wall_s": round(wall, 3), "cpu_s": round(cpu, 3)})
+            runs[f"workers_{workers}"] = got
+        out["align_file"] = runs
+        best = max(r["events_per_s"] for rs in runs.values() for r in rs)
+        out["events_per_s_best"] = best
+        key = f"workers_{min(usable_cores(), 4)}"
+        out["events_per_s_median_default"] = float(np.median([r["events_per_s"] for r in runs[key]]))
+        out["counts"] = {k: {kk: v[kk] for kk in ("epochs", "wraps", "duplicates", "gaps", "resets")}
+                         for k, v in summary["sources"].items()}
+        cli = []
         for _ in range(repeats):
-            t0 = time.thread_time()
-            summary = align_file(inp, outp)
-            best = max(best, len(events) / (time.thread_time() - t0))
-        size = inp.stat().st_size
-    return {"seconds": seconds, "events": len(events), "bytes": size, "events_per_s_best": round(best),
-            "repeats": repeats, "target_events_per_s": 1_000_000,
-            "counts": {k: {kk: v[kk] for kk in ("epochs", "wraps", "duplicates", "gaps", "resets")}
-                       for k, v in summary["sources"].items()}}
+            w0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "tristream.cli", "align", str(inp), "-o", str(outp), "--summary",
+                            str(tmp / "s.json")], check=True, capture_output=True, cwd=ROOT)
+            cli.append(round(n / (time.perf_counter() - w0)))
+        out["cli_events_per_s"] = cli
+        w0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import tristream.cli"], check=True, capture_output=True, cwd=ROOT)
+        out["cli_import_s"] = round(time.perf_counter() - w0, 3)
+        if baseline:
+            tree = _tree(baseline, tmp / f"align-{baseline}")
+            if tree is not None:
+                code = ("import sys, time; from pathlib import Path; from tristream.core.offline import align_file; "
+                        "t = time.perf_counter(); align_file(Path(sys.argv[1]), Path(sys.argv[2])); "
+                        "print(time.perf_counter() - t)")
+                res = subprocess.run([sys.executable, "-c", code, str(inp), str(outp)], capture_output=True,
+                                     text=True, check=True, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tmp)
+                out["baseline_commit"] = baseline
+                out["baseline_events_per_s"] = round(n / float(res.stdout.strip().splitlines()[-1]))
+    return out
 
 
 def _lscpu() -> dict[str, str]:
@@ -443,11 +548,19 @@ def _print_family(fam: dict[str, Any], thr: dict[str, Any]) -> None:
     print(f"  online uncertainty coverage: worst source {sm['online_coverage_worst']}, mean {sm['online_coverage_pooled']}"
           f" (target >= 0.99); counts match truth: offline {sm['counts_match_truth_offline']}, online "
           f"{sm['counts_match_truth_online']}")
-    print(f"  online clock+ring+sync CPU: best {sm['online_cpu_us_per_packet_best']} µs/packet, median "
-          f"{sm['online_cpu_us_per_packet_median']} (previous clock median "
-          f"{sm.get('baseline_online_cpu_us_per_packet_median')}; target <= 10)")
-    print(f"tristream align, {thr['seconds']:.0f} s recording ({thr['events']:,d} events): "
-          f"{thr['events_per_s_best']:,d} events/s (thread CPU, best of {thr['repeats']}; target >= 1M)")
+    print(f"  online clock+ring+sync CPU (thread CPU, best of {fam['cpu_reps']} per recording): best "
+          f"{sm['online_cpu_us_per_packet_best']} µs/packet, median {sm['online_cpu_us_per_packet_median']}, worst "
+          f"{sm['online_cpu_us_per_packet_max']} (time core at {fam['cpu_baseline_commit']}: best "
+          f"{sm.get('start_online_cpu_us_per_packet_best')}, median {sm.get('start_online_cpu_us_per_packet_median')};"
+          f" previous clock median {sm.get('baseline_online_cpu_us_per_packet_median')}; target <= 10)")
+    print(f"tristream align, {thr['seconds']:.0f} s recording ({thr['events']:,d} events, {thr['bytes'] / 1e6:.0f} MB),"
+          f" file read -> output written, {thr['usable_cores']} cores (target >= 1M events/s):")
+    for k, rs in thr["align_file"].items():
+        print(f"  align_file {k}: " + ", ".join(f"{r['events_per_s']:,d}/s ({r['wall_s']} s wall, {r['cpu_s']} s CPU)"
+                                                for r in rs))
+    print(f"  the CLI as a new process: {', '.join(f'{v:,d}/s' for v in thr['cli_events_per_s'])} (its imports alone "
+          f"{thr['cli_import_s']} s); align_file at {thr.get('baseline_commit')}: "
+          f"{thr.get('baseline_events_per_s', 0):,d}/s")
 
 
 def main() -> None:
@@ -457,14 +570,19 @@ def main() -> None:
     ap.add_argument("--family-seeds", type=int, default=3)
     ap.add_argument("--all-seeds", type=int, default=5)
     ap.add_argument("--baseline-commit", default="b9c10f6", help="time core to compare with (git commit)")
+    ap.add_argument("--cpu-baseline-commit", default="e522ba1",
+                    help="time core whose online CPU and align throughput are measured beside ours (git commit)")
     ap.add_argument("--only-family", action="store_true", help="skip the ring and old-scenario sections")
     args = ap.parse_args()
     n_app = 50_000 if args.quick else 300_000
     seeds = [1, 2] if args.quick else [1, 2, 3, 4, 5]
-    res: dict[str, Any] = {"lscpu": _lscpu(), "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    res: dict[str, Any] = {"lscpu": _lscpu(), "cpu": cpu_info(),
+                           "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
     res["family"] = bench_family(1 if args.quick else args.family_seeds, 1 if args.quick else args.all_seeds,
-                                 60.0 if args.quick else 300.0, 10.0, args.baseline_commit)
-    res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0)
+                                 60.0 if args.quick else 300.0, 10.0, args.baseline_commit, args.cpu_baseline_commit,
+                                 1 if args.quick else 3)
+    res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0, 2 if args.quick else 3,
+                                                     args.cpu_baseline_commit)
     res["online_split"] = bench_online_split(seconds=60.0 if args.quick else 300.0)
     _print_family(res["family"], res["align_throughput"])
     sp = res["online_split"]
