@@ -216,6 +216,10 @@ class ApproximateTimeSync(_QueuedJoin):
                 if t_c is None:
                     missing.append(s)
                     continue
+                ts, vs = qt[s], q.v[s]
+                if ts[0] == t_c and (len(ts) == 1 or ts[1] > t_c):  # the member heads its queue
+                    win.members[s] = [(ts.pop(0), vs.pop(0))]
+                    continue
                 taken = q.pop_until(s, t_c, None)
                 if len(taken) > 1:
                     self.counts.add(f"unmatched:{s}", len(taken) - 1)
