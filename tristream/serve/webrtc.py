@@ -123,16 +123,20 @@ def gap_skipping_jitter_buffer(counts: dict[str, int]) -> Any:
         def _remove_frame(self, sequence_number: int) -> Any:
             """The oldest frame once `prefetch` packets are queued behind it; holes before it are skipped."""
             cap, origin = self._capacity, self._origin
-            present = [i for i in range(cap) if self._packets[(origin + i) % cap] is not None]
+            if origin is None:
+                return None
+            slots: list[Any] = self._packets
+            present = [i for i in range(cap) if slots[(origin + i) % cap] is not None]
             if len(present) <= self._prefetch:
                 return None
             if present[0]:
                 counts["skipped"] += present[0]
                 self.remove(present[0])
-            first = self._packets[self._origin % cap]
+                origin = uint16_add(origin, present[0])
+            first = slots[origin % cap]
             parts: list[Any] = []
             while len(parts) < cap:
-                p = self._packets[(self._origin + len(parts)) % cap]
+                p = slots[(origin + len(parts)) % cap]
                 if p is None or p.timestamp != first.timestamp:
                     break
                 parts.append(p)
