@@ -9,7 +9,9 @@ SmolLM2-135M-Instruct by default) with ``tool_choice`` naming the function: the 
 with the call's opening and the arguments are decoded under the schema's token mask. Each
 result is checked by `jsonschema` (an independent validator) against the function's schema.
 The baseline decodes the same prompts without the mask (the same call opening, greedy,
-``max_tokens`` 96) and checks the first JSON value it writes. Writes bench/results/tools.json.
+``max_tokens`` 96) and checks the first JSON value it writes; the auto pass asks with
+``tool_choice`` auto and counts the answers that call the function (and their validity).
+Writes bench/results/tools.json.
 """
 
 from __future__ import annotations
@@ -127,6 +129,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["valid"] = True
             except (json.JSONDecodeError, jsonschema.ValidationError, TypeError) as e:
                 row["valid"], row["error"] = False, str(e).splitlines()[0]
+            if args.auto:  # tool_choice auto: does the model call the function by itself?
+                ends = [p async for p in caller.run(msgs, tool, "auto", 48) if isinstance(p, CallEnd)]
+                row["auto_called"] = bool(ends)
+                if ends:
+                    try:
+                        jsonschema.validate(json.loads(ends[0].arguments), fn["parameters"])
+                        row["auto_valid"] = True
+                    except (json.JSONDecodeError, jsonschema.ValidationError) as e:
+                        row["auto_valid"], row["auto_error"] = False, str(e).splitlines()[0]
             if args.baseline:
                 full = with_tools(msgs, tool, caller.fmt)
                 ids = caller.prompt_ids(full, call_opening(fn["name"], caller.fmt))
@@ -150,6 +161,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_per_call_median": round(statistics.median(r["seconds"] for r in rows), 3),
         "rows": rows,
     }
+    if args.auto:
+        out["auto_called"] = sum(r["auto_called"] for r in rows)
+        out["auto_valid"] = sum(bool(r.get("auto_valid")) for r in rows)
     if args.baseline:
         b = sum(r["baseline_valid"] for r in rows)
         out["baseline_valid"] = b
@@ -162,11 +176,13 @@ def main() -> None:
     ap.add_argument("--model", default=None, help="GGUF file or HF folder (default: the embedded SmolLM2)")
     ap.add_argument("--quant", default="auto")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
+    ap.add_argument("--no-auto", dest="auto", action="store_false", help="skip the tool_choice=auto pass")
     args = ap.parse_args()
     res = asyncio.run(run(args))
     path = write_results("tools", res, extra_modules=("torch", "jsonschema"))
     print(f"constrained: {res['valid']}/{res['requests']} valid ({res['valid_rate']:.0%})"
           + (f"; unconstrained: {res['baseline_valid']}/{res['requests']}" if args.baseline else "")
+          + (f"; auto: called {res['auto_called']}/{res['requests']}, valid {res['auto_valid']}" if args.auto else "")
           + f"; median {res['seconds_per_call_median']} s per call -> {path}")
 
 
