@@ -185,6 +185,14 @@ def test_echo_call_round_trip_and_clear_errors() -> None:
             assert 'tristream_webrtc_calls_total{result="no_data_channel"} 1' in srv.metrics.render()
             await r.pc.close()
 
+            # a browser page on the realtime port may call (CORS preflight, then the answer allows any origin)
+            import httpx
+
+            async with httpx.AsyncClient() as h:
+                pre = await h.options(url, headers={"Origin": "http://page", "Access-Control-Request-Method": "POST"})
+            assert pre.status_code == 204 and pre.headers["access-control-allow-origin"] == "*"
+            assert "Authorization" in pre.headers["access-control-allow-headers"]
+
             # the server goes on: another call works
             s = Peer(tone(0.1))
             status, _ = await s.call(url)

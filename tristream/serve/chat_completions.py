@@ -35,6 +35,8 @@ from tristream.serve.tools import (
 )
 
 MAX_BODY = 4 << 20
+CORS = "Access-Control-Allow-Origin: *\r\n"
+"""Any origin may call (the bearer token is the credential; no cookies are read)."""
 Route = Callable[[dict[str, str], bytes], Awaitable[tuple[int, str, bytes]]]
 """A POST route of the side port: (lower-case headers, body) -> (status, content type, body)."""
 DEFAULT_MAX_TOKENS = 256
@@ -183,7 +185,14 @@ class ChatCompletionsServer:
             auth = headers.get("authorization", "")
             token = auth[7:].strip() if auth.lower().startswith("bearer ") else None
             try:
-                known = ([*("/v1/chat/completions", "/v1/models")] if self.caller is not None else []) + list(self.routes)
+                known = (["/v1/chat/completions", "/v1/models"] if self.caller is not None else []) + list(self.routes)
+                if method == "OPTIONS" and path in known:  # a browser's CORS preflight (the page is on the realtime port)
+                    writer.write(f"HTTP/1.1 204 No Content\r\n{CORS}Access-Control-Allow-Methods: GET, POST, "
+                                 "OPTIONS\r\nAccess-Control-Allow-Headers: Authorization, Content-Type\r\n"
+                                 "Access-Control-Max-Age: 600\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                                 .encode())
+                    await writer.drain()
+                    return
                 if path not in known:
                     raise BadRequest(f"no route {path}; this port serves {', '.join(known)}",
                                      status=404, code="not_found")
@@ -201,7 +210,7 @@ class ChatCompletionsServer:
                     raw = await asyncio.wait_for(reader.readexactly(n), 30) if n else b""
                     status, ctype, data = await self.routes[path](headers, raw)
                     writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: {ctype}\r\n"
-                                 f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+                                 f"Content-Length: {len(data)}\r\nConnection: close\r\n{CORS}\r\n".encode() + data)
                     await writer.drain()
                     return
                 if path == "/v1/models":
@@ -236,7 +245,7 @@ class ChatCompletionsServer:
     async def _json(self, writer: asyncio.StreamWriter, status: int, obj: Any) -> None:
         data = json.dumps(obj).encode()
         writer.write(f"HTTP/1.1 {status} {_REASONS.get(status, 'OK')}\r\nContent-Type: application/json\r\n"
-                     f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+                     f"Content-Length: {len(data)}\r\nConnection: close\r\n{CORS}\r\n".encode() + data)
         await writer.drain()
 
     async def _complete(self, body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
@@ -269,7 +278,7 @@ class ChatCompletionsServer:
                 {"index": 0, "message": msg, "finish_reason": "tool_calls" if calls else "stop"}], "usage": None})
             return
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-store\r\n"
-                     b"Connection: close\r\n\r\n")
+                     b"Connection: close\r\n" + CORS.encode() + b"\r\n")
 
         async def chunk(delta: dict[str, Any], finish: str | None = None) -> None:
             ev = {**base, "object": "chat.completion.chunk",
