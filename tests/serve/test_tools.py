@@ -120,3 +120,36 @@ def test_the_embedded_model_calls_named_and_required_tools() -> None:
     assert end.complete and end.name in ("get_weather", "set_timer")
     need = {"city"} if end.name == "get_weather" else {"minutes", "sound"}
     assert need <= set(json.loads(end.arguments))
+
+
+def test_a_backend_without_tools_refuses_them_clearly_and_call_events_map_to_items() -> None:
+    """The echo backend cannot call tools: non-empty tools and function items are coded errors; an
+    official client's empty ``tools`` passes. Call events from a backend become function_call items."""
+    from tristream.observe.events import ResponseDone, ResponseStarted
+    from tristream.sched.clock import VirtualClock
+    from tristream.serve.echo import EchoBackend
+    from tristream.serve.session import RealtimeSession
+    from tristream.serve.tools import FunctionCallDelta, FunctionCallDone
+
+    out: list[dict] = []
+    s = RealtimeSession("s", EchoBackend(), out.append, VirtualClock(1_000))
+    asyncio.run(s.open())
+    s.handle_message(json.dumps({"type": "session.update", "session": {"tools": [WEATHER]}}))
+    assert out[-1]["type"] == "error" and out[-1]["error"]["param"] == "session.tools"
+    assert "cannot call tools" in out[-1]["error"]["message"]
+    s.handle_message(json.dumps({"type": "session.update", "session": {"tools": [], "tool_choice": "auto"}}))
+    assert out[-1]["type"] == "session.updated" and out[-1]["session"]["tools"] == []
+    s.handle_message(json.dumps({"type": "conversation.item.create", "item": {
+        "type": "function_call_output", "call_id": "c1", "output": "{}"}}))
+    assert out[-1]["type"] == "error" and out[-1]["error"]["param"] == "item.type"
+    del out[:]
+    for ev in (ResponseStarted(0), FunctionCallDelta("c9", "f", '{"a": '), FunctionCallDelta("c9", "f", "1}"),
+               FunctionCallDone("c9", "f", '{"a": 1}'), ResponseDone("completed", 0)):
+        s.on_backend_event(ev)
+    kinds = [e["type"] for e in out]
+    assert kinds == ["response.created", "response.output_item.added", "response.function_call_arguments.delta",
+                     "response.function_call_arguments.delta", "response.function_call_arguments.done",
+                     "response.output_item.done", "response.done"], kinds
+    item = out[-1]["response"]["output"][0]
+    assert item["type"] == "function_call" and item["call_id"] == "c9" and item["arguments"] == '{"a": 1}'
+    assert out[1]["output_index"] == 0 and out[2]["item_id"] == item["id"]
