@@ -76,6 +76,9 @@ def _named_decoder(sources: frozenset[str], units: frozenset[str]) -> msgspec.js
 _PLACEHOLDER = _Event("", 0, "ns", 0)  # stands in for a refused line (its empty source marks it slow)
 _FMT = (b'%s, "ref_ns": %d}\n', b'%s, "ref_ns": %d, "ref_flag": "outlier"}\n',
         b'%s, "ref_ns": %d, "ref_flag": "duplicate"}\n')
+_SUF = b', "ref_ns": %d}\n'
+_SUF_FLAG = b', "ref_ns": %d%s}\n'
+_FLAG_TEXT = (b"", b', "ref_flag": "outlier"', b', "ref_flag": "duplicate"')
 _SUFFIX = np.array([len(f % (b"", 0)) - 1 for f in _FMT], np.int64)  # bytes besides the body and the digits
 _POW10 = np.array([10**k for k in range(1, 19)], np.int64)
 
@@ -287,13 +290,23 @@ def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dic
         for j0 in range(i, k, 1 << 16):  # a run of fast lines, formatted in one go
             j1 = min(k, j0 + (1 << 16))
             c = sc.close[j0:j1]
-            if np.array_equal(c, sc.ends[j0:j1] - 1) and np.array_equal(sc.starts[j0 + 1 : j1], sc.ends[j0 : j1 - 1] + 1):
-                # contiguous lines that each end with their brace: "}\n" occurs only at their ends
-                bodies = data[int(sc.starts[j0]) : int(sc.ends[j1 - 1])].split(b"}\n")
-                bodies[-1] = bodies[-1][:-1]
-            else:
-                bodies = list(map(data.__getitem__, map(slice, sc.starts[j0:j1].tolist(), c.tolist())))
             f = flag[j0:j1]
+            if np.array_equal(c, sc.ends[j0:j1] - 1) and np.array_equal(sc.starts[j0 + 1 : j1], sc.ends[j0 : j1 - 1] + 1):
+                # Contiguous lines that each end with their brace: "}\n" occurs only at their ends, so
+                # the run's own text, with "}\n" replaced by the suffix, is the template.
+                lo, hi = int(sc.starts[j0]), int(sc.ends[j1 - 1])
+                text = data[lo : hi + 1] if hi < len(data) else data[lo:hi] + b"\n"
+                if b"%" in text:
+                    text = text.replace(b"%", b"%%")
+                if not f.any():
+                    yield text.replace(b"}\n", _SUF) % tuple(ref[j0:j1].tolist())
+                    continue
+                targs: list[Any] = [None] * (2 * (j1 - j0))
+                targs[0::2] = ref[j0:j1].tolist()
+                targs[1::2] = map(_FLAG_TEXT.__getitem__, f.tolist())
+                yield text.replace(b"}\n", _SUF_FLAG) % tuple(targs)
+                continue
+            bodies = list(map(data.__getitem__, map(slice, sc.starts[j0:j1].tolist(), c.tolist())))
             tmpl = _FMT[0] * (j1 - j0) if not f.any() else b"".join(map(_FMT.__getitem__, f.tolist()))
             args: list[Any] = [None] * (2 * (j1 - j0))
             args[0::2] = bodies
