@@ -271,6 +271,47 @@ def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
     asyncio.run(asyncio.wait_for(go(), 180))
 
 
+def test_camera_track_frames_get_capture_times_from_rtp_and_rtcp() -> None:
+    """A video track next to the microphone: frames reach the backend with the sender's capture
+    times (RTP timestamps mapped through its RTCP sender reports), at most 5 per second."""
+    from aiortc.mediastreams import VideoStreamTrack
+
+    from tristream.serve.echo import EchoBackend
+
+    seen: list[tuple[int, int, float]] = []
+
+    class Recording(EchoBackend):
+        def push_frame(self, frame: Any) -> None:
+            seen.append((frame.capture_ts_us, frame.width, time.time()))
+            super().push_frame(frame)
+
+    async def go() -> None:
+        srv = RealtimeServer(lambda: Recording(pace=1.0), port=0, tokens=[TOKEN], chat_port=0)
+        await srv.start()
+        url = srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+        try:
+            p = Peer(tone(0.1))
+            p.pc.addTrack(VideoStreamTrack())
+            status, answer = await p.call(url)
+            assert status == 201 and "m=video" in answer
+            await p.until("session.created")
+            await asyncio.sleep(5.0)
+            assert len(seen) >= 10, seen  # 5 fps once the first sender report arrived
+            ts = [t for t, _, _ in seen]
+            assert ts == sorted(ts) and all(b - a >= 190_000 for a, b in zip(ts, ts[1:], strict=False))
+            assert all(w == 640 for _, w, _ in seen)
+            # the same host's clock: capture time = the sender's wall clock, a little before arrival
+            lags = [arrived - t / 1e6 for t, _, arrived in seen]
+            assert all(-0.05 < lag < 0.5 for lag in lags), lags
+            m = srv.metrics.render()
+            assert 'tristream_webrtc_video_frames_total{result="taken"}' in m
+            await p.pc.close()
+        finally:
+            await srv.stop(grace_s=0)
+
+    asyncio.run(asyncio.wait_for(go(), 120))
+
+
 @pytest.fixture(scope="module")
 def real_server() -> Iterator[str]:
     import importlib.util

@@ -220,6 +220,14 @@ class RealtimeSession:
         self.backend.push_audio(self._in_rate.push(pcm), self.clock_ns(), capture_ts_us)
         self._uncommitted_ms += pcm.size * 1000 / rate
 
+    def push_video(self, rgb: Any, capture_ts_us: int, stream_id: str = "camera") -> None:
+        """One RGB frame (uint8 [h, w, 3]) captured at `capture_ts_us` (client clock) from a media
+        transport (a WebRTC video track), as ``tristream.input_video_frame.append`` would bring it."""
+        if self.closed:
+            return
+        self._dispatch(P.VideoFrameAppend(None, rgb.tobytes(), "rgb24", capture_ts_us, int(rgb.shape[1]),
+                                          int(rgb.shape[0]), stream_id), self.clock_ns())
+
     def _dispatch(self, ev: P.ClientEvent, now: int) -> None:
         self._in_item = False
         stream: str | None = None

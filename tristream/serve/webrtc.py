@@ -99,6 +99,44 @@ def answer_track() -> Any:
 
 
 _JB_ATTR = "_RTCRtpReceiver__jitter_buffer"
+_TS_ATTR = "_RTCRtpReceiver__timestamp_mapper"
+VIDEO_CLOCK = 90_000
+MAX_FPS = 5.0  # camera frames into the session per second (the aligner samples around speech anyway)
+
+
+class SenderClock:
+    """Capture times of a received stream from RTP timestamps and the sender's RTCP reports.
+
+    An RTCP sender report pairs the sender's NTP wall clock with an RTP timestamp of the same
+    stream; a frame's capture time is that NTP time plus its RTP distance from the report
+    (32-bit wrap handled). aiortc's frames carry RTP timestamps rebased on the first packet
+    (`TimestampMapper`), so its origin is added back. No report yet: no capture time."""
+
+    def __init__(self, receiver: Any, rate: int) -> None:
+        self.rate = rate
+        self.mapper = getattr(receiver, _TS_ATTR, None)
+        self.sr: tuple[float, int] | None = None  # (NTP seconds, RTP timestamp) of the latest report
+        self.reports = 0
+        handle = receiver._handle_rtcp_packet
+
+        async def on_rtcp(packet: Any) -> None:
+            info = getattr(packet, "sender_info", None)
+            if info is not None:
+                self.sr = (info.ntp_timestamp / (1 << 32) - 2_208_988_800, int(info.rtp_timestamp))
+                self.reports += 1
+            await handle(packet)
+
+        receiver._handle_rtcp_packet = on_rtcp
+
+    def capture_us(self, pts: int) -> int | None:
+        """The sender's wall-clock capture time (µs since 1970) of a frame with this pts, or None."""
+        if self.sr is None or self.mapper is None or self.mapper._origin is None:
+            return None
+        rtp = (pts + self.mapper._origin) & 0xFFFFFFFF
+        d = (rtp - self.sr[1]) & 0xFFFFFFFF
+        if d >= 1 << 31:
+            d -= 1 << 32
+        return int((self.sr[0] + d / self.rate) * 1e6)
 
 
 def gap_skipping_jitter_buffer(counts: dict[str, int]) -> Any:
@@ -223,6 +261,36 @@ class WebRtcCall:
     def on_track(self, track: Any) -> None:
         if track.kind == "audio":
             self._spawn(self.pump(track))
+        elif track.kind == "video":
+            recv = next((t.receiver for t in self.pc.getTransceivers() if t.receiver.track is track), None)
+            if recv is not None:
+                self._spawn(self.pump_video(track, SenderClock(recv, VIDEO_CLOCK)))
+
+    async def pump_video(self, track: Any, clock: SenderClock) -> None:
+        """Camera frames, timed by RTP/RTCP, into the session at up to `MAX_FPS`."""
+        from aiortc.mediastreams import MediaStreamError
+
+        last_us = -(1 << 62)
+        m = self.calls.server.metrics
+        while not self.closed:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                return
+            ts = clock.capture_us(int(frame.pts))
+            if ts is None:
+                m.inc("tristream_webrtc_video_frames_total", result="no_sender_report")
+                continue
+            if ts - last_us < 1e6 / MAX_FPS:
+                m.inc("tristream_webrtc_video_frames_total", result="rate_limited")
+                continue
+            last_us = ts
+            rgb = frame.to_ndarray(format="rgb24")
+            try:
+                self.session.push_video(rgb, ts)
+                m.inc("tristream_webrtc_video_frames_total", result="taken")
+            except Exception:  # a refused frame: counted, the call goes on
+                m.inc("tristream_webrtc_video_frames_total", result="refused")
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.get_running_loop().create_task(coro)
