@@ -546,29 +546,15 @@ class SourceClock:
             above = self.above_weight
             k = 1.0 / self.recency_ns
             ws = []
-            sw = 0.0
+            sw = sx = sy = sxx = sxy = 0.0
+            first = last = 0.0
+            m = 0
             for x, y in zip(xc, ys, strict=True):
                 r = y - c0 - d * x
                 w = (1.0 if r >= -tol else 0.0) if r <= 0.0 else (above if r <= tol else 0.0)
                 if w:
                     w *= 2.0 ** (x * k)
                     sw += w
-                ws.append(w)
-            if sw <= 0.0:
-                # Every point far above the line: congestion holds the line; only when it lasts
-                # a whole history has the floor itself moved, and the line follows it.
-                ep.held += 1
-                if ep.held < self.history:
-                    return
-                ws = [2.0 ** (x * k) for x in xc]
-                sw = sum(ws)
-            else:
-                ep.held = 0
-            sx = sy = sxx = sxy = 0.0
-            first = last = 0.0
-            m = 0
-            for w, x, y in zip(ws, xc, ys, strict=True):
-                if w > 0.0:
                     wx = w * x
                     sx += wx
                     sy += w * y
@@ -578,6 +564,25 @@ class SourceClock:
                         first = x
                     last = x
                     m += 1
+                ws.append(w)
+            if sw <= 0.0:
+                # Every point far above the line: congestion holds the line; only when it lasts
+                # a whole history has the floor itself moved, and the line follows it.
+                ep.held += 1
+                if ep.held < self.history:
+                    return
+                ws = [2.0 ** (x * k) for x in xc]
+                sw = sx = sy = sxx = sxy = 0.0
+                for w, x, y in zip(ws, xc, ys, strict=True):
+                    sw += w
+                    wx = w * x
+                    sx += wx
+                    sy += w * y
+                    sxx += wx * x
+                    sxy += wx * y
+                first, last, m = xc[0], xc[-1], len(xc)
+            else:
+                ep.held = 0
             sxx -= sx * sx / sw
             if m >= 3 and last - first >= self.min_span_ns and sxx > 0:
                 d = (sxy - sx * sy / sw) / sxx
