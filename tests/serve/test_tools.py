@@ -12,6 +12,7 @@ from tristream.serve.tools import (
     HERMES,
     LLAMA3,
     CallEnd,
+    CallPiece,
     ToolSpecError,
     call_text,
     check_arguments,
@@ -109,8 +110,10 @@ def test_the_embedded_model_calls_named_and_required_tools() -> None:
 
     async def call(q: str, choice: str) -> CallEnd:
         msgs = [{"role": "system", "content": "You help."}, {"role": "user", "content": q}]
-        ends = [p async for p in caller.run(msgs, tools, choice, 48) if isinstance(p, CallEnd)]
-        assert len(ends) == 1
+        pieces = [p async for p in caller.run(msgs, tools, choice, 48)]
+        ends = [p for p in pieces if isinstance(p, CallEnd)]
+        deltas = [p.delta for p in pieces if isinstance(p, CallPiece)]
+        assert len(ends) == 1 and len(deltas) > 1 and "".join(deltas) == ends[0].arguments  # streamed
         return ends[0]
 
     end = asyncio.run(call("Set a timer for 5 minutes.", "set_timer"))

@@ -363,22 +363,33 @@ class ToolCaller:
         yield CallEnd(call_id, tool.name, mask.text, mask.done and not mask.failed)
 
     async def _any(self, msgs: list[dict[str, str]], tools: list[ToolSpec]) -> AsyncGenerator[Piece, None]:
+        """A whole call under the union of the tools' grammars; arguments stream once the name is decoded."""
         from tristream.engine import constrain as C
         from tristream.engine.sequence import SamplingParams
 
         mask = C.JsonConstraint(self.grammar(tools, whole_call=True))
         params = SamplingParams(max_tokens=CALL_MAX_TOKENS, temperature=0.0, logits_mask=mask)
         opening = call_opening("", self.fmt).split('{"name"')[0]
+        heads = {t.name: call_opening(t.name, self.fmt)[len(opening):] for t in tools}
         ids = self.prompt_ids(msgs, opening)
-        async for _ in self.chat.stream(msgs, CALL_MAX_TOKENS, params=params, prompt_ids=ids):
-            pass
-        calls = parse_calls(opening + mask.text + ("" if self.fmt == LLAMA3 else "\n</tool_call>"), self.fmt)
-        if not calls:
-            yield CallEnd(new_call_id(), tools[0].name, mask.text, False)
+        call_id, name, start, sent, acc = new_call_id(), None, 0, 0, ""
+        async with contextlib.aclosing(self.chat.stream(msgs, CALL_MAX_TOKENS, params=params, prompt_ids=ids)) as gen:
+            async for text in gen:
+                acc += text
+                if name is None:
+                    name = next((n for n, h in heads.items() if acc.startswith(h)), None)
+                    start = len(heads[name]) if name is not None else 0
+                if name is not None:
+                    body = acc[start:]
+                    safe = body[:-1] if body.endswith("}") else body  # the last brace may close the call
+                    if len(safe) > sent:
+                        yield CallPiece(call_id, name, safe[sent:])
+                        sent = len(safe)
+        if name is None:
+            yield CallEnd(call_id, tools[0].name, mask.text, False)
             return
-        name, _ = calls[0]
-        args = mask.text[len(call_opening(name, self.fmt)) - len(opening):]
-        args = args[:-1] if args.endswith("}") and mask.done else args
-        call_id = new_call_id()
-        yield CallPiece(call_id, name, args)
+        body = mask.text[start:]
+        args = body[:-1] if mask.done and body.endswith("}") else body
+        if len(args) > sent:
+            yield CallPiece(call_id, name, args[sent:])
         yield CallEnd(call_id, name, args, mask.done and not mask.failed)
