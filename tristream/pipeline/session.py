@@ -33,6 +33,7 @@ from tristream.pipeline.session_stages import AsrStage, InputStage, LlmStage, Pl
 from tristream.pipeline.speculative_asr import SpeculativeRecognizer
 from tristream.pipeline.stage import Stage
 from tristream.pipeline.turns import (
+    BACKCHANNELS,
     DEFAULT_HANGOVER_MS,
     EndOfTurnDetector,
     SilenceEndOfTurn,
@@ -101,6 +102,13 @@ class SessionConfig:
     """Speak the first this-many words of an answer as their own piece (0: wait for a clause)."""
     speculate_after_ms: float = 120.0
     """Start the ASR final after this much silence, during the hangover (0: off; Whisper only)."""
+    echo_gate: bool = True
+    """Speech over the answer interrupts it only when the microphone is louder than the echo of
+    what the session played (`stages.echo`): its own voice on a speakerphone never does."""
+    backchannel_max_ms: float = 800.0
+    """Speech over the answer pauses it; an acknowledgement ("mhm", "yeah") no longer than this
+    resumes it, anything longer or other words interrupt it (0: every start interrupts at once)."""
+    backchannels: frozenset[str] = BACKCHANNELS
     prefill_while_speaking: bool = True
     """Committed words of a streaming ASR enter the LLM's KV cache while the user speaks
     (`ChatBackend.prefill`); at the end of the turn only the tail is prefilled."""
@@ -190,6 +198,16 @@ class Session:
         self.barge_ins: list[dict[str, Any]] = []
         self.clip_end_ns: list[int] = []  # known true ends of speech (file playback), for reports
         self.turn_done = asyncio.Event()
+        from tristream.stages.echo import EchoGate
+
+        self.echo = EchoGate() if cfg.echo_gate else None
+        self.overlap_ns: int | None = None
+        """When speech over the answer paused it, not yet judged a backchannel or a turn."""
+        self.echo_segment = False
+        """The VAD's current speech segment started over the answer and the echo explains it."""
+        self.drop_final = False
+        """The next final transcript is of an echo segment: not a user turn."""
+        self.overlaps: dict[str, int] = {"echo_ignored": 0, "backchannels": 0, "interruptions": 0}
         self.prefills = 0
         """Incremental prefills started while the user spoke (`prefill_partial`)."""
         self.input = InputStage(self)
@@ -307,6 +325,9 @@ class Session:
         prefill = getattr(self.llm, "prefill", None)
         if prefill is None or not self.config.prefill_while_speaking or self.assistant_active or not text:
             return
+        u = self.asr.decoder
+        if getattr(u, "speculating", False):
+            return  # the user went silent and the final is being decoded: the answer's prompt comes next
         prefill(self.id, self.conversation.prompt(self.turns.text_with(text), None))
         self.prefills += 1
 
@@ -338,6 +359,61 @@ class Session:
         self.assistant_active = False
         self.turn_done.set()
 
+    # ---- speech over the answer ------------------------------------------------------
+    def speech_over_answer(self, t_ns: int) -> None:
+        """The VAD heard speech start while the assistant answers: echo, a backchannel or a turn."""
+        if self.echo is not None and not self.echo.recent_user():
+            self.echo_segment = True
+            self.overlaps["echo_ignored"] += 1
+            return
+        self._overlap_begins(t_ns)
+
+    def _overlap_begins(self, t_ns: int) -> None:
+        if self.config.backchannel_max_ms <= 0:
+            self.overlaps["interruptions"] += 1
+            self.barge_in(t_ns)
+            return
+        self.overlap_ns = t_ns
+        self.playout.pause()  # no answer audio goes out while the user speaks
+
+    def judge_overlap(self, speaking: bool, voiced: bool = True) -> None:
+        """Per input chunk while speech overlaps the answer: the echo segment turns out to be the
+        user (their voice now dominates), or the overlap outlasts a backchannel (a turn).
+        `voiced`: the VAD hears voice now (not the silence of its hangover)."""
+        now = self.clock.now_ns()
+        if self.echo_segment:
+            if not speaking:
+                self.echo_segment = False
+                self.drop_final = True
+            elif self.echo is not None and self.echo.recent_user():
+                self.echo_segment = False
+                self._overlap_begins(now)
+            return
+        if (self.overlap_ns is not None and speaking and voiced
+                and now - self.overlap_ns > self.config.backchannel_max_ms * 1e6):
+            self.overlap_ns = None
+            self.overlaps["interruptions"] += 1
+            self.barge_in(now)
+
+    def overlap_final(self, text: str) -> bool:
+        """The final transcript of speech that overlapped the answer; True if it is consumed here
+        (an echo segment, or a backchannel after which the answer resumes)."""
+        if self.drop_final:
+            self.drop_final = False
+            return True
+        if self.overlap_ns is None:
+            return False
+        self.overlap_ns = None
+        words = [w.strip(".,!?;:'\"").lower() for w in text.split()]
+        if not words or (len(words) <= 3 and all(w in self.config.backchannels for w in words)):
+            self.overlaps["backchannels"] += 1
+            self.turns.discard()
+            self.playout.resume()
+            return True
+        self.overlaps["interruptions"] += 1
+        self.barge_in(self.clock.now_ns())
+        return False
+
     def barge_in(self, t_ns: int) -> None:
         """The user speaks over the answer: stop LLM, TTS and playout now; keep what was heard."""
         rec = self.current
@@ -351,6 +427,8 @@ class Session:
             rec.heard = heard
             self.conversation.add_assistant(heard)
             self.end_response(rec, "cancelled", "barge_in")
+        self.overlap_ns = None
+        self.playout.resume()
         self.barge_ins.append({"t_ns": t_ns, "at_ns": self.clock.now_ns(), "dropped": dropped,
                                "turn_id": rec.turn_id if rec else None, "heard": heard})
         self.current = None
@@ -364,7 +442,10 @@ class Session:
                                      "misses": self.spec_asr.misses, "dropped": self.spec_asr.dropped}
                                     if self.spec_asr is not None else None),
                 "vad": dict(self.vad.counters), "asr": dict(self.asr.counters), "tts": dict(self.tts.counters),
-                "frames": self.frames.counts.snapshot()}
+                "frames": self.frames.counts.snapshot(), "overlaps": dict(self.overlaps),
+                "echo": (None if self.echo is None else {"blocks": self.echo.stats.blocks,
+                                                          "with_reference": self.echo.stats.blocks_with_reference,
+                                                          "user_present": self.echo.stats.blocks_user_present})}
 
 
 def _stop() -> Any:

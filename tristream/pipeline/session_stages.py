@@ -57,14 +57,18 @@ class InputStage(Stage):
             s.drops.add("half_duplex_muted")
             return
         vad = s.vad
+        if s.echo is not None:  # is it the user or the echo of the answer? (judged at barge-in)
+            s.echo.process(item.pcm, item.ref_ns)
         vad.push(item.pcm, item.ref_ns)
         self.emit(item)
         for ev in vad.poll():
             if ev.kind == "start" and s.assistant_active:
-                s.barge_in(ev.decided_ns)
+                s.speech_over_answer(ev.decided_ns)
             ms = int(ev.sample_index * 1000 // SAMPLE_RATE)
             s.publish(SpeechStarted(ms, s.clock.now_ns()) if ev.kind == "start" else SpeechStopped(ms, s.clock.now_ns()))
             self.emit(ev)
+        if s.echo_segment or s.overlap_ns is not None:
+            s.judge_overlap(vad.speaking, vad.silence_start is None)
         if s.spec_asr is not None or s.streaming_asr:
             self._mark_silence(vad)
 
@@ -144,15 +148,20 @@ class AsrStage(Stage):
 
     def _collect(self) -> None:
         s = self.s
-        for tr in s.asr.poll():
+        results = s.asr.poll()
+        ending = any(tr.final for tr in results)
+        for tr in results:
             s.publish(TranscriptDelta(tr.text, s.clock.now_ns()))
             if not tr.final:
-                s.prefill_partial(tr.text)
+                if not ending:  # with the final in hand the answer's own prompt comes next
+                    s.prefill_partial(tr.text)
                 continue
             timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript` times its words
             words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
-            s.publish(TranscriptDone(tr.text, s.clock.now_ns(), words))
             self._final_pending = False
+            if s.overlap_final(tr.text):  # echo or a backchannel: the answer goes on
+                continue
+            s.publish(TranscriptDone(tr.text, s.clock.now_ns(), words))
             turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking)
             if turn is not None:
                 self._send(turn)
@@ -286,6 +295,20 @@ class PlayoutStage(Stage):
         self.written = 0
         self.rate = 0
         self.play_until_ns = 0
+        self._playing = asyncio.Event()
+        self._playing.set()
+        self.paused_at_ns: int | None = None
+        """When the answer's audio last paused for speech over it."""
+
+    def pause(self) -> None:
+        """Hold the answer's audio (speech over it is being judged)."""
+        if self._playing.is_set():
+            self.paused_at_ns = self.s.clock.now_ns()
+        self._playing.clear()
+
+    def resume(self) -> None:
+        """Go on playing where the answer paused."""
+        self._playing.set()
 
     async def process(self, item: Any) -> None:
         s = self.s
@@ -309,7 +332,13 @@ class PlayoutStage(Stage):
             if rec is not None and rec.first_audio_ns is None:
                 rec.first_audio_ns = now
                 rec.first_piece, rec.first_piece_s = item.text, float(item.compute_s)
+            if not self._playing.is_set():
+                await self._playing.wait()  # paused while the user speaks over the answer
+                now = clock.now_ns()
+                self.play_until_ns = now
             s.sink.write(piece, item.sample_rate)
+            if s.echo is not None:
+                s.echo.play(piece, item.sample_rate, now)
             self.written += piece.shape[0]
             self.play_until_ns = max(self.play_until_ns, now) + piece.shape[0] * 1_000_000_000 // item.sample_rate
 

@@ -22,6 +22,12 @@ from typing import Protocol
 
 DEFAULT_HANGOVER_MS = 300.0
 
+BACKCHANNELS = frozenset({
+    "mhm", "mm", "hmm", "hm", "mm-hmm", "mm-hm", "m-hm", "uh-huh", "uh-hum", "um-hum", "uh", "huh", "um", "yeah", "yes", "yep", "yup", "ok", "okay",
+    "right", "sure", "alright", "i", "see", "got", "it", "cool", "nice", "wow", "oh", "ah", "aha",
+})
+"""Words of acknowledgements spoken over an answer ("mhm", "yeah", "I see", "got it")."""
+
 
 class EndOfTurnDetector(Protocol):
     """Decides, from the user's text so far, whether the turn is over."""
@@ -95,6 +101,10 @@ class TurnTaker:
     def pending(self) -> bool:
         """Whether finished speech is waiting for the end-of-turn decision."""
         return self._deadline_ns is not None
+
+    def discard(self) -> None:
+        """Forget the speech collected so far (a backchannel, not a turn)."""
+        self._reset()
 
     def text_with(self, partial: str) -> str:
         """The turn's text so far with `partial` (the open segment's words) after it."""

@@ -1,0 +1,381 @@
+"""End to end on CPU: spoken turns of 2–28 s streamed in real time through `tristream serve`.
+
+Each client is a live microphone over WebSocket: pcm16 at 24 kHz in 20 ms appends at real
+time, silence between turns until the answer is done. Turns come from `speech_turns` (piper at
+two speeds, espeak-ng at 150 and 190 words per minute, 1–7 sentences). Per turn, on the
+client's clock:
+
+- from the server's ``input_audio_buffer.speech_stopped`` to the last
+  ``conversation.item.input_audio_transcription.completed``, the first text delta and the
+  first audio delta (the issue's definition of "end of speech"); the same from the last voiced
+  chunk sent (what a user waits, VAD hangover included);
+- the transcript's WER against the text read, and against whole-utterance Whisper base on the
+  same clip (`WhisperASR.transcribe`, computed here in the bench process);
+- transcription deltas that arrived before the end of the turn's audio, and answers that
+  started before it (a turn cut in two).
+
+Variants in the same run: ``whisper`` (streaming ASR with incremental prefill, the default)
+and ``whisper-utterance`` (one decode per utterance at its end: the previous design, the peer).
+
+    .venv/bin/python bench/e2e_cpu.py                       # both variants, 1 and 4 sessions
+    .venv/bin/python bench/e2e_cpu.py --sessions 1 --asr whisper --per-count 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, cpu_info, free_port, machine_info, process_cpu_s  # noqa: E402
+from speech_turns import Turn, make_turns, wer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-e2e"
+RATE = 24_000
+STEP = RATE // 50  # 20 ms appends
+
+
+def start_server(asr: str, n: int) -> tuple[subprocess.Popen[str], int]:
+    """`tristream serve` (the assistant, this ASR) in its own process, once it listens."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "tristream.cli", "serve", "--port", str(port), "--token", TOKEN,
+           "--backend", f"assistant:asr={asr}", "--max-sessions", str(max(8, n)), "--max-messages-per-s", "1000"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    tail: deque[str] = deque(maxlen=30)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"server exited: rc={proc.poll()}\n" + "".join(tail))
+        tail.append(line)
+        if "ws://" in line:
+            return proc, port
+    proc.kill()
+    raise RuntimeError("server did not start in 600 s")
+
+
+def _pcm16(pcm16k: np.ndarray) -> np.ndarray:
+    from tristream.stages.base import resample
+
+    x = resample(pcm16k, 16_000, RATE)
+    return (np.clip(x, -1, 1) * 32767).astype(np.int16)
+
+
+async def one_session(url: str, turns: list[Turn], gap_s: float, wait_s: float) -> list[dict[str, Any]]:
+    """Speak `turns` one after the other as a live microphone; one record per turn."""
+    from websockets.asyncio.client import connect
+
+    records: list[dict[str, Any]] = []
+    async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
+                       max_size=None) as ws:
+        json.loads(await ws.recv())
+        await ws.send(json.dumps({"type": "session.update", "session": {"input_audio_sample_rate": RATE}}))
+        cur: dict[str, Any] = {}
+        done = asyncio.Event()
+
+        async def reader() -> None:
+            async for raw in ws:
+                ev = json.loads(raw)
+                t, now = ev["type"], time.perf_counter()
+                if not cur:
+                    continue
+                if t == "input_audio_buffer.speech_stopped":
+                    cur["stopped"] = now
+                elif t == "conversation.item.input_audio_transcription.delta":
+                    cur["deltas"] += 1
+                    if not cur.get("audio_sent"):
+                        cur["deltas_before_end"] += 1
+                elif t == "conversation.item.input_audio_transcription.completed":
+                    cur["transcripts"].append(ev.get("transcript", ""))
+                    cur["completed"] = now
+                elif t == "response.created":
+                    cur["responses"] += 1
+                    if not cur.get("audio_sent"):
+                        cur["early_responses"] += 1
+                    cur.pop("first_text", None)
+                    cur.pop("first_audio", None)
+                elif t in ("response.text.delta", "response.output_text.delta", "response.audio_transcript.delta",
+                           "response.output_audio_transcript.delta"):
+                    cur.setdefault("first_text", now)
+                elif t in ("response.audio.delta", "response.output_audio.delta"):
+                    cur.setdefault("first_audio", now)
+                elif t == "response.done":
+                    cur["status"] = ev["response"].get("status")
+                    cur["server_latency_ms"] = ev.get("x_tristream", {}).get("latency_ms")
+                    if cur.get("audio_sent"):
+                        done.set()
+                elif t == "error":
+                    cur["errors"].append(ev.get("error", {}).get("message", "")[:120])
+
+        rtask = asyncio.get_running_loop().create_task(reader())
+        silence = np.zeros(STEP, np.int16)
+        try:
+            for turn in turns:
+                pcm = _pcm16(turn.pcm)
+                voiced = [i for i in range(0, pcm.size, STEP)
+                          if np.sqrt(np.mean((pcm[i:i + STEP].astype(np.float32) / 32768) ** 2)) > 0.01]
+                last_voiced = voiced[-1] if voiced else 0
+                cur.clear()
+                cur.update(deltas=0, deltas_before_end=0, transcripts=[], responses=0, early_responses=0, errors=[])
+                done.clear()
+                t0 = time.perf_counter()
+                for i in range(0, pcm.size, STEP):
+                    delay = t0 + i / RATE - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(pcm[i:i + STEP].tobytes()).decode()}))
+                    if i == last_voiced:
+                        cur["eos"] = time.perf_counter() + STEP / RATE
+                cur["audio_sent"] = time.perf_counter()
+                t1 = time.perf_counter()
+                k = 0
+                while not done.is_set() and time.perf_counter() - t1 < wait_s:  # the microphone stays open
+                    delay = t1 + k * STEP / RATE - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await ws.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(silence.tobytes()).decode()}))
+                    k += 1
+                rec = _record(turn, cur)
+                records.append(rec)
+                await asyncio.sleep(gap_s)
+        finally:
+            rtask.cancel()
+    return records
+
+
+def _record(turn: Turn, cur: dict[str, Any]) -> dict[str, Any]:
+    def ms(a: str, b: str) -> float | None:
+        return round((cur[b] - cur[a]) * 1000, 1) if a in cur and b in cur else None
+
+    text = " ".join(cur["transcripts"])
+    edits, words = wer(turn.text, text)
+    return {"voice": turn.voice, "seconds": round(turn.seconds, 2), "words": words, "edits": edits,
+            "transcript": text, "stopped_to_transcript_ms": ms("stopped", "completed"),
+            "stopped_to_first_text_ms": ms("stopped", "first_text"),
+            "stopped_to_first_audio_ms": ms("stopped", "first_audio"),
+            "eos_to_first_audio_ms": ms("eos", "first_audio"),
+            "transcription_deltas": cur["deltas"], "deltas_before_end_of_audio": cur["deltas_before_end"],
+            "responses": cur["responses"], "responses_started_before_end_of_audio": cur["early_responses"],
+            "status": cur.get("status"), "server_latency_ms": cur.get("server_latency_ms"), "errors": cur["errors"]}
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    """P50/P99 of each latency, by turn-length bucket too, and the WER."""
+    out: dict[str, Any] = {"turns": len(recs)}
+    keys = ("stopped_to_transcript_ms", "stopped_to_first_text_ms", "stopped_to_first_audio_ms", "eos_to_first_audio_ms")
+    for k in keys:
+        xs = [r[k] for r in recs if r[k] is not None]
+        out[k] = {"p50": _pct(xs, 50), "p99": _pct(xs, 99), "n": len(xs)}
+    buckets: dict[str, Any] = {}
+    for lo, hi in ((0, 5), (5, 12), (12, 20), (20, 60)):
+        sel = [r for r in recs if lo <= r["seconds"] < hi]
+        if sel:
+            buckets[f"{lo}-{hi}s"] = {
+                "turns": len(sel),
+                **{k: _pct([r[k] for r in sel if r[k] is not None], 50) for k in keys[:3]}}
+    out["p50_by_length"] = buckets
+    out["wer"] = round(sum(r["edits"] for r in recs) / max(1, sum(r["words"] for r in recs)), 4)
+    out["turns_with_partials_before_end"] = sum(1 for r in recs if r["deltas_before_end_of_audio"] > 0)
+    out["turns_answered_before_end_of_audio"] = sum(1 for r in recs if r["responses_started_before_end_of_audio"] > 0)
+    out["errors"] = sum(len(r["errors"]) for r in recs)
+    return out
+
+
+def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float) -> dict[str, Any]:
+    proc, port = start_server(asr, n)
+    try:
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        per = [turns[i::n] for i in range(n)]
+        cpu0, w0 = process_cpu_s(proc.pid), time.perf_counter()
+
+        async def everyone() -> list[list[dict[str, Any]]]:
+            return await asyncio.gather(*(one_session(url, p, gap_s, wait_s) for p in per))
+
+        recs = [r for rs in asyncio.run(everyone()) for r in rs]
+        cpu1, w1 = process_cpu_s(proc.pid), time.perf_counter()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return {"asr": asr, "sessions": n, "summary": summarise(recs), "server_cpu_s": round(cpu1 - cpu0, 1),
+            "wall_s": round(w1 - w0, 1), "loadavg_1m": round(os.getloadavg()[0], 2), "turns": recs}
+
+
+def whole_utterance_wer(turns: list[Turn]) -> float:
+    """WER of whole-utterance Whisper base (one decode of each clip) over the same turns."""
+    from tristream.stages.asr_whisper import WhisperASR
+
+    asr = WhisperASR()
+    e = w = 0
+    for t in turns:
+        de, dw = wer(t.text, asr.transcribe(t.pcm[-30 * 16_000:]))
+        e, w = e + de, w + dw
+    return round(e / max(1, w), 4)
+
+
+BACKCHANNEL_TEXTS = ("Mhm.", "Yeah.", "Okay.", "Uh-huh.", "Right.", "I see.")
+INTERRUPTIONS = ("Wait, stop, tell me about the weather instead.", "No, I asked about something else entirely.",
+                 "Sorry, can you tell me what time it is in Tokyo?", "Hold on, I want to ask about trains.")
+QUESTION = "Tell me a short story about a brave little mouse."
+
+
+def _clip(tts: Any, text: str) -> np.ndarray:
+    from tristream.stages.base import resample
+    from tristream.stages.synth import energy_edges
+
+    pcm = resample(tts.synthesize_exact(text) if hasattr(tts, "synthesize_exact") else tts.synthesize(text),
+                   tts.sample_rate, 16_000)
+    a, b = energy_edges(pcm, 16_000)
+    return pcm[a:b].astype(np.float32)
+
+
+async def overlap_run(models: Any, phone: Any, clip: np.ndarray | None, offset_s: float = 1.2) -> dict[str, Any]:
+    """One spoken answer on a speakerphone, optionally with `clip` spoken over it `offset_s` after
+    its first audio; what happened to the answer and how fast its audio stopped."""
+    from speakerphone import clip_player, converse
+
+    from tristream.pipeline.session import Session, SessionConfig
+
+    s = Session(models, sink=phone, config=SessionConfig())
+    s.start()
+    s.ask(QUESTION, speak=True)
+
+    def clip_start() -> int | None:
+        rec = s.records[0] if s.records else None
+        return None if rec is None or rec.first_audio_ns is None else rec.first_audio_ns + int(offset_s * 1e9)
+
+    user = clip_player(clip, clip_start) if clip is not None else None
+    end = {"t": None}
+
+    def done() -> bool:
+        rec = s.records[0] if s.records else None
+        if rec is None or not rec.status:
+            return False
+        end["t"] = end["t"] or time.monotonic_ns()
+        return time.monotonic_ns() - end["t"] > 5e8
+
+    await converse(s, phone, 40.0, user, done)
+    rec = s.records[0]
+    start = clip_start()
+    paused = s.playout.paused_at_ns
+    after_pause = sum(1 for w in phone.writes if paused is not None and w > paused and
+                      (not s.barge_ins or w < s.barge_ins[0]["at_ns"]))
+    out = {"status": rec.status, "overlaps": dict(s.overlaps), "barge_ins": len(s.barge_ins),
+           "echo": s.stats()["echo"],
+           "speech_to_pause_ms": round((paused - start) / 1e6, 1) if paused and start and paused > start else None,
+           "chunks_written_while_paused": after_pause}
+    await s.close()
+    return out
+
+
+def overlap_section(seed: int = 0) -> dict[str, Any]:
+    """False interruptions by echo and by backchannels, and how fast real interruptions stop the answer."""
+    from speakerphone import Speakerphone
+
+    from tristream.pipeline.models import load_models
+    from tristream.stages.tts import PiperTTS
+
+    models = load_models(asr="whisper", vision=False)
+    voice = PiperTTS(deterministic=True)
+    rooms = [(g, d, rt) for g in (-6.0, -12.0, -20.0) for d in (20.0, 80.0, 150.0) for rt in (0.2, 0.5)]
+    runs: dict[str, list[dict[str, Any]]] = {"echo": [], "backchannel": [], "interruption": []}
+
+    async def all_runs() -> None:
+        for i, (g, d, rt) in enumerate(rooms):
+            r = await overlap_run(models, Speakerphone(g, d, rt, seed=seed + i), None)
+            runs["echo"].append({"gain_db": g, "delay_ms": d, "rt60_s": rt, **r})
+            print("echo", g, d, rt, r["status"], r["overlaps"], flush=True)
+        for i, text in enumerate(BACKCHANNEL_TEXTS * 2):
+            g, d, rt = rooms[(3 * i) % len(rooms)]
+            r = await overlap_run(models, Speakerphone(g, d, rt, seed=100 + i), _clip(voice, text))
+            runs["backchannel"].append({"text": text, "gain_db": g, "delay_ms": d, **r})
+            print("backchannel", text, r["status"], r["overlaps"], flush=True)
+        for i, text in enumerate(INTERRUPTIONS * 2):
+            g, d, rt = rooms[(5 * i) % len(rooms)]
+            r = await overlap_run(models, Speakerphone(g, d, rt, seed=200 + i), _clip(voice, text))
+            runs["interruption"].append({"text": text, "gain_db": g, "delay_ms": d, **r})
+            print("interruption", text, r["status"], r["speech_to_pause_ms"], r["chunks_written_while_paused"], flush=True)
+
+    asyncio.run(all_runs())
+    echo_false = sum(1 for r in runs["echo"] if r["status"] != "completed")
+    bc_false = sum(1 for r in runs["backchannel"] if r["status"] != "completed")
+    stopped = [r for r in runs["interruption"] if r["status"] == "cancelled"]
+    lat = [r["speech_to_pause_ms"] for r in stopped if r["speech_to_pause_ms"] is not None]
+    return {"answers_with_echo": len(runs["echo"]),
+            "false_interruptions_by_echo_per_100": round(100 * echo_false / len(runs["echo"]), 1),
+            "answers_with_backchannel": len(runs["backchannel"]),
+            "false_interruptions_by_backchannel_per_100": round(100 * bc_false / len(runs["backchannel"]), 1),
+            "interruptions": len(runs["interruption"]), "interruptions_that_stopped_the_answer": len(stopped),
+            "speech_onset_to_audio_paused_ms": {"p50": _pct(lat, 50), "max": _pct(lat, 100)},
+            "chunks_written_after_pause_max": max((r["chunks_written_while_paused"] for r in stopped), default=None),
+            "runs": runs}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--asr", nargs="+", default=["whisper", "whisper-utterance"])
+    ap.add_argument("--per-count", type=int, default=1, help="texts per sentence count (each read by 4 voices)")
+    ap.add_argument("--gap-s", type=float, default=1.0)
+    ap.add_argument("--wait-s", type=float, default=20.0)
+    ap.add_argument("--limit", type=int, default=0, help="only the first N turns (a smoke run)")
+    ap.add_argument("--out", default="e2e_cpu")
+    ap.add_argument("--section", nargs="+", default=["e2e", "overlap"], choices=["e2e", "overlap", "turn"])
+    args = ap.parse_args()
+    path = RESULTS_DIR / f"{args.out}.json"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    meta = {**machine_info(("ctranslate2", "faster_whisper")), "cpu": cpu_info()}
+    if "overlap" in args.section:
+        old["overlap"] = {"meta": meta, "results": overlap_section()}
+        path.write_text(json.dumps(old, indent=1) + "\n")
+        print({k: v for k, v in old["overlap"]["results"].items() if k != "runs"}, flush=True)
+    if "e2e" not in args.section:
+        return
+    turns = make_turns(per_count=args.per_count)
+    if args.limit:
+        turns = turns[::max(1, len(turns) // args.limit)][:args.limit]
+    print(f"{len(turns)} turns, {min(t.seconds for t in turns):.1f}-{max(t.seconds for t in turns):.1f} s", flush=True)
+    results: dict[str, Any] = {"turn_seconds": sorted(round(t.seconds, 1) for t in turns),
+                               "whole_utterance_wer": whole_utterance_wer(turns), "runs": []}
+    for asr in args.asr:
+        for n in args.sessions:
+            if asr != "whisper" and n > 1 and 1 in args.sessions:
+                continue  # the peer at one session is enough for the comparison
+            r = run_variant(asr, n, turns, args.gap_s, args.wait_s)
+            results["runs"].append(r)
+            s = r["summary"]
+            print(f"{asr:18s} n={n}: transcript P50 {s['stopped_to_transcript_ms']['p50']} ms, first audio "
+                  f"P50 {s['stopped_to_first_audio_ms']['p50']} / P99 {s['stopped_to_first_audio_ms']['p99']} ms, "
+                  f"WER {s['wer']:.3f}, by length {s['p50_by_length']}", flush=True)
+    results["wer_ratio_stream_vs_whole"] = next(
+        (round(r["summary"]["wer"] / max(results["whole_utterance_wer"], 1e-9), 3)
+         for r in results["runs"] if r["asr"] == "whisper" and r["sessions"] == 1), None)
+    old["e2e"] = {"meta": meta, "results": results}
+    path.write_text(json.dumps(old, indent=1) + "\n")
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
