@@ -156,3 +156,43 @@ def test_a_spoken_request_calls_the_named_function(server: str) -> None:
     done = next(e for e in events if e["type"] == "response.function_call_arguments.done")
     assert set(json.loads(done["arguments"])) == {"city", "unit"}
     assert not any(e["type"] == "response.audio.delta" for e in events)  # a call is not spoken
+
+
+def test_the_official_openai_realtime_client_runs_a_function_call(server: str) -> None:
+    """Our events parse as the `openai` package's typed Realtime events (beta), calls included."""
+    openai = pytest.importorskip("openai")
+
+    async def go() -> None:
+        base = server.removesuffix("/realtime")
+        client = openai.AsyncOpenAI(api_key=TOKEN, websocket_base_url=base)
+        async with client.beta.realtime.connect(model="tristream-embedded") as conn:
+            assert (await conn.recv()).type == "session.created"
+            await conn.session.update(session={"modalities": ["text"], "tools": [WEATHER],
+                                               "tool_choice": "required"})
+            ev = await conn.recv()
+            assert ev.type == "session.updated" and ev.session.tools[0].name == "get_weather"
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "What's the weather in Oslo?"}]})
+            await conn.response.create()
+            call = None
+            async for ev in conn:
+                assert ev.type != "error", ev
+                if ev.type == "response.function_call_arguments.done":
+                    call = ev
+                if ev.type == "response.done":
+                    assert ev.response.output[0].type == "function_call"
+                    break
+            assert call is not None and set(json.loads(call.arguments)) == {"city", "unit"}
+            await conn.conversation.item.create(item={"type": "function_call_output", "call_id": call.call_id,
+                                                      "output": '{"temperature": -3, "condition": "snow"}'})
+            await conn.response.create(response={"tool_choice": "auto"})
+            text = ""
+            async for ev in conn:
+                assert ev.type != "error", ev
+                if ev.type == "response.text.delta":
+                    text += ev.delta
+                elif ev.type == "response.done":
+                    break
+            assert text.strip()
+
+    run(go())
