@@ -156,3 +156,9 @@ def test_a_backend_without_tools_refuses_them_clearly_and_call_events_map_to_ite
     item = out[-1]["response"]["output"][0]
     assert item["type"] == "function_call" and item["call_id"] == "c9" and item["arguments"] == '{"a": 1}'
     assert out[1]["output_index"] == 0 and out[2]["item_id"] == item["id"]
+    del out[:]
+    for ev in (ResponseStarted(0), FunctionCallDelta("c10", "f", '{"a": '), ResponseDone("cancelled", 0)):
+        s.on_backend_event(ev)
+    cut = next(e for e in out if e["type"] == "response.output_item.done")["item"]
+    assert cut["status"] == "incomplete" and cut["name"] == "f" and cut["arguments"] == '{"a": '
+    assert out[-1]["response"]["status"] == "cancelled" and out[-1]["response"]["output"] == [cut]

@@ -85,6 +85,9 @@ class _Response:
     message_index: int | None = None  # output_index of the message item once announced
     outputs: list[dict[str, Any]] = field(default_factory=list)  # finished output items, in order
     calls: dict[str, tuple[int, str]] = field(default_factory=dict)  # call_id -> (output_index, item_id)
+    call_args: dict[str, list[str]] = field(default_factory=dict)  # call_id -> argument deltas so far
+    call_names: dict[str, str] = field(default_factory=dict)
+    calls_done: set[str] = field(default_factory=set)
     next_index: int = 0
 
 
@@ -375,6 +378,7 @@ class RealtimeSession:
         got = resp.calls.get(call_id)
         if got is None:
             got = resp.calls[call_id] = (resp.next_index, P.new_id("item"))
+            resp.call_names[call_id] = name
             resp.next_index += 1
             self.send(P.server_event("response.output_item.added", response_id=resp.id, output_index=got[0],
                                      item={"id": got[1], "object": "realtime.item", "type": "function_call",
@@ -387,6 +391,7 @@ class RealtimeSession:
         if resp is None or not ev.delta:
             return
         idx, item_id = self._call_item(resp, ev.call_id, ev.name)
+        resp.call_args.setdefault(ev.call_id, []).append(ev.delta)
         self.send(P.server_event("response.function_call_arguments.delta", response_id=resp.id, item_id=item_id,
                                  output_index=idx, call_id=ev.call_id, delta=ev.delta))
 
@@ -402,6 +407,7 @@ class RealtimeSession:
                 "arguments": ev.arguments}
         self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=idx, item=item))
         resp.outputs.append(item)
+        resp.calls_done.add(ev.call_id)
         self._last_item_id = item_id
         if not ev.complete:
             self.metrics.inc("tristream_tool_calls_total", status="incomplete")
@@ -535,6 +541,13 @@ class RealtimeSession:
             self.send_error(failure)
         text = "".join(resp.text)
         status = ev.status
+        for call_id, (idx, item_id) in resp.calls.items():  # a call cut off (cancelled, failed): incomplete
+            if call_id not in resp.calls_done:
+                cut = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "incomplete",
+                       "name": resp.call_names[call_id], "call_id": call_id, "arguments": "".join(resp.call_args.get(call_id, []))}
+                self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=idx,
+                                         item=cut))
+                resp.outputs.append(cut)
         output = list(resp.outputs)
         if resp.message_index is not None or not resp.calls:  # a call-only answer has no message item
             self._announce_message(resp)
