@@ -391,19 +391,25 @@ class Session:
             return
         if (self.overlap_ns is not None and speaking and voiced
                 and now - self.overlap_ns > self.config.backchannel_max_ms * 1e6):
-            self.overlap_ns = None
+            began, self.overlap_ns = self.overlap_ns, None
             self.overlaps["interruptions"] += 1
-            self.barge_in(now)
+            self.barge_in(began)
 
     def overlap_final(self, text: str) -> bool:
         """The final transcript of speech that overlapped the answer; True if it is consumed here
         (an echo segment, or a backchannel after which the answer resumes)."""
         if self.drop_final:
             self.drop_final = False
-            return True
+            if _mostly_within(text, self.current.answer if self.current is not None else ""):
+                self.overlaps["echo_dropped"] = self.overlaps.get("echo_dropped", 0) + 1
+                return True
+            # not words of the answer: the user spoke (quieter than the echo gate expected)
+            self.overlaps["interruptions"] += 1
+            self.barge_in(self.clock.now_ns())
+            return False
         if self.overlap_ns is None:
             return False
-        self.overlap_ns = None
+        began, self.overlap_ns = self.overlap_ns, None
         words = [w.strip(".,!?;:'\"").lower() for w in text.split()]
         if not words or (len(words) <= 3 and all(w in self.config.backchannels for w in words)):
             self.overlaps["backchannels"] += 1
@@ -411,11 +417,12 @@ class Session:
             self.playout.resume()
             return True
         self.overlaps["interruptions"] += 1
-        self.barge_in(self.clock.now_ns())
+        self.barge_in(began)
         return False
 
     def barge_in(self, t_ns: int) -> None:
-        """The user speaks over the answer: stop LLM, TTS and playout now; keep what was heard."""
+        """The user speaks over the answer (from `t_ns`, when the VAD heard them start): stop LLM,
+        TTS and playout now; keep what was heard."""
         rec = self.current
         heard = self.playout.heard_now()
         dropped = 0
@@ -446,6 +453,16 @@ class Session:
                 "echo": (None if self.echo is None else {"blocks": self.echo.stats.blocks,
                                                           "with_reference": self.echo.stats.blocks_with_reference,
                                                           "user_present": self.echo.stats.blocks_user_present})}
+
+
+def _mostly_within(text: str, answer: str, share: float = 0.6) -> bool:
+    """Whether most words of `text` are words of `answer` (an ASR of the answer's own echo)."""
+    words = [w.strip(".,!?;:'\"").lower() for w in text.split()]
+    words = [w for w in words if w]
+    if not words:
+        return True
+    vocab = {w.strip(".,!?;:'\"").lower() for w in answer.split()}
+    return sum(w in vocab for w in words) >= share * len(words)
 
 
 def _stop() -> Any:

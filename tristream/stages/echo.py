@@ -7,8 +7,8 @@ the audio that was playing around the time it was captured:
 - the *echo ratio* of a block is its energy over that of the loudest block played in the last
   600 ms (an echo path's delay plus its reverberation);
 - the echo's own ratio is learnt from the blocks the gate attributes to echo (the loudest
-  ratio of the last second of them); until five are known, an echo is assumed no louder than
-  what plays (a speakerphone's echo is quieter than its loudspeaker, a user close to the
+  ratio of the last second of them; a silent microphone, as with a headset, teaches a low one);
+  for the first 300 ms of playback an echo is assumed no louder than what plays (a speakerphone's echo is quieter than its loudspeaker, a user close to the
   microphone louder);
 - a block holds the user's voice (`user_present`) when its ratio is `margin_db` above the
   echo's. `recent_user` asks that of most of the last 160 ms: barge-in during playback requires
@@ -124,9 +124,10 @@ class EchoGate:
         st.blocks_with_reference += 1
         ed = float(d @ d) / self.n
         ratio = ed / loudest
-        typical = max(self._ratios) if len(self._ratios) >= 5 else 1.0 / self.margin
+        known = len(self._ratios) >= 15  # 300 ms of playback: past any echo path's delay
+        typical = max(self._ratios) if known else 1.0 / self.margin
         present = ed > 1e-6 and ratio > self.margin * typical
-        if ed > 1e-6 and (not present or len(self._ratios) < 5):  # the echo's level, not silence's
+        if not present or not known:  # the echo's level (silence too: a headset has no echo)
             self._ratios.append(ratio)
         st.blocks_user_present += present
         return present
