@@ -115,7 +115,7 @@ def register(app: typer.Typer) -> None:
             settle_heap()
             typer.echo(f"ws://{host}:{server.port}/v1/realtime  page http://{host}:{server.port}/  "
                        f"metrics http://{host}:{server.port}/metrics"
-                       + (f"  chat {server.chat_url}/chat/completions" if server.chat_url else ""))
+                       + "".join(f"  {name} {server.chat_url}{path}" for name, path in server.side_routes()))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGINT, signal.SIGTERM):

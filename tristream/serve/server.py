@@ -195,7 +195,7 @@ class RealtimeServer:
                             exc.strerror)
                 return
             self.chat = chat
-            log.info("chat completions on %s/chat/completions", chat.url)
+            log.info("side HTTP port on %s: %s", chat.url, ", ".join(p for _, p in self.side_routes()) or "nothing")
 
     def _webrtc_routes(self) -> dict[str, Any]:
         """``/v1/realtime/calls`` (and the beta ``/v1/realtime``) when aiortc is installed."""
@@ -224,6 +224,13 @@ class RealtimeServer:
     def chat_url(self) -> str | None:
         """The OpenAI API base of ``/v1/chat/completions`` (None when not served)."""
         return None if self.chat is None else str(self.chat.url)
+
+    def side_routes(self) -> list[tuple[str, str]]:
+        """(name, path under `chat_url`) of what the side port serves: chat completions, WebRTC calls."""
+        if self.chat is None:
+            return []
+        out = [("chat", "/chat/completions")] if self.chat.caller is not None else []
+        return out + ([("webrtc", "/realtime/calls")] if self.webrtc is not None else [])
 
     def _token_ok(self, offered: str | None) -> bool:
         if not self.require_auth:
