@@ -467,7 +467,7 @@ def bench_align_throughput(seconds: float, repeats: int = 3, baseline: str | Non
     written): wall time and CPU (this process and its forked workers) of `align_file` per worker
     count, best and all of `repeats`; the CLI as a fresh process (interpreter start and imports
     included); and `align_file` of the time core at `baseline` on the same file."""
-    from tristream.core.forkjoin import usable_cores
+    from tristream.core.forkjoin import free_cores, usable_cores
 
     streams = generate_family("all", 7, seconds)
     events = to_events(streams)
@@ -476,7 +476,7 @@ def bench_align_throughput(seconds: float, repeats: int = 3, baseline: str | Non
             e["sample_rate"] = parse_unit(e["unit"]).ticks_per_s
     n = len(events)
     out: dict[str, Any] = {"seconds": seconds, "events": n, "repeats": repeats, "target_events_per_s": 1_000_000,
-                           "usable_cores": usable_cores()}
+                           "usable_cores": usable_cores(), "free_cores_at_start": free_cores()}
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
         inp, outp = tmp / "in.jsonl", tmp / "out.jsonl"

@@ -29,7 +29,7 @@ from tristream.core.curve import fit_lower_curve
 from tristream.core.epochs import duplicates, segment_epochs, unwrap
 from tristream.core.epochs import gaps as epoch_gaps
 from tristream.core.errors import InvalidPacket, TimeCoreError
-from tristream.core.forkjoin import fork_map, shared_empty, usable_cores
+from tristream.core.forkjoin import fork_map, free_cores, shared_empty
 from tristream.core.units import parse_unit
 
 
@@ -231,8 +231,8 @@ def align_file(
     A malformed line raises `AlignInputError` when `strict`, else is reported to `on_error`,
     counted and left out of the output. Lines are decoded in bulk (`jsonl.scan`); the few that
     path does not take go through `json` and `parse_event`, which report errors. `workers`
-    processes (default: one per usable core, at most 4; one for files under 8 MB) share the
-    decoding, the fits and the writing.
+    processes (default: one per free core, `forkjoin.free_cores`, at most 4; one for files under
+    8 MB) share the decoding, the fits and the writing.
     """
     data = inp.read_bytes()
     if not data.isascii():
@@ -243,7 +243,7 @@ def align_file(
     if not data or b"\r" in data:
         return _align_text(inp, out, latency_ns=latency_ns, strict=strict, on_error=on_error, progress=progress)
     if workers is None:
-        workers = min(usable_cores(), 4) if len(data) >= 8 << 20 else 1
+        workers = min(free_cores(), 4) if len(data) >= 8 << 20 else 1
     latency_ns = latency_ns or {}
     sc = jsonl.scan(data, workers)
     if progress is not None:
