@@ -282,17 +282,23 @@ class WhisperRunner:
         if not self.use_graphs or self._graphs:
             return
         largest = (self.audio_buckets[-1], self.batch_buckets[-1])
+        kinds = self._kinds()
 
-        def warm(key: tuple[float, int, str]) -> None:
-            ab, bb, kind = key
-            if kind == "encode":  # the log-mel's cuFFT plan of every bucket shape, made eagerly: a plan
-                self.mel(self._views(bb, ab)[0])  # first made inside a capture would record its setup work
+        def warm(key: tuple[float, int, int]) -> None:
+            ab, bb, k = key
+            if k == len(kinds) - 1:  # "encode": the log-mel's cuFFT plan of every bucket shape, made eagerly
+                self.mel(self._views(bb, ab)[0])  # (a plan first made inside a capture would record its setup)
             if (ab, bb) == largest:
-                self._fn(kind)(bb, ab)
+                self._fn(kinds[-1 - k])(bb, ab)
 
-        keys = [(ab, bb, kind) for ab in self.audio_buckets for bb in self.batch_buckets for kind in self._kinds()]
+        # keys sort largest bucket first and, within a bucket, in pass order (encode, prefill, steps,
+        # align): the warm-up's steps then start from a prefilled state
+        keys = [(ab, bb, len(kinds) - 1 - i) for ab in self.audio_buckets for bb in self.batch_buckets
+                for i in range(len(kinds))]
         with torch.cuda.device(self.device):
-            self._graphs, _, self._pool = capture_buckets(keys, lambda k: self._fn(k[2])(k[1], k[0]), warm=warm)
+            graphs, _, self._pool = capture_buckets(keys, lambda key: self._fn(kinds[-1 - key[2]])(key[1], key[0]),
+                                                    warm=warm)
+        self._graphs = {(ab, bb, kinds[-1 - k]): g for (ab, bb, k), g in graphs.items()}
         self.stats.captured += len(self._graphs)
 
     # ---- one pass ----------------------------------------------------------------------------
