@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.phases import PhaseTimer
 from tristream.sched.backend import StepResult
 from tristream.sched.batcher import BatchPlan
-from tristream.sched.phases import PhaseTimer
 from tristream.sched.types import Kind
 
 IMAGE_BUCKETS = (1, 2, 4, 8, 16, 32)

@@ -8,9 +8,9 @@ import math
 import time
 from typing import Any
 
+from bench.phases import summarize_phases
 from bench.real_backend import RealEngineBackend, build_encoders, time_scheduler
 from tristream.sched.backend import WallClock
-from tristream.sched.phases import summarize_phases
 from tristream.sched.real import build_engine
 
 

@@ -96,7 +96,7 @@ class LLMEngine(BlockBookkeeping):
         self._cancel_outputs: list[StepOutput] = []
         self.timer: Any = None
         """Optional object with `mark(phase)`: called as 'decode', 'prefill', 'sample' and 'post'
-        start within `step()` (profiling, e.g. `tristream.sched.phases.PhaseTimer`)."""
+        start within `step()` (profiling, e.g. `bench/phases.PhaseTimer`)."""
         eos = set(mcfg.eos_token_ids)
         if tokenizer is not None and tokenizer.eos_token_id is not None:
             eos.add(int(tokenizer.eos_token_id))

@@ -1,4 +1,4 @@
-"""Per-step time breakdown of the real backend: where a step's time goes, phase by phase.
+"""Per-step time breakdown of `bench/real_backend.py`: where a step's time goes, phase by phase.
 
 The backend (and the engine, through `LLMEngine.timer`) calls `mark(name)` when a phase
 starts; `close()` ends the last phase. Each mark records the host clock and, on CUDA, an event
