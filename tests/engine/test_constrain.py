@@ -179,3 +179,31 @@ def test_engine_hook_constrains_a_random_model(tmp_path: Path) -> None:
     assert outs[ids[0]] == free  # the same greedy tokens as alone
     assert json.loads(c.text)["unit"] in ("celsius", "fahrenheit")
     assert torch.is_tensor(c(outs[ids[1]]))
+
+
+@pytest.mark.gpu
+def test_engine_hook_on_cuda_with_graphs_and_overlap(tmp_path: Path) -> None:
+    """On CUDA (decode graphs, overlapped greedy decode on): a masked sequence samples from its
+    graph's logits under the mask, and the unmasked one beside it keeps its overlapped greedy tokens."""
+    tiny_hf_model("llama", tmp_path, seed=3)
+    model = load_model(tmp_path, device="cuda", dtype=torch.float32)
+    eng = LLMEngine(model, None, EngineConfig(block_size=16, num_blocks=64))
+    eng.runner.capture()
+    assert eng.overlap is not None
+    eng.eos_ids = {EOS}
+    vocab = byte_vocab()
+    g = C.Grammar(C.schema_node({"type": "object", "properties": {"n": {"type": "integer"},
+                                                                   "ok": {"type": "boolean"}},
+                                 "required": ["n", "ok"]}), vocab)
+    free = eng.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=40, ignore_eos=True))[0]
+    c = C.JsonConstraint(g)
+    ids = [eng.add_request([5, 6, 7, 8], SamplingParams(max_tokens=40, ignore_eos=True)),
+           eng.add_request([9, 10], SamplingParams(max_tokens=120, logits_mask=c))]
+    outs: dict[int, list[int]] = {i: [] for i in ids}
+    while eng.has_work():
+        for o in eng.step():
+            if o.token_id is not None and o.token_id != EOS:
+                outs[o.seq_id].append(o.token_id)
+    assert outs[ids[0]] == free
+    value = json.loads(c.text)
+    assert isinstance(value["n"], int) and isinstance(value["ok"], bool) and c.done
