@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from tristream.core.errors import InvalidPacket
@@ -163,7 +163,8 @@ class SourceClock:
         self._last_src: int | None = None
         self._last_u: int | None = None  # newest unwrapped end (anchor of the unwrapping)
         self._recent: dict[int, tuple[int, int, int]] = {}  # end -> (start, ref, arrival)
-        self._recent_q: deque[int] = deque()
+        self._recent_keys: list[int | None] = [None] * 512  # the last 512 ends, oldest at _recent_at
+        self._recent_at = 0
         self.last_epoch: _Epoch | None = None  # epoch (or reset candidate) the last packet was mapped with
         self.epoch_history: list[_Epoch] = []  # every epoch ever confirmed, oldest first
 
@@ -268,9 +269,10 @@ class SourceClock:
         if ep is not None and self._cand is None and end >= ep.max_src - self.reset_back_ns:
             # the common case, inlined: the packet fits the current epoch's line
             x = float(end - ep.s0)
-            if float(arrival - ep.a0) - x - (ep.c + self._d * x) >= -self.reset_ahead_ns:
+            y = float(arrival - ep.a0) - x
+            if y - (ep.c + self._d * x) >= -self.reset_ahead_ns:
                 self._packets += 1
-                self._add_point(ep, start, end, arrival)
+                self._add_point(ep, start, end, arrival, x, y)
             else:
                 ep = self._update(start, end, arrival)
         else:
@@ -281,11 +283,14 @@ class SourceClock:
             if ep.packets > 1:
                 self.counts.add("wrap", cycle - ep.cycle)
             ep.cycle = cycle
-        self._recent[end] = (start, ref, arrival)
-        q = self._recent_q
-        q.append(end)
-        if len(q) > 512:
-            self._recent.pop(q.popleft(), None)
+        recent = self._recent
+        recent[end] = (start, ref, arrival)
+        keys, at = self._recent_keys, self._recent_at
+        old = keys[at]
+        keys[at] = end
+        self._recent_at = (at + 1) & 511
+        if old is not None:
+            recent.pop(old, None)
         return ref
 
     def map_packet(self, pkt: Packet) -> int:
@@ -391,7 +396,8 @@ class SourceClock:
         for st, s, a in pts:
             self._add_point(cand, st, s, a)
 
-    def _add_point(self, ep: _Epoch, start: int, src_ns: int, arrival_ns: int) -> None:
+    def _add_point(self, ep: _Epoch, start: int, src_ns: int, arrival_ns: int, x: float | None = None,
+                   y: float = 0.0) -> None:
         ep.packets += 1
         packets = ep.packets
         if src_ns < ep.max_src:
@@ -427,8 +433,9 @@ class SourceClock:
             ep.max_src = src_ns
             if ep is self._epochs[-1]:
                 self._last_src = src_ns
-        x = float(src_ns - ep.s0)
-        y = float(arrival_ns - ep.a0) - x
+        if x is None:  # (the caller's x and y when it computed them for the same epoch)
+            x = float(src_ns - ep.s0)
+            y = float(arrival_ns - ep.a0) - x
         z = y - self._d * x
         if packets == 1 or ep.c == _INF:
             ep.c = z
