@@ -48,3 +48,24 @@ def test_clock_for_unit_counts_wraps_not_resets() -> None:
         raw = (t + k * 33_333_333) % round(wrap)
         c.observe(raw, 10**12 + k * 33_333_333)
     assert c.counts["wrap"] == 1 and c.counts["reset"] == 0 and c.epoch == 0
+
+
+def test_one_clock_per_stream() -> None:
+    """Audio spans and frame instants of one device through one clock show holes and
+    reordering that are not there; a clock per stream counts none."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    ev = [(k * 20_000_000 + 20_000_000 + int(rng.exponential(2e6)), 0, k * 20_000_000) for k in range(3000)]
+    ev += [(k * 33_333_333 + 5_000_000 + int(rng.exponential(2e6)), 1, k * 33_333_333) for k in range(1800)]
+    ev.sort()
+    shared, mic, cam = SourceClock("client"), SourceClock("mic"), SourceClock("cam")
+    for arr, is_frame, start in ev:
+        if is_frame:
+            shared.observe(start, arr)
+            cam.observe(start, arr)
+        else:
+            shared.observe_span(start, start + 20_000_000, arr)
+            mic.observe_span(start, start + 20_000_000, arr)
+    assert shared.counts["gap"] > 100 and shared.counts["reordered"] > 100
+    assert mic.counts.total == 0 and cam.counts.total == 0
