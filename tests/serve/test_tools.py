@@ -86,6 +86,8 @@ def test_calls_and_outputs_go_back_where_they_belong() -> None:
     plain = st.conversation(base, PLAIN)
     assert plain[-1] == {"role": "user", "content": 'Facts: {"temp": 3}\nQuestion: Weather in Oslo?'}
     assert len(plain) == 4
+    later = [{"role": "system", "content": "S"}, {"role": "user", "content": "And tomorrow?"}]
+    assert st.conversation(later, HERMES) == later  # the call's turn left the history: so did the call
     llama = st.conversation(base, LLAMA3)
     assert llama[-1] == {"role": "ipython", "content": '{"temp": 3}'}
     assert json.loads(llama[-2]["content"]) == {"name": "get_weather", "parameters": {"city": "Oslo"}}

@@ -92,6 +92,8 @@ class ToolState:
         for c in self.calls:
             at = next((j for j in range(len(msgs) - 1, -1, -1) if msgs[j]["role"] == "user" and c.anchor
                        and msgs[j]["content"].endswith(c.anchor)), None)
+            if at is None and c.anchor is not None:
+                continue  # its user message left the bounded history: so does the call
             groups.setdefault(at, []).append(c)
         out: list[dict[str, str]] = []
         for j, m in enumerate(msgs):
