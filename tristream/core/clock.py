@@ -162,7 +162,11 @@ class SourceClock:
         self._packets = 0
         self._last_src: int | None = None
         self._last_u: int | None = None  # newest unwrapped end (anchor of the unwrapping)
-        self._recent: dict[int, tuple[int, int, int]] = {}  # end -> (start, ref, arrival)
+        # end -> start, ref and arrival of the last 512 packets (three dicts: no tuple per packet
+        # for the collector to count and trace)
+        self._recent_start: dict[int, int] = {}
+        self._recent_ref: dict[int, int] = {}
+        self._recent_arr: dict[int, int] = {}
         self._recent_keys: list[int | None] = [None] * 512  # the last 512 ends, oldest at _recent_at
         self._recent_at = 0
         self.last_epoch: _Epoch | None = None  # epoch (or reset candidate) the last packet was mapped with
@@ -260,10 +264,9 @@ class SourceClock:
             cycle = math.floor(end / w)
         if end < start:
             raise InvalidPacket(f"{self.source_id}: span ends ({end}) before it starts ({start})")
-        hit = self._recent.get(end)
-        if hit is not None and hit[0] == start and 0 <= arrival - hit[2] <= self.duplicate_window_ns:
+        if self._recent_start.get(end) == start and 0 <= arrival - self._recent_arr[end] <= self.duplicate_window_ns:
             self.counts.add("duplicate")
-            return hit[1]
+            return self._recent_ref[end]
         eps = self._epochs
         ep = eps[-1] if eps else None
         if ep is not None and self._cand is None and end >= ep.max_src - self.reset_back_ns:
@@ -283,14 +286,18 @@ class SourceClock:
             if ep.packets > 1:
                 self.counts.add("wrap", cycle - ep.cycle)
             ep.cycle = cycle
-        recent = self._recent
-        recent[end] = (start, ref, arrival)
+        rs, rr, ra = self._recent_start, self._recent_ref, self._recent_arr
+        rs[end] = start
+        rr[end] = ref
+        ra[end] = arrival
         keys, at = self._recent_keys, self._recent_at
         old = keys[at]
         keys[at] = end
         self._recent_at = (at + 1) & 511
-        if old is not None:
-            recent.pop(old, None)
+        if old is not None and old in rs:
+            del rs[old]
+            del rr[old]
+            del ra[old]
         return ref
 
     def map_packet(self, pkt: Packet) -> int:
