@@ -351,6 +351,7 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
                 "online_uncertainty_coverage": cov, "online_uncertainty_p50_ms": u50,
                 "online_cpu_us_per_packet": round(online.seconds * 1e6 / n, 2),
                 "online_cpu_us_per_packet_runs": cpu_runs,
+                "online_gc_us_per_packet": round(online.gc_seconds * 1e6 / n, 2),
                 "offline_fit_events_per_s": round(n / fit_s),
                 "truth": truth, "counted_offline": counted_off, "counted_online": counted_on,
             }
@@ -387,6 +388,7 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
         summary["start_online_cpu_us_per_packet_median"] = float(
             np.median([r["start_online_cpu_us_per_packet"] for r in rows]))
     summary["online_cpu_us_per_packet_max"] = max(r["online_cpu_us_per_packet"] for r in rows)
+    summary["online_gc_us_per_packet_median"] = float(np.median([r["online_gc_us_per_packet"] for r in rows]))
     summary["counts_match_truth_offline"] = all(
         r["counted_offline"][sid] == {"wraps": t["wraps"], "duplicates": t["duplicates"], "gaps": t["gaps"],
                                       "lost_packets": t["lost"], "resets": t["resets"]}
@@ -550,7 +552,8 @@ def _print_family(fam: dict[str, Any], thr: dict[str, Any]) -> None:
           f"{sm['counts_match_truth_online']}")
     print(f"  online clock+ring+sync CPU (thread CPU, best of {fam['cpu_reps']} per recording): best "
           f"{sm['online_cpu_us_per_packet_best']} µs/packet, median {sm['online_cpu_us_per_packet_median']}, worst "
-          f"{sm['online_cpu_us_per_packet_max']} (time core at {fam['cpu_baseline_commit']}: best "
+          f"{sm['online_cpu_us_per_packet_max']}, of which the cyclic GC median {sm['online_gc_us_per_packet_median']}"
+          f" (time core at {fam['cpu_baseline_commit']}: best "
           f"{sm.get('start_online_cpu_us_per_packet_best')}, median {sm.get('start_online_cpu_us_per_packet_median')};"
           f" previous clock median {sm.get('baseline_online_cpu_us_per_packet_median')}; target <= 10)")
     print(f"tristream align, {thr['seconds']:.0f} s recording ({thr['events']:,d} events, {thr['bytes'] / 1e6:.0f} MB),"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tristream.core.clock import SourceClock
@@ -68,6 +68,7 @@ def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed:
 
 @settings(max_examples=8, deadline=None)
 @given(faults=FAULT_SETS, seed=st.integers(0, 10_000))
+@example(faults={"wrap", "reset", "loss"}, seed=118)  # a restart at raw 0 right after a wrap
 def test_online_counts_every_fault(faults: set[str], seed: int) -> None:
     streams = generate_family(faults, seed, 60.0)
     res = run_online(streams, sync=False)

@@ -152,6 +152,7 @@ class SourceClock:
         self.refit_packets = int(refit_packets)
         self.silence_ns = int(silence_ns)
         self._quarter_wrap = self.wrap_ns / 4
+        self._cycle = 0  # wrap cycle of the packet being observed
         self.counts = DropCounter(f"clock:{source_id}")
         self._d = 0.0
         self._innov = 0.0
@@ -254,14 +255,18 @@ class SourceClock:
             if dur < 0:
                 dur += round(w)
             last = self._last_u
+            # The cycle is counted, not recomputed from the unwrapped time: a raw 0 moved into
+            # cycle k lands at round(k * wrap_ns), which may sit a fraction of a ns below k * wrap_ns.
+            cycle = math.floor(end / w)
             if last is not None and not -self._quarter_wrap <= last - end <= self._quarter_wrap:
                 # (within a quarter cycle of its predecessor a timestamp stays in its cycle)
                 k = round((last - end) / w)
                 if k:
                     end = end + round(k * w)
+                    cycle += k
             start = end - dur
             self._last_u = end
-            cycle = math.floor(end / w)
+            self._cycle = cycle
         if end < start:
             raise InvalidPacket(f"{self.source_id}: span ends ({end}) before it starts ({start})")
         if self._recent_start.get(end) == start and 0 <= arrival - self._recent_arr[end] <= self.duplicate_window_ns:
@@ -330,7 +335,7 @@ class SourceClock:
         index = self._epochs[-1].index + 1 if self._epochs else 0
         ep = _Epoch(index=index, s0=src_ns, a0=arrival_ns, max_src=src_ns)
         if self.wrap_ns:
-            ep.cycle = math.floor(src_ns / self.wrap_ns)
+            ep.cycle = self._cycle  # the packet's, as observe_span counted it
         return ep
 
     def _update(self, start: int, src_ns: int, arrival_ns: int) -> _Epoch:

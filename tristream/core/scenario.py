@@ -8,6 +8,7 @@ an `ApproximateTimeSync` forms camera/microphone/IMU sets.
 
 from __future__ import annotations
 
+import gc
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ class OnlineResult:
     fill: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
     uncertainty: dict[str, np.ndarray] = field(default_factory=dict)
+    gc_seconds: float = 0.0  # of `seconds`, in the cyclic garbage collector
 
 
 def run_online(
@@ -82,6 +84,15 @@ def run_online(
     out: list[int] = []
     keep = out.append
     u_out: list[float] = []
+    in_gc = [0.0, 0.0]
+
+    def gc_time(phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            in_gc[1] = time.thread_time()
+        else:
+            in_gc[0] += time.thread_time() - in_gc[1]
+
+    gc.callbacks.append(gc_time)
     t0 = time.thread_time()
     if uncertainty:
         for sid, i, observe, append, payload, start, end, arr in plan:
@@ -105,6 +116,7 @@ def run_online(
     if sync:
         sets += synchroniser.flush()
     seconds = time.thread_time() - t0  # CPU time of this thread: robust on a shared machine
+    gc.callbacks.remove(gc_time)
     for k, p in enumerate(plan):
         refs[p[0]][p[1]] = out[k]
         if uncertainty:
@@ -113,7 +125,7 @@ def run_online(
     counters.update({f"ring:{k}": r.counts.snapshot() for k, r in rings.items()})
     counters["sync"] = synchroniser.counts.snapshot()
     fill = {k: float(r.high_water) for k, r in rings.items()}
-    return OnlineResult(refs, clocks, sets, counters, fill, seconds, unc)
+    return OnlineResult(refs, clocks, sets, counters, fill, seconds, unc, in_gc[0])
 
 
 def naive_refs(streams: dict[str, SyntheticStream], *, subtract_latency: bool = False) -> dict[str, np.ndarray]:
