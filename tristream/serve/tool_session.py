@@ -148,6 +148,13 @@ class ToolChat:
         """Whether this LLM can call tools (our engine; an OpenAI-compatible endpoint cannot here)."""
         return self.caller is not None
 
+    def prefill(self, key: str, messages: list[dict[str, str]] | None) -> None:
+        """Incremental prefill through the inner backend while the user speaks (without tools
+        only: with tools the answer's prompt is rendered differently, so it would not be reused)."""
+        inner = getattr(self.inner, "prefill", None)
+        if inner is not None and (messages is None or not (self.state.tools or self.state.calls)):
+            inner(key, messages)
+
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
         """Text of the answer; a call goes to `emit` instead (no text)."""
         st = self.state
