@@ -332,6 +332,59 @@ def overlap_section(seed: int = 0) -> dict[str, Any]:
             "runs": runs}
 
 
+def turn_section(hold_ms: float = 700.0, pauses_ms: tuple[float, ...] = (350.0, 500.0, 800.0)) -> dict[str, Any]:
+    """Smart Turn on a labelled set: finished sentences, and the same sentences cut at a word
+    boundary in their middle (a pause inside the sentence), from four voices.
+
+    For each clip the model sees the speech so far plus 200 ms of silence (what it has at the
+    end of a VAD segment). False cut-offs: cut sentences judged finished; late ends: finished
+    sentences judged unfinished (each waits `hold_ms` more). The silence rule's figures for the
+    same pauses: a pause of P ms inside a sentence cuts the turn whenever P ≥ the hangover.
+    """
+    from speech_turns import SENTENCES, _speak, _voices
+
+    from tristream.pipeline.turns import DEFAULT_HANGOVER_MS
+    from tristream.stages.asr_whisper import WhisperASR
+    from tristream.stages.turn_model import SmartTurn
+
+    asr, model = WhisperASR(), SmartTurn()
+    tail = np.zeros(int(0.2 * 16_000), np.float32)
+    done_p: list[float] = []
+    cut_p: list[float] = []
+    call_ms: list[float] = []
+    examples: list[dict[str, Any]] = []
+    for name, tts in _voices():
+        for text in SENTENCES:
+            pcm = _speak(tts, text, 0.0)
+            enc, frames = asr.encode(pcm)
+            toks = asr.generate(enc, [], [], max_new=96)
+            words = asr.split_words(toks)
+            times = asr.word_times(enc, toks, frames)
+            t0 = time.perf_counter()
+            p_done = model.probability(np.concatenate([pcm, tail]))
+            call_ms.append((time.perf_counter() - t0) * 1000)
+            done_p.append(p_done)
+            if len(times) >= 6:  # cut after a word in the middle (not after punctuation)
+                k = len(times) // 2
+                while k > 1 and not words[k - 1][0].strip().isalpha():
+                    k -= 1
+                end = int(times[k - 1][1] * 16_000)
+                p_cut = model.probability(np.concatenate([pcm[:end], tail]))
+                cut_p.append(p_cut)
+                examples.append({"voice": name, "cut_after": "".join(w for w, _ in words[:k]).strip(),
+                                 "p_cut": round(p_cut, 3), "p_done": round(p_done, 3)})
+    false_cut = sum(p >= 0.5 for p in cut_p)
+    late = sum(p < 0.5 for p in done_p)
+    silence = {f"pause_{int(p)}ms": {"hangover_300ms_cuts_turn": p >= DEFAULT_HANGOVER_MS} for p in pauses_ms}
+    return {"finished": len(done_p), "cut_mid_sentence": len(cut_p),
+            "smart_turn_false_cutoffs": false_cut, "smart_turn_false_cutoff_rate": round(false_cut / max(1, len(cut_p)), 3),
+            "smart_turn_late_ends": late, "smart_turn_late_end_rate": round(late / max(1, len(done_p)), 3),
+            "added_latency_mean_ms": round(hold_ms * late / max(1, len(done_p)), 1),
+            "model_call_ms": {"p50": _pct(call_ms, 50), "p99": _pct(call_ms, 99)},
+            "silence_rule": {"hangover_ms": DEFAULT_HANGOVER_MS, "cuts_every_pause_longer_than_it": True, **silence},
+            "hold_ms": hold_ms, "examples": examples}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
@@ -351,6 +404,10 @@ def main() -> None:
         old["overlap"] = {"meta": meta, "results": overlap_section()}
         path.write_text(json.dumps(old, indent=1) + "\n")
         print({k: v for k, v in old["overlap"]["results"].items() if k != "runs"}, flush=True)
+    if "turn" in args.section:
+        old["turn_model"] = {"meta": meta, "results": turn_section()}
+        path.write_text(json.dumps(old, indent=1) + "\n")
+        print({k: v for k, v in old["turn_model"]["results"].items() if k != "examples"}, flush=True)
     if "e2e" not in args.section:
         return
     turns = make_turns(per_count=args.per_count)

@@ -20,6 +20,8 @@ class SharedModels:
     vision: Any | None
     llm: ChatBackend | None
     """None when every session brings its own (`Session(llm=...)`)."""
+    turn: Any | None = None
+    """The end-of-turn model (`stages.turn_model.SmartTurn`), None where its file is not installed."""
 
 
 _CACHE: dict[tuple[Any, ...], SharedModels] = {}
@@ -72,10 +74,24 @@ def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
             llm = OpenAIChatBackend(llm_url, model=llm_model)
         else:
             llm = EngineChatBackend.load(llm_path, device, quant)
-        models = SharedModels(vad, asr_model, tts_model, vision_model, llm)
+        models = SharedModels(vad, asr_model, tts_model, vision_model, llm, _turn_model())
         _warm_up(models)
         _CACHE[key] = models
         return models
+
+
+def _turn_model() -> Any | None:
+    """Smart Turn when the pipecat-ai wheel's model file is installed; else the silence rule alone."""
+    from tristream.stages.base import ModelUnavailable
+    from tristream.stages.turn_model import SmartTurn
+
+    try:
+        return SmartTurn()
+    except (ModelUnavailable, ImportError) as e:
+        import logging
+
+        logging.getLogger("tristream.pipeline").info("no end-of-turn model (%s): silence decides", e)
+        return None
 
 
 def _warm_up(models: SharedModels) -> None:

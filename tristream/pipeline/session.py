@@ -94,6 +94,9 @@ class SessionConfig:
     """Synthesise answers (the Realtime ``modalities`` include ``audio``); False: text only, no TTS."""
     out_chunk_ms: float = 20.0
     end_of_turn: EndOfTurnDetector = field(default_factory=SilenceEndOfTurn)
+    semantic_turn: bool = True
+    """With the silence rule as `end_of_turn`, let the shared turn model (Smart Turn) hold a
+    turn open when the voice says it is unfinished (`stages.turn_model`)."""
     frame_ring: int = 64
     barge_in: bool = True
     """False: half duplex, microphone audio is ignored (counted) while the assistant answers
@@ -188,7 +191,12 @@ class Session:
         self.llm: ChatBackend = chat
         self._observers: list[EventSink] = []
         self.frames: ObjectRing[np.ndarray] = ObjectRing(cfg.frame_ring, name=f"{self.id}.frames")
-        self.turns = TurnTaker(cfg.end_of_turn)
+        detector: EndOfTurnDetector = cfg.end_of_turn
+        if cfg.semantic_turn and getattr(models, "turn", None) is not None and isinstance(detector, SilenceEndOfTurn):
+            from tristream.stages.turn_model import SmartTurnEndOfTurn
+
+            detector = SmartTurnEndOfTurn(models.turn)
+        self.turns = TurnTaker(detector)
         self.conversation = Conversation(cfg.system_prompt, cfg.max_history_turns, scene_when=cfg.scene_when)
         self.drops = DropCounter(f"{self.id}.session")
         self.records: list[TurnRecord] = []
@@ -395,12 +403,22 @@ class Session:
             self.overlaps["interruptions"] += 1
             self.barge_in(began)
 
+    def overlap_partial(self, text: str) -> None:
+        """Committed words of speech over the answer: words the answer does not hold mean the
+        segment the echo gate took for echo is the user's (quieter than it expected)."""
+        if self.echo_segment and len(text.split()) >= 2 and not _mostly_within(text, self._answer_text()):
+            self.echo_segment = False
+            self._overlap_begins(self.clock.now_ns())
+
+    def _answer_text(self) -> str:
+        return self.current.answer if self.current is not None else ""
+
     def overlap_final(self, text: str) -> bool:
         """The final transcript of speech that overlapped the answer; True if it is consumed here
         (an echo segment, or a backchannel after which the answer resumes)."""
         if self.drop_final:
             self.drop_final = False
-            if _mostly_within(text, self.current.answer if self.current is not None else ""):
+            if _mostly_within(text, self._answer_text()):
                 self.overlaps["echo_dropped"] = self.overlaps.get("echo_dropped", 0) + 1
                 return True
             # not words of the answer: the user spoke (quieter than the echo gate expected)

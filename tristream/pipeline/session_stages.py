@@ -13,6 +13,8 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tristream.observe.events import (
     AnswerText,
     AudioIn,
@@ -45,6 +47,8 @@ class InputStage(Stage):
         super().__init__("input", capacity=256, policy=OverflowPolicy.DROP_OLDEST)
         self.s = session
         self._silence_marked = False
+        self._recent = np.zeros(8 * SAMPLE_RATE, dtype=np.float32)  # the last 8 s (a turn model's input)
+        self._recent_end = 0
 
     def process(self, item: Any) -> None:
         s = self.s
@@ -60,6 +64,7 @@ class InputStage(Stage):
         if s.echo is not None:  # is it the user or the echo of the answer? (judged at barge-in)
             s.echo.process(item.pcm, item.ref_ns)
         vad.push(item.pcm, item.ref_ns)
+        self._keep(item.pcm)
         self.emit(item)
         for ev in vad.poll():
             if ev.kind == "start" and s.assistant_active:
@@ -71,6 +76,20 @@ class InputStage(Stage):
             s.judge_overlap(vad.speaking, vad.silence_start is None)
         if s.spec_asr is not None or s.streaming_asr:
             self._mark_silence(vad)
+
+    def _keep(self, pcm: np.ndarray) -> None:
+        n = self._recent.shape[0]
+        x = pcm[-n:]
+        idx = (self._recent_end + np.arange(x.shape[0])) % n
+        self._recent[idx] = x
+        self._recent_end += x.shape[0]
+
+    def recent_audio(self) -> np.ndarray:
+        """The last 8 s of microphone audio (fewer at the start), oldest first."""
+        n = self._recent.shape[0]
+        k = min(self._recent_end, n)
+        idx = (self._recent_end - k + np.arange(k)) % n
+        return self._recent[idx]
 
     def _mark_silence(self, vad: Any) -> None:
         # the VAD's silence-candidate start inside speech
@@ -97,6 +116,7 @@ class AsrStage(Stage):
         self._incremental = not session.streaming_asr and getattr(session.models.asr, "name", "") != "whisper"
         self._segment_start: int | None = None
         self._early_scene: Any = None
+        self._turn_wait: Any = None  # the turn model's extra wait for the segment that just ended
 
     async def process(self, item: Any) -> None:
         s = self.s
@@ -134,6 +154,10 @@ class AsrStage(Stage):
         # already started at the silence onset).
         early, self._early_scene = self._early_scene, None
         s.pending_scene = early if early is not None else s.describe_scene(item.start_ns, item.t_ns)
+        detector = s.turns.detector
+        if getattr(detector, "uses_audio", False):  # the turn model judges the voice beside the ASR final
+            audio = s.input.recent_audio()
+            self._turn_wait = s.pool.submit(detector.extra_wait_ms, "?", audio)
         self._final_pending = True
         await loop.run_in_executor(s.pool, s.asr.push, item)
         self._collect()
@@ -153,6 +177,7 @@ class AsrStage(Stage):
         for tr in results:
             s.publish(TranscriptDelta(tr.text, s.clock.now_ns()))
             if not tr.final:
+                s.overlap_partial(tr.text)
                 if not ending:  # with the final in hand the answer's own prompt comes next
                     s.prefill_partial(tr.text)
                 continue
@@ -162,7 +187,9 @@ class AsrStage(Stage):
             if s.overlap_final(tr.text):  # echo or a backchannel: the answer goes on
                 continue
             s.publish(TranscriptDone(tr.text, s.clock.now_ns(), words))
-            turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking)
+            wait, self._turn_wait = self._turn_wait, None
+            wait_ms = wait.result() if wait is not None and tr.text.strip() else None
+            turn = s.turns.on_final(tr.text, tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking, wait_ms)
             if turn is not None:
                 self._send(turn)
             elif not tr.text.strip():

@@ -119,11 +119,12 @@ class TurnTaker:
             self._start_ns = t_ns
 
     def on_final(self, text: str, start_ns: int, end_ns: int, now_ns: int,
-                 user_speaking: bool = False) -> UserTurn | None:
+                 user_speaking: bool = False, wait_ms: float | None = None) -> UserTurn | None:
         """A final transcript for one speech segment; returns the turn if it ends now.
 
         `user_speaking`: the VAD already hears the user again (the final came after the user
-        resumed); the text is kept and the turn continues with the next segment.
+        resumed); the text is kept and the turn continues with the next segment. `wait_ms`: the
+        extra wait an audio turn model decided (instead of the detector's from the text).
         """
         text = text.strip()
         if text:
@@ -139,7 +140,7 @@ class TurnTaker:
             self.continued += 1
             self._deadline_ns = None
             return None
-        wait = self.detector.extra_wait_ms(" ".join(self._texts))
+        wait = self.detector.extra_wait_ms(" ".join(self._texts)) if wait_ms is None else wait_ms
         self._deadline_ns = now_ns + int(wait * 1e6)
         return self.on_tick(now_ns)
 

@@ -21,7 +21,8 @@ with LocalAgreement-2 (Macháček et al., "Turning Whisper into Real-Time Transc
 
 All decodes of all sessions run on one worker thread of the recogniser (CTranslate2 uses
 `threads` cores per call), finals and speculations before updates; an update that finds its
-utterance already finished or a newer update queued is skipped. Decoding loops (Whisper
+utterance already finished is skipped, and while other decodes wait, a session's next update
+waits for proportionally more audio (up to 4 × `step_s`). Decoding loops (Whisper
 repeating a phrase on a short window) are cut (`drop_loops`) before agreement.
 """
 
@@ -168,6 +169,10 @@ class AgreementWhisper:
         """A per-session ASR stream; partials are the committed words (checked every 100 ms)."""
         return UtteranceStream(self, session_id, partial_every_s=0.1, max_utterance_s=600.0)
 
+    def queued(self) -> int:
+        """Decodes waiting for the decode thread (0 inline)."""
+        return 0 if self._worker is None else len(self._worker._heap)
+
     def submit(self, priority: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
         """Run `fn` on the decode thread (0: finals and speculations, 1: updates)."""
         if self._worker is not None:
@@ -214,7 +219,9 @@ class StreamingUtterance:
         with self._lock:
             self._audio.append(np.asarray(pcm, dtype=np.float32))
             self._n += int(pcm.shape[0])
-            due = self._n - self._last_update_at >= self.owner.step and self._pending is None and not self._done
+            # under load (other sessions' decodes queued) updates come less often: finals first
+            step = self.owner.step * (1 + min(self.owner.queued(), 3))
+            due = self._n - self._last_update_at >= step and self._pending is None and not self._done
             if due:
                 self._last_update_at = self._n
                 self._pending = _PLACEHOLDER

@@ -7,7 +7,7 @@ the audio that was playing around the time it was captured:
 - the *echo ratio* of a block is its energy over that of the loudest block played in the last
   600 ms (an echo path's delay plus its reverberation);
 - the echo's own ratio is learnt from the blocks the gate attributes to echo (the loudest
-  ratio of the last second of them; a silent microphone, as with a headset, teaches a low one);
+  ratio of the last second of them, 90th percentile; a silent microphone, as with a headset, teaches a low one);
   for the first 300 ms of playback an echo is assumed no louder than what plays (a speakerphone's echo is quieter than its loudspeaker, a user close to the
   microphone louder);
 - a block holds the user's voice (`user_present`) when its ratio is `margin_db` above the
@@ -125,7 +125,7 @@ class EchoGate:
         ed = float(d @ d) / self.n
         ratio = ed / loudest
         known = len(self._ratios) >= 15  # 300 ms of playback: past any echo path's delay
-        typical = max(self._ratios) if known else 1.0 / self.margin
+        typical = float(np.percentile(self._ratios, 90)) if known else 1.0 / self.margin
         present = ed > 1e-6 and ratio > self.margin * typical
         if not present or not known:  # the echo's level (silence too: a headset has no echo)
             self._ratios.append(ratio)

@@ -1,0 +1,109 @@
+"""Streaming on CPU with the real models: committed words while the user speaks, the LLM's KV
+cache filled with them and rolled back when they change, and speech over the answer judged."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+LONG = ("I am planning to go for a walk in the park with my dog this afternoon. "
+        "Could you tell me what the weather will be like later today? "
+        "My sister is coming to visit next week and I need to clean the house.")
+
+
+def test_partials_arrive_before_the_end_of_a_long_turn(models, say) -> None:
+    from speech_turns import wer
+
+    from tristream.stages.asr_stream import AgreementWhisper
+
+    recognizer = AgreementWhisper(models.asr.asr, inline=True)  # decodes as soon as due: no timing
+    pcm = say(LONG)
+    assert pcm.shape[0] > 8 * 16_000
+    u = recognizer.utterance()
+    seen: list[tuple[float, str]] = []
+    for i in range(0, pcm.shape[0], 320):
+        u.feed(pcm[i:i + 320])
+        text = u.partial()
+        if not seen or text != seen[-1][1]:
+            seen.append((i / pcm.shape[0], text))
+    committed_at_70 = [t for at, t in seen if at <= 0.7 and t]
+    assert committed_at_70, seen
+    assert len(committed_at_70[-1].split()) >= 12  # most of the first two sentences, while speaking
+    for (_, a), (_, b) in zip(seen, seen[1:], strict=False):
+        assert b.startswith(a)  # committed text only grows
+    final = u.final()
+    assert final.startswith(seen[-1][1])
+    edits, words = wer(LONG, final)
+    assert edits / words <= 0.1, final
+    assert recognizer.stats.trims >= 1  # the buffer was cut: the encoder never saw the whole turn
+
+
+def test_a_revised_commit_rolls_the_kv_cache_back_to_the_first_block_that_differs(models) -> None:
+    from tristream.pipeline.prompt import Conversation
+
+    backend = models.llm
+    engine = backend.engine
+    conv = Conversation()
+
+    def idle() -> None:
+        deadline = time.monotonic() + 60
+        while engine.has_work() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.05)
+
+    first = "I would like to know how many people live in the city of London and in the city of Paris"
+    revised = "I would like to know how many dogs live in the city of London and in the city of Paris"
+    idle()
+    backend.prefill("rollback-test", conv.prompt(first))
+    idle()
+    before = engine.stats.prefix_cached_tokens
+    backend.prefill("rollback-test", conv.prompt(revised))
+    idle()
+    cached = engine.stats.prefix_cached_tokens - before
+    a = engine.tokenizer.apply_chat_template(conv.prompt(first))
+    b = engine.tokenizer.apply_chat_template(conv.prompt(revised))
+    common = next(i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+    bs = engine.blocks.block_size
+    assert cached == (common // bs) * bs  # kept up to the block holding the revised word
+    assert cached < len(b) - 8  # the revised words and what follows were computed again
+
+    async def answer(messages: list[dict[str, str]]) -> str:
+        out = ""
+        async for piece in backend.stream(messages, 12):
+            out += piece
+        return out
+
+    backend.prefill("rollback-test", None)
+    warm = asyncio.run(answer(conv.prompt(revised)))
+    engine.blocks.enable_prefix_cache = False
+    try:
+        cold = asyncio.run(answer(conv.prompt(revised)))
+    finally:
+        engine.blocks.enable_prefix_cache = True
+    assert warm == cold and warm.strip()  # the rolled-back cache answers as a cold prompt does
+
+
+@pytest.mark.parametrize("case", ["echo", "backchannel", "interruption"])
+def test_speech_over_the_answer_on_a_speakerphone(models, case: str) -> None:
+    from e2e_cpu import _clip, overlap_run
+    from speakerphone import Speakerphone
+
+    from tristream.stages.tts import PiperTTS
+
+    voice = PiperTTS(deterministic=True)
+    clip = {"echo": None, "backchannel": _clip(voice, "Mhm."),
+            "interruption": _clip(voice, "Wait, stop, tell me about the weather instead.")}[case]
+    r = asyncio.run(overlap_run(models, Speakerphone(gain_db=-12.0, delay_ms=80.0, rt60_s=0.3), clip))
+    if case == "interruption":
+        assert r["status"] == "cancelled", r
+        assert r["chunks_written_while_paused"] == 0, r  # the audio stopped at the user's first words
+        assert r["speech_to_pause_ms"] is not None and r["speech_to_pause_ms"] < 400, r
+    else:
+        assert r["status"] == "completed", r  # its own voice and a "mhm" do not stop the answer
+        assert r["overlaps"]["echo_ignored"] >= (1 if case == "echo" else 0), r
