@@ -3,7 +3,7 @@
 Peers run in the same process on the same device: transformers' eager modules (fp16, random
 weights, default attention). Ours: compact modules, fp16, CUDA graphs per shape bucket.
 
-    python bench/encoders.py            # on a GPU machine; writes bench/results/encoders.json
+    python bench/encoders.py            # on a GPU machine; writes bench/results/encoders.json (committed run: encoders_round.json)
     python bench/encoders.py --smoke    # tiny configs on CPU, checks the script end to end
     python bench/encoders.py --only whisper --name encoders_whisper --profile   # Whisper only, kernel table
     python bench/encoders.py --only whisper --whisper-quick --whisper-models tiny --whisper-streams 16 \

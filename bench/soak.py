@@ -11,7 +11,8 @@ Gate (the release gate is ``--minutes 480``; CI does not run this script):
 - P99 (end of speech -> first answer audio, client clock) drift <= 10% between the
   second and the last quarter.
 The negative control (``--leak-kb K``) makes every session keep K KiB forever; it must
-trip the RSS gate. Both runs go to ``bench/results/soak.json``.
+trip the RSS gate. Both runs go to ``bench/results/soak.json`` (``--out``; the committed 1-hour run is
+``soak_1h_run3.json``).
 
     python bench/soak.py --minutes 60          # the documented 1-hour run
     python bench/soak.py --minutes 12 --control-minutes 3

@@ -4,7 +4,8 @@ candidate cuts, each captured as its own CUDA graph and timed in the same run.
     python bench/whisper_encode.py                    # tiny, 16 streams × 10 s (the #4 pass)
     python bench/whisper_encode.py --streams 1,16,64 --model tiny
 
-Writes bench/results/whisper_encode.json (machine, versions, commit). GPU only.
+Writes bench/results/whisper_encode.json (machine, versions, commit; the committed run is
+whisper_encode_round.json). GPU only.
 """
 
 from __future__ import annotations
