@@ -428,8 +428,12 @@ class Session:
         if self.overlap_ns is None:
             return False
         began, self.overlap_ns = self.overlap_ns, None
-        words = [w.strip(".,!?;:'\"").lower() for w in text.split()]
-        if not words or (len(words) <= 3 and all(w in self.config.backchannels for w in words)):
+        # what the user said beyond an acknowledgement: words of neither the answer (its echo
+        # in the same segment) nor the acknowledgements, nor one- or two-letter fragments
+        vocab = _words(self._answer_text())
+        content = [w for w in _words_list(text)
+                   if w not in vocab and w not in self.config.backchannels and len(w.replace("'", "")) > 2]
+        if len(content) < 2:
             self.overlaps["backchannels"] += 1
             self.turns.discard()
             self.playout.resume()
@@ -473,13 +477,20 @@ class Session:
                                                           "user_present": self.echo.stats.blocks_user_present})}
 
 
+def _words_list(text: str) -> list[str]:
+    return [w for w in (w.strip(".,!?;:'\"").lower() for w in text.split()) if w]
+
+
+def _words(text: str) -> set[str]:
+    return set(_words_list(text))
+
+
 def _mostly_within(text: str, answer: str, share: float = 0.6) -> bool:
     """Whether most words of `text` are words of `answer` (an ASR of the answer's own echo)."""
-    words = [w.strip(".,!?;:'\"").lower() for w in text.split()]
-    words = [w for w in words if w]
+    words = _words_list(text)
     if not words:
         return True
-    vocab = {w.strip(".,!?;:'\"").lower() for w in answer.split()}
+    vocab = _words(answer)
     return sum(w in vocab for w in words) >= share * len(words)
 
 
