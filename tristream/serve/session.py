@@ -35,6 +35,7 @@ from tristream.serve.ga import API_GA, to_ga
 from tristream.serve.limits import ServerLimits, TokenBucket
 from tristream.serve.media import MediaError
 from tristream.serve.metrics import ServeMetrics
+from tristream.serve.session_calls import ResponseCalls, check_tool_changes, function_item, tool_choice
 from tristream.serve.tools import FunctionCallDelta, FunctionCallDone
 from tristream.stages.base import Resampler
 
@@ -84,11 +85,13 @@ class _Response:
     audio_samples: int = 0
     message_index: int | None = None  # output_index of the message item once announced
     outputs: list[dict[str, Any]] = field(default_factory=list)  # finished output items, in order
-    calls: dict[str, tuple[int, str]] = field(default_factory=dict)  # call_id -> (output_index, item_id)
-    call_args: dict[str, list[str]] = field(default_factory=dict)  # call_id -> argument deltas so far
-    call_names: dict[str, str] = field(default_factory=dict)
-    calls_done: set[str] = field(default_factory=set)
+    calls: ResponseCalls | None = None
     next_index: int = 0
+
+    def alloc(self) -> int:
+        """The next output_index."""
+        self.next_index += 1
+        return self.next_index - 1
 
 
 class RealtimeSession:
@@ -264,7 +267,8 @@ class RealtimeSession:
                     P.TIER_NAMES.index(tier) < P.TIER_NAMES.index(self.tier_cap):
                 raise P.ProtocolError(P.E_TIER_NOT_ALLOWED, f"this token allows tier '{self.tier_cap}' at best; "
                                       f"'{tier}' needs another token", "session.tier", ev.event_id)
-            self._check_tools(ev.changes, ev.event_id)
+            check_tool_changes(ev.changes, self.settings.tools, self.settings.tool_choice, self.tool_state,
+                               ev.event_id)
             for key, val in ev.changes.items():
                 setattr(self.settings, key, val)
             ts = self.tool_state
@@ -298,13 +302,16 @@ class RealtimeSession:
                                            "status": "completed", "role": ev.role, "content": content}))
             self._last_item_id = item_id
         elif isinstance(ev, (P.FunctionOutputCreate, P.FunctionCallCreate)):
-            self._function_item(ev)
+            item_id = ev.item_id or P.new_id("item")
+            fitem = function_item(ev, self.tool_state, item_id)
+            self.send(P.server_event("conversation.item.created", previous_item_id=self._last_item_id, item=fitem))
+            self._last_item_id = item_id
         elif isinstance(ev, P.ResponseCreate):
             if self._response is not None:
                 raise P.ProtocolError(P.E_RESPONSE_ACTIVE, f"response {self._response.id} is still in progress; "
                                       "send response.cancel first or wait for response.done", None, ev.event_id)
             if ev.tool_choice is not None:
-                choice = self._tool_choice(ev.tool_choice, self.settings.tools, "response.tool_choice", ev.event_id)
+                choice = tool_choice(ev.tool_choice, self.settings.tools, "response.tool_choice", ev.event_id)
                 ts = self.tool_state
                 if ts is not None:
                     ts.next_choice = choice
@@ -327,97 +334,23 @@ class RealtimeSession:
         """The backend's `tool_session.ToolState` (None: this backend cannot call tools)."""
         return getattr(self.backend, "tool_state", None)
 
-    def _tool_choice(self, raw: Any, tools: list[Any], param: str, eid: str | None) -> str:
-        from tristream.serve.tools import ToolSpecError, parse_tool_choice
-
-        try:
-            return parse_tool_choice(raw, tools, param)
-        except ToolSpecError as e:
-            raise P.ProtocolError(P.E_INVALID_VALUE, str(e), e.param, eid) from None
-
-    def _check_tools(self, changes: dict[str, Any], eid: str | None) -> None:
-        """Validate ``tools`` / ``tool_choice`` of a session.update together (before anything changes)."""
-        if "tools" not in changes and "tool_choice" not in changes:
-            return
-        tools = changes.get("tools", self.settings.tools)
-        if tools and self.tool_state is None:
-            raise P.ProtocolError(P.E_INVALID_VALUE, "this server's backend cannot call tools (function calling "
-                                  "runs on the assistant backend over our engine)", "session.tools", eid)
-        if "tool_choice" in changes:
-            changes["tool_choice"] = self._tool_choice(changes["tool_choice"], tools, "session.tool_choice", eid)
-        elif self.settings.tool_choice not in ("auto", "none", "required") and \
-                not any(t.name == self.settings.tool_choice for t in tools):
-            changes["tool_choice"] = "auto"  # the named tool is gone
-        elif self.settings.tool_choice == "required" and not tools:
-            changes["tool_choice"] = "auto"
-
-    def _function_item(self, ev: P.FunctionOutputCreate | P.FunctionCallCreate) -> None:
-        from tristream.serve.tools import ToolSpecError
-
-        ts = self.tool_state
-        if ts is None:
-            raise P.ProtocolError(P.E_INVALID_VALUE, "this server's backend cannot call tools, so it takes no "
-                                  "function_call items", "item.type", ev.event_id)
-        item_id = ev.item_id or P.new_id("item")
-        try:
-            if isinstance(ev, P.FunctionOutputCreate):
-                ts.add_output(ev.call_id, ev.output)
-                item = {"id": item_id, "object": "realtime.item", "type": "function_call_output",
-                        "call_id": ev.call_id, "output": ev.output, "status": "completed"}
-            else:
-                ts.add_call(ev.call_id, ev.name, ev.arguments)
-                item = {"id": item_id, "object": "realtime.item", "type": "function_call", "call_id": ev.call_id,
-                        "name": ev.name, "arguments": ev.arguments, "status": "completed"}
-        except ToolSpecError as e:
-            raise P.ProtocolError(P.E_INVALID_VALUE, str(e), e.param, ev.event_id) from None
-        self.send(P.server_event("conversation.item.created", previous_item_id=self._last_item_id, item=item))
-        self._last_item_id = item_id
-
-    def _call_item(self, resp: _Response, call_id: str, name: str) -> tuple[int, str]:
-        """The output index and item id of a call, announced on first sight."""
-        got = resp.calls.get(call_id)
-        if got is None:
-            got = resp.calls[call_id] = (resp.next_index, P.new_id("item"))
-            resp.call_names[call_id] = name
-            resp.next_index += 1
-            self.send(P.server_event("response.output_item.added", response_id=resp.id, output_index=got[0],
-                                     item={"id": got[1], "object": "realtime.item", "type": "function_call",
-                                           "status": "in_progress", "name": name, "call_id": call_id,
-                                           "arguments": ""}))
-        return got
-
-    def _on_call_delta(self, ev: FunctionCallDelta) -> None:
-        resp = self._active("function_call")
-        if resp is None or not ev.delta:
-            return
-        idx, item_id = self._call_item(resp, ev.call_id, ev.name)
-        resp.call_args.setdefault(ev.call_id, []).append(ev.delta)
-        self.send(P.server_event("response.function_call_arguments.delta", response_id=resp.id, item_id=item_id,
-                                 output_index=idx, call_id=ev.call_id, delta=ev.delta))
-
-    def _on_call_done(self, ev: FunctionCallDone) -> None:
+    def _on_call(self, ev: FunctionCallDelta | FunctionCallDone) -> None:
         resp = self._active("function_call")
         if resp is None:
             return
-        idx, item_id = self._call_item(resp, ev.call_id, ev.name)
-        self.send(P.server_event("response.function_call_arguments.done", response_id=resp.id, item_id=item_id,
-                                 output_index=idx, call_id=ev.call_id, name=ev.name, arguments=ev.arguments))
-        item = {"id": item_id, "object": "realtime.item", "type": "function_call",
-                "status": "completed" if ev.complete else "incomplete", "name": ev.name, "call_id": ev.call_id,
-                "arguments": ev.arguments}
-        self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=idx, item=item))
+        if resp.calls is None:
+            resp.calls = ResponseCalls(resp.id, self.send, resp.alloc)
+        if isinstance(ev, FunctionCallDelta):
+            resp.calls.delta(ev)
+            return
+        item = resp.calls.done(ev)
         resp.outputs.append(item)
-        resp.calls_done.add(ev.call_id)
-        self._last_item_id = item_id
-        if not ev.complete:
-            self.metrics.inc("tristream_tool_calls_total", status="incomplete")
-        else:
-            self.metrics.inc("tristream_tool_calls_total", status="completed")
+        self._last_item_id = item["id"]
+        self.metrics.inc("tristream_tool_calls_total", status=item["status"])
 
     def _announce_message(self, resp: _Response) -> None:
         if resp.message_index is None:
-            resp.message_index = resp.next_index
-            resp.next_index += 1
+            resp.message_index = resp.alloc()
             self.send(P.server_event("response.output_item.added", response_id=resp.id,
                                      output_index=resp.message_index, item=self._out_item(resp, "in_progress")))
 
@@ -487,10 +420,8 @@ class RealtimeSession:
             self._on_audio(aresp, ev, now)
         elif isinstance(ev, ResponseDone):
             self._finish_response(ev, now)
-        elif isinstance(ev, FunctionCallDelta):
-            self._on_call_delta(ev)
-        elif isinstance(ev, FunctionCallDone):
-            self._on_call_done(ev)
+        elif isinstance(ev, (FunctionCallDelta, FunctionCallDone)):
+            self._on_call(ev)
 
     def _on_text(self, resp: _Response, ev: AnswerText, now: int) -> None:
         self._announce_message(resp)
@@ -541,13 +472,8 @@ class RealtimeSession:
             self.send_error(failure)
         text = "".join(resp.text)
         status = ev.status
-        for call_id, (idx, item_id) in resp.calls.items():  # a call cut off (cancelled, failed): incomplete
-            if call_id not in resp.calls_done:
-                cut = {"id": item_id, "object": "realtime.item", "type": "function_call", "status": "incomplete",
-                       "name": resp.call_names[call_id], "call_id": call_id, "arguments": "".join(resp.call_args.get(call_id, []))}
-                self.send(P.server_event("response.output_item.done", response_id=resp.id, output_index=idx,
-                                         item=cut))
-                resp.outputs.append(cut)
+        if resp.calls is not None:  # calls cut off (cancelled, failed) end incomplete
+            resp.outputs += resp.calls.cut_off()
         output = list(resp.outputs)
         if resp.message_index is not None or not resp.calls:  # a call-only answer has no message item
             self._announce_message(resp)
