@@ -264,6 +264,8 @@ def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
             metrics = srv.metrics.render()
             assert "tristream_webrtc_rtp_packets_lost_total" in metrics
             assert srv.webrtc.jitter["skipped"] >= counts["dropped"] - 3  # each hole skipped, not waited out
+            # each lost 20 ms packet became 20 ms of silence: the timeline holds (only lost talk is missing)
+            assert abs(srv.webrtc.concealed_ms - 20 * srv.webrtc.jitter["skipped"]) <= 40, srv.webrtc.concealed_ms
             await p.pc.close()
         finally:
             await srv.stop(grace_s=0)

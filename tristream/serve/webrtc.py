@@ -171,6 +171,7 @@ class WebRtcCall:
         """Microphone frames (decoded Opus, 48 kHz) into the session's audio input."""
         from aiortc.mediastreams import MediaStreamError
 
+        expect: int | None = None  # the pts the next frame should have (samples at the frame's rate)
         while not self.closed:
             try:
                 frame = await track.recv()
@@ -180,8 +181,16 @@ class WebRtcCall:
             ch = len(frame.layout.channels)
             pcm = arr.reshape(-1, ch)[:, 0] if arr.dtype == np.int16 else \
                 np.clip(arr.reshape(-1, ch)[:, 0] * 32767, -32768, 32767).astype(np.int16)
+            pts, rate = frame.pts, frame.sample_rate
+            if expect is not None and pts is not None and 0 < pts - expect <= rate:
+                # lost packets: silence in their place keeps the audio's timeline (VAD timing, capture times)
+                gap = pts - expect
+                pcm = np.concatenate([np.zeros(gap, np.int16), pcm])
+                self.calls.concealed_ms += gap * 1000 / rate
+            if pts is not None:
+                expect = pts + frame.samples
             try:
-                self.session.push_audio(np.ascontiguousarray(pcm), frame.sample_rate)
+                self.session.push_audio(np.ascontiguousarray(pcm), rate)
             except Exception:  # the backend refused one chunk: count it, the call goes on
                 self.calls.server.metrics.inc("tristream_messages_dropped_total", reason="webrtc_audio_error")
 
@@ -241,6 +250,7 @@ class WebRtcCalls:
         self.data_channel_timeout_s = DATA_CHANNEL_TIMEOUT_S
         self.closed_rtp = {"received": 0, "lost": 0}
         self.jitter = {"skipped": 0, "late": 0}  # the audio jitter buffers' holes skipped, packets too late
+        self.concealed_ms = 0.0  # microphone audio lost in transit, replaced by silence
         server.metrics.add_collector(self.families)
 
     async def refresh_stats(self) -> dict[str, int]:
@@ -265,6 +275,9 @@ class WebRtcCalls:
                  [("tristream_webrtc_jitter_skipped_packets_total", {}, float(self.jitter["skipped"]))]),
                 ("tristream_webrtc_jitter_late_packets", "counter", "audio packets dropped: arrived after their slot",
                  [("tristream_webrtc_jitter_late_packets_total", {}, float(self.jitter["late"]))]),
+                ("tristream_webrtc_audio_concealed_seconds", "counter",
+                 "microphone audio lost in transit and replaced by silence (the timeline is kept)",
+                 [("tristream_webrtc_audio_concealed_seconds_total", {}, self.concealed_ms / 1000)]),
                 ("tristream_webrtc_calls_open", "gauge", "open WebRTC calls",
                  [("tristream_webrtc_calls_open", {}, float(len(self.calls)))])]
 
