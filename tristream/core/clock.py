@@ -17,8 +17,8 @@ congestion episode (every point above) neither lifts nor tilts it.
 Faults are counted per source in `counts`: `wrap` (a wrapping timestamp, `wrap_ns`, moves into
 its next cycle: never an epoch), `duplicate` (the same capture again within
 `duplicate_window_ns`: it gets the first copy's reference time and does not touch the fit),
-`gap` / `lost` (a hole in the source timeline still open `gap_confirm_ns` later: lost chunks,
-a silent sensor), `reset`, `outlier`, `delayed`, `previous_epoch`, `reordered`.
+`gap` / `lost` (a hole in the source timeline still open `gap_confirm_ns` later, or at `close()`:
+lost chunks, a silent sensor), `reset`, `outlier`, `delayed`, `previous_epoch`, `reordered`.
 
 Resets: a packet whose source time jumps back more than `reset_back_ns` behind the newest one,
 or arrives more than `reset_ahead_ns` earlier than the current line allows, opens a candidate
@@ -310,6 +310,13 @@ class SourceClock:
         ref = self.observe_span(pkt.src_ns, pkt.src_end_ns, pkt.arrival_ns)
         pkt.ref_ns = ref
         return ref
+
+    def close(self) -> None:
+        """End of the stream: holes still open can no longer be filled, so each is counted as a
+        `gap` (with its `lost` packets) now instead of `gap_confirm_ns` of source time later."""
+        for ep in self._epochs:
+            if ep.holes:
+                self._confirm_holes(ep, math.inf)
 
     def to_ref(self, src_ns: int) -> int:
         """Map a source time with the current epoch's estimate, without learning from it."""

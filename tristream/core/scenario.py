@@ -121,6 +121,8 @@ def run_online(
         refs[p[0]][p[1]] = out[k]
         if uncertainty:
             unc[p[0]][p[1]] = u_out[k]
+    for c in clocks.values():  # end of the recording: holes still open are gaps
+        c.close()
     counters: dict[str, dict[str, int]] = {f"clock:{k}": c.counts.snapshot() for k, c in clocks.items()}
     counters.update({f"ring:{k}": r.counts.snapshot() for k, r in rings.items()})
     counters["sync"] = synchroniser.counts.snapshot()
