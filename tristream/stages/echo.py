@@ -15,9 +15,8 @@ the audio that was playing around the time it was captured:
   it, so speech the echo explains never interrupts the answer.
 
 While nothing plays, every block counts as the user's. An adaptive echo canceller (a
-partitioned-block NLMS filter) was tried first: it reached 12–19 dB of echo reduction on
-one continuous clip, but within a session's short answers, split into TTS pieces, it did not
-converge (≤ 0 dB), and the gate alone met the targets (`bench/e2e_cpu.py --section overlap`).
+partitioned-block NLMS filter) was tried first and not kept: within a session's short answers,
+split into TTS pieces, it did not converge (`docs/assistant.md`).
 """
 
 from __future__ import annotations
