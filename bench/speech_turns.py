@@ -1,7 +1,7 @@
 """Spoken turns of 2–25 s for the end-to-end CPU benchmark: piper and espeak-ng voices at several rates.
 
-Each turn is a few everyday sentences read as one turn (short pauses between sentences, as
-people speak); its text is the reference for WER. Clips are 16 kHz mono float32, made once per
+Each turn is a few everyday sentences read as one continuous turn (pauses between sentences
+shorter than the VAD's hangover); its text is the reference for WER. Clips are 16 kHz mono float32, made once per
 process and cached in `bench/data/turns/` (not tracked) so that runs compare like with like.
 """
 
@@ -100,19 +100,27 @@ def _voices() -> list[tuple[str, object]]:
     return out
 
 
-def _speak(tts: object, text: str, pause_s: float) -> np.ndarray:
+def _speak(tts: object, text: str, pause_s: float, trim: bool = False) -> np.ndarray:
+    """`text` sentence by sentence, `pause_s` of silence between sentences (`trim`: each
+    sentence cut to its speech first, so the pause is all the silence there is)."""
     from tristream.stages.base import resample
+    from tristream.stages.synth import energy_edges
 
     parts = []
     for sentence in re.findall(r"[^.!?]+[.!?]", text):
-        pcm = tts.synthesize(sentence.strip())  # type: ignore[attr-defined]
-        parts += [resample(pcm, tts.sample_rate, 16_000), np.zeros(int(pause_s * 16_000), np.float32)]  # type: ignore[attr-defined]
+        pcm = resample(tts.synthesize(sentence.strip()), tts.sample_rate, 16_000)  # type: ignore[attr-defined]
+        if trim:
+            a, b = energy_edges(pcm, 16_000)
+            pcm = pcm[a:b]
+        parts += [pcm, np.zeros(int(pause_s * 16_000), np.float32)]
     return np.concatenate(parts[:-1]).astype(np.float32)
 
 
 def make_turns(sentence_counts: tuple[int, ...] = (1, 2, 3, 5, 7), per_count: int = 2, seed: int = 0,
-               pause_s: float = 0.18, cache: Path | None = None) -> list[Turn]:
-    """Turns of 1..7 sentences (≈ 2–25 s) for every voice; cached as .npy by content."""
+               pause_s: float = 0.15, cache: Path | None = None) -> list[Turn]:
+    """Turns of 1..7 sentences (≈ 2–25 s) for every voice, read as one continuous turn: each
+    sentence trimmed to its speech, `pause_s` between sentences (below the VAD's 300 ms
+    hangover, as in fluent speech); cached as .npy by content."""
     rng = np.random.default_rng(seed)
     cache = cache or Path(__file__).resolve().parent / "data" / "turns"
     cache.mkdir(parents=True, exist_ok=True)
@@ -123,12 +131,12 @@ def make_turns(sentence_counts: tuple[int, ...] = (1, 2, 3, 5, 7), per_count: in
             picks = rng.choice(len(SENTENCES), size=k, replace=False)
             text = " ".join(SENTENCES[i] for i in picks)
             for name, tts in voices:
-                key = hashlib.sha1(f"{name}|{pause_s}|{text}".encode()).hexdigest()[:16]
+                key = hashlib.sha1(f"{name}|{pause_s}|trim|{text}".encode()).hexdigest()[:16]
                 f = cache / f"{key}.npy"
                 if f.is_file():
                     pcm = np.load(f)
                 else:
-                    pcm = _speak(tts, text, pause_s)
+                    pcm = _speak(tts, text, pause_s, trim=True)
                     np.save(f, pcm)
                 turns.append(Turn(text, pcm, name))
     return turns
