@@ -6,9 +6,10 @@ to the server as they are) and is the session's audio sink (answer audio, conver
 at the client's output rate); a per-session chat backend goes in through `Session(llm=...)`.
 
 Time: when the client sends capture timestamps (``capture_ts_us`` on audio and video),
-both streams are mapped onto the server's reference clock by one `SourceClock` per session
-(they come from one client clock), so the aligner joins frames to speech by capture time;
-without them, arrival time is used.
+each stream is mapped onto the server's reference clock by its own `SourceClock` (microphone and
+camera: a clock counts gaps and reorderings on one timeline), so the aligner joins frames to
+speech by capture time, and each clock's duplicates, gaps, wraps and resets reach `/metrics`
+(`serve.metrics.clock_families`); without them, arrival time is used.
 
 Turn control (`pipeline_turns`): with ``turn_detection: null`` audio is buffered and
 ``input_audio_buffer.commit`` ends the turn (``input_audio_buffer.clear`` drops it); with
@@ -64,6 +65,7 @@ class PipelineBackend:
         self._sink: EventSink | None = None
         self._session: Any = None
         self._clock: Any = None
+        self._frame_clock: Any = None
         self._counters: dict[str, int] = {}
         self._pending_texts: list[str] = []
         self._samples_in = 0
@@ -116,7 +118,10 @@ class PipelineBackend:
         self._gate = TurnGate(s.llm_stage.inbox, self._hold_turns, self._count)
         s.asr_stage.downstream = [cast(Any, self._gate)]
         self._session = s
-        self._clock = SourceClock("client")
+        # one clock per stream (a clock counts gaps on one timeline); capture_ts_us is a
+        # non-wrapping µs clock of the client
+        self._clock = SourceClock.for_unit("client:mic", "us")
+        self._frame_clock = SourceClock.for_unit("client:cam", "us")
         s.start()
 
     def _hold_turns(self) -> bool:
@@ -190,7 +195,7 @@ class PipelineBackend:
             img = np.frombuffer(frame.data, np.uint8).reshape(frame.height or 0, frame.width or 0, 3)
         else:
             img = np.frombuffer(frame.data, np.uint8).reshape(frame.height or 0, frame.width or 0)
-        ref = self._clock.observe(frame.capture_ts_us * 1000, frame.ref_ns)
+        ref = self._frame_clock.observe(frame.capture_ts_us * 1000, frame.ref_ns)
         self._file_frame(img, ref)
 
     def _file_frame(self, img: np.ndarray, ref: int) -> None:
@@ -334,7 +339,12 @@ class PipelineBackend:
 
     def gauges(self) -> list[Family]:
         """Per-stage latency, queue depth and drops, and the frame ring's watermark (Prometheus families)."""
-        return [] if self._session is None else stage_gauges(self._session)
+        if self._session is None:
+            return []
+        from tristream.serve.metrics import clock_families
+
+        clocks = {k: c for k, c in (("mic", self._clock), ("cam", self._frame_clock)) if c is not None}
+        return stage_gauges(self._session) + clock_families(clocks, session=self._session.id)
 
     async def close(self) -> None:
         """Close the pipeline session (stops its stage tasks); its stage timings join the process totals."""
@@ -346,6 +356,9 @@ class PipelineBackend:
             if self._own_chat is not None:
                 self._own_chat.close()
             await asyncio.sleep(0)
+            for c in (self._clock, self._frame_clock):
+                if c is not None:
+                    c.close()  # holes still open become gaps
             STAGE_TOTALS.add_session(self._session)
 
 
