@@ -127,6 +127,8 @@ class AsrStage(Stage):
                 self._collect()
             else:
                 s.asr.push(item.pcm, item.ref_ns)
+                if s.streaming_asr:  # committed words go out (and into the LLM) as they come
+                    self._collect()
             turn = s.turns.on_tick(s.clock.now_ns())
             if turn is not None:
                 self._send(turn)
