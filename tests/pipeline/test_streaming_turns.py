@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
@@ -107,3 +108,32 @@ def test_speech_over_the_answer_on_a_speakerphone(models, case: str) -> None:
     else:
         assert r["status"] == "completed", r  # its own voice and a "mhm" do not stop the answer
         assert r["overlaps"]["echo_ignored"] >= (1 if case == "echo" else 0), r
+
+
+def test_a_session_publishes_committed_words_and_prefills_while_the_user_speaks(models, say) -> None:
+    from tristream.observe.events import TranscriptDelta, TranscriptDone
+    from tristream.pipeline.session import Session, SessionConfig
+    from tristream.sched.clock import VirtualClock
+
+    async def main() -> tuple[list[tuple[int, str]], int, int]:
+        clock = VirtualClock(start_ns=1_000_000_000)
+        session = Session(models, clock=clock, config=SessionConfig())
+        seen: list[tuple[int, str]] = []
+        session.subscribe(lambda ev: seen.append((clock.now_ns(), type(ev).__name__))
+                          if isinstance(ev, TranscriptDelta | TranscriptDone) else None)
+        session.start()
+        pcm = np.concatenate([np.zeros(8000, np.float32), say(LONG)])
+        for i in range(0, pcm.shape[0], 320):
+            session.push_audio(pcm[i:i + 320], clock.now_ns())
+            await session.settle_input()
+            clock.advance(20_000_000)
+            await asyncio.sleep(0.02)  # decodes run on their own thread as audio arrives
+        end = clock.now_ns()
+        prefills = session.prefills
+        await session.close()
+        return seen, end, prefills
+
+    seen, end, prefills = asyncio.run(main())
+    early = [t for t, kind in seen if kind == "TranscriptDelta" and t < end - 2_000_000_000]
+    assert len(early) >= 3, seen  # committed words went out seconds before the speech ended
+    assert prefills >= 3  # and each growth prefilled the LLM
