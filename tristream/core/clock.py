@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -316,7 +317,7 @@ class SourceClock:
         `gap` (with its `lost` packets) now instead of `gap_confirm_ns` of source time later."""
         for ep in self._epochs:
             if ep.holes:
-                self._confirm_holes(ep, math.inf)
+                self._confirm_holes(ep, sys.maxsize)  # later than any hole's confirmation time
 
     def to_ref(self, src_ns: int) -> int:
         """Map a source time with the current epoch's estimate, without learning from it."""

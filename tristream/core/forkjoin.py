@@ -82,6 +82,6 @@ def fork_map(fn: Callable[[T], R], parts: Sequence[T]) -> list[R]:
                 blob = fh.read()
             _, status = os.waitpid(pid, 0)
             got.append(blob if status == 0 and blob else None)
-    for p, blob in zip(parts[1:], got, strict=True):
-        results.append(pickle.loads(blob) if blob is not None else fn(p))
+    for p, data in zip(parts[1:], got, strict=True):
+        results.append(pickle.loads(data) if data is not None else fn(p))
     return results

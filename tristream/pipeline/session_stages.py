@@ -159,7 +159,8 @@ class AsrStage(Stage):
         detector = s.turns.detector
         if getattr(detector, "uses_audio", False):  # the turn model judges the voice beside the ASR final
             audio = s.input.recent_audio()
-            self._turn_wait = s.pool.submit(detector.extra_wait_ms, "?", audio)
+            judge: Any = detector.extra_wait_ms
+            self._turn_wait = s.pool.submit(lambda: judge("?", audio))
         self._final_pending = True
         await loop.run_in_executor(s.pool, s.asr.push, item)
         self._collect()
