@@ -60,8 +60,11 @@ class EngineChatBackend:
         """Seconds from each failed step to the engine's recovery (readiness back)."""
         self._failed_at: float | None = None
         self._warm: dict[str, int] = {}
-        self.step_prefill_tokens: int | None = (
-            64 if str(getattr(getattr(engine, "model", None), "device", "cpu")).startswith("cpu") else None)
+        import inspect
+
+        takes_budget = "max_prefill_tokens" in inspect.signature(engine.step).parameters
+        on_cpu = str(getattr(getattr(engine, "model", None), "device", "cpu")).startswith("cpu")
+        self.step_prefill_tokens: int | None = 64 if on_cpu and takes_budget else None
         """Prefill tokens per engine step on CPU (≈ 0.1 s): an answer's prompt never waits long
         behind another session's prefill or this session's incremental one; None: the engine's."""
         self.prefills = 0
