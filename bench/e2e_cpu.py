@@ -31,40 +31,25 @@ import os
 import subprocess
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, cpu_info, free_port, machine_info, process_cpu_s  # noqa: E402
+import serve as serve_bench  # noqa: E402  (bench/serve.py: one way to start a server)
+from _common import RESULTS_DIR, cpu_info, machine_info, process_cpu_s  # noqa: E402
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-TOKEN = "bench-e2e"
+TOKEN = serve_bench.TOKEN
 RATE = 24_000
 STEP = RATE // 50  # 20 ms appends
 
 
 def start_server(asr: str, n: int) -> tuple[subprocess.Popen[str], int]:
     """`tristream serve` (the assistant, this ASR) in its own process, once it listens."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "tristream.cli", "serve", "--port", str(port), "--token", TOKEN,
-           "--backend", f"assistant:asr={asr}", "--max-sessions", str(max(8, n)), "--max-messages-per-s", "1000"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    tail: deque[str] = deque(maxlen=30)
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"server exited: rc={proc.poll()}\n" + "".join(tail))
-        tail.append(line)
-        if "ws://" in line:
-            return proc, port
-    proc.kill()
-    raise RuntimeError("server did not start in 600 s")
+    return serve_bench.start_server(f"assistant:asr={asr}", n)
 
 
 def _pcm16(pcm16k: np.ndarray) -> np.ndarray:
