@@ -8,6 +8,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tristream.core.clock import SourceClock
+from tristream.core.curve import _too_early
 from tristream.core.family import FAULTS, RateModel, generate_family
 from tristream.core.offline import fit_source
 from tristream.core.scenario import cross_modal_error, run_online
@@ -49,6 +50,9 @@ def test_rate_model_elapsed_integrates_rate() -> None:
 
 @settings(max_examples=12, deadline=None)
 @given(faults=FAULT_SETS, seed=st.integers(0, 10_000))
+@example(faults={"drift", "wrap", "network", "loss"}, seed=483)  # a sparse IMU through a 70 s temperature swing
+@example(faults=set(FAULTS), seed=8)  # the IMU back from a silence for the 5 s before it is replugged
+@example(faults=set(FAULTS), seed=1)
 def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed: int) -> None:
     """Over random fault sets and seeds: every wrap, duplicate, gap and reset counted exactly;
     cross-modal P99 <= 0.3 ms and <= 5 events more than 5 ms off."""
@@ -70,6 +74,7 @@ def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed:
 @given(faults=FAULT_SETS, seed=st.integers(0, 10_000))
 @example(faults={"wrap", "reset", "loss"}, seed=118)  # a restart at raw 0 right after a wrap
 @example(faults={"drift", "loss", "network", "reset", "wrap"}, seed=3407)  # a hole open at the end
+@example(faults={"loss", "drift", "wrap", "network", "reset"}, seed=2574)  # a held-up packet fills its hole
 def test_online_counts_every_fault(faults: set[str], seed: int) -> None:
     streams = generate_family(faults, seed, 60.0)
     res = run_online(streams, sync=False)  # closes the clocks at the end: open holes are gaps
@@ -142,3 +147,29 @@ def test_online_all_faults_meets_targets(seed: int) -> None:
         covered = np.abs(res.refs[sid] - s.true_ref_ns)[keep] <= res.uncertainty[sid][keep]
         assert covered.mean() >= 0.99, sid
     assert res.sets
+
+
+def test_too_early_keeps_the_ends_and_the_edges_of_a_silence() -> None:
+    """A bin needs three neighbours close in source time to be called stamped late: the ends of an
+    epoch and the bins after a silence (across which the drift wandered) are kept."""
+    xb = np.r_[np.arange(40) * 2e9, 120e9 + np.arange(3) * 2e9]
+    yb = np.zeros(xb.size)
+    yb[-3:] = -0.5e6  # the offset moved by half a millisecond during the silence
+    yb[20] = -0.5e6  # one bin stamped late among honest neighbours
+    flagged = _too_early(xb, yb, 2e9, 0.3e6)
+    assert np.flatnonzero(flagged).tolist() == [20]
+
+
+def test_a_held_up_packet_fills_its_hole() -> None:
+    """A packet held up behind its successors by more than the reset threshold is mapped as
+    `delayed`; it was still received, so the hole it sits in is not a loss."""
+    clock = SourceClock("mic0")
+    span = 20_000_000
+    srcs = list(range(0, 200 * span, span))
+    late = srcs.pop(150)
+    for k, s in enumerate(srcs):
+        clock.observe_span(s, s + span, s + span + 5_000_000 + (1_000 if k % 2 else 0))
+    clock.observe_span(late, late + span, srcs[-1] + span + 6_000_000)  # ~1 s after its successor
+    clock.close()
+    assert clock.counts["delayed"] == 1
+    assert clock.counts["gap"] == 0 and clock.counts["lost"] == 0

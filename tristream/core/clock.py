@@ -370,6 +370,8 @@ class SourceClock:
                 abs(self._gap(prev, src_ns, arrival_ns)) < self.reset_back_ns
             ):
                 self.counts.add("previous_epoch")
+                if prev.holes:  # a late packet of the old epoch still fills its hole
+                    self._fill(prev, start, src_ns)
                 return prev
         cand = self._candidate(start, src_ns, arrival_ns)
         if cand is not self._epochs[-1] and 0.0 <= self._gap(ep, src_ns, arrival_ns) <= self.max_delay_ns:
@@ -377,6 +379,8 @@ class SourceClock:
             # the line, it just arrived late): map it with the current epoch until a reset is
             # confirmed. It still counts towards a reset candidate in case it is the first of many.
             self.counts.add("delayed")
+            if ep.holes:  # it was received: the hole it sits in is not a loss
+                self._fill(ep, start, src_ns)
             return ep
         return cand
 

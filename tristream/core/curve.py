@@ -9,7 +9,8 @@ piecewise-linear curve with knots every `knot_ns` of source time, fitted to the 
    more than `outlier_ns` below the third-lowest of its neighbours within 2 s is dropped;
 2. the knot values minimise an *asymmetric* penalised least-squares objective over the bin
    minima: points below the curve weigh 1, points above weigh `above_weight`, plus `smooth`
-   times the squared second differences of the knots (this also bridges silent stretches).
+   times the squared second differences of the knots (this also bridges silent stretches), in
+   proportion to the bins per knot (`smooth` holds for 20 of them).
    Bins more than `congestion_ns` above the lowest bin within `congestion_window_ns` (drift
    removed) are left out first: a congestion episode lifts every delay for seconds, and at the
    end of an epoch nothing else would hold the curve down.
@@ -175,7 +176,10 @@ def fit_lower_curve(
         dtd0, dtd1, dtd2 = np.zeros(m), np.zeros(m - 1), np.zeros(max(m - 2, 0))
     wt = np.ones(xb.size)
     live = np.ones(xb.size, bool)
-    lam = smooth
+    # The penalty is set for knots of 20 bins; a sparse source (an IMU sending a few packets a
+    # second: two or three bins a knot) gets it in proportion, or it would straighten a
+    # temperature swing that its few bins do show.
+    lam = smooth * min(1.0, knot_ns / (20.0 * bin_ns))
     v = np.zeros(m)
     rejected = 0
     for it in range(iters):
@@ -208,15 +212,19 @@ def _detrend(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
 
 
 def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float) -> np.ndarray:
-    """Bins more than `tol_ns` below the third-lowest of their neighbours within 2 s: a minimum
-    that no delay explains (packets stamped late), however few of them a bin holds."""
+    """Bins more than `tol_ns` below the third-lowest of their neighbours (the `k` bins either
+    side that lie within `k + 1` bins of source time): a minimum that no delay explains (packets
+    stamped late), however few of them a bin holds. A bin with fewer than three such neighbours
+    (the ends of an epoch, the edges of a silence, across which the drift wandered) is kept."""
     k = max(2, int(2e9 // bin_ns))
     r = _detrend(xb, yb)
     pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
-    win = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1)
-    nb = np.delete(win, k, axis=1)
+    xp = np.r_[np.full(k, np.inf), xb, np.full(k, np.inf)]
+    win = np.delete(np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1), k, axis=1)
+    xw = np.delete(np.lib.stride_tricks.sliding_window_view(xp, 2 * k + 1), k, axis=1)
+    nb = np.where(np.abs(xw - xb[:, None]) <= (k + 1) * bin_ns, win, np.inf)
     ref = np.partition(nb, 2, axis=1)[:, 2]
-    return np.asarray(r < ref - tol_ns)
+    return np.asarray(np.isfinite(ref) & (r < ref - tol_ns))
 
 
 def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
