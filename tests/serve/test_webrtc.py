@@ -160,7 +160,22 @@ def test_echo_call_round_trip_and_clear_errors() -> None:
             await asyncio.sleep(1.5)
             assert p.heard_rms() > 300  # the echoed tone came back over the answer track
             assert evs[-1]["response"]["status"] == "completed"
+            # as in OpenAI's WebRTC API: the channel says when the answer's audio starts and has all gone out
+            rid = evs[-1]["response"]["id"]
+            evs += await p.until("output_audio_buffer.stopped", timeout=10)
+            buffer = [(e["type"], e["response_id"]) for e in evs if e["type"].startswith("output_audio_buffer.")]
+            assert buffer == [("output_audio_buffer.started", rid), ("output_audio_buffer.stopped", rid)], buffer
             await p.pc.close()
+
+            # what the browser page shows: the backend and where offers go, with the token only
+            import httpx
+
+            async with httpx.AsyncClient() as h:
+                info_url = f"http://127.0.0.1:{srv.port}/v1/info"
+                info = (await h.get(info_url, headers={"Authorization": f"Bearer {TOKEN}"})).json()
+                assert (await h.get(info_url)).status_code == 401
+            assert info["backend"]["family"] == "echo" and info["backend"]["models"] == {}
+            assert info["transports"]["webrtc"] == {"port": srv.chat.port, "path": "/v1/realtime/calls"}
 
             # bad SDP, an offer without audio, the wrong content type, a bad token: clear errors
             q = Peer(None)

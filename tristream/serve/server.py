@@ -5,7 +5,8 @@ One port serves everything:
 - ``GET /v1/realtime`` (any path ending in ``/realtime``): the Realtime API over WebSocket.
   Auth by ``Authorization: Bearer <token>`` or, for browsers that cannot set headers, the
   subprotocol ``openai-insecure-api-key.<token>`` (OpenAI's own browser convention).
-- ``GET /`` and ``/app.js``, ``/style.css``: the browser page (``serve/web/``).
+- ``GET /`` and ``/app.js``, ``/style.css``: the browser page (``serve/web/``); ``GET /v1/info``
+  (bearer token): the backend, its models and the WebRTC offer's port (`web_info.server_info`).
 - ``GET /metrics``: Prometheus text; ``GET /healthz``: liveness; ``GET /readyz``: 503 while
   draining or full.
 
@@ -323,6 +324,12 @@ class RealtimeServer:
         if path == "/readyz":
             ready = not self.draining and len(self.conns) < self.limits.max_sessions and self.backend_healthy()
             return self._respond(conn, 200 if ready else 503, "ready\n" if ready else "not ready\n", "text/plain")
+        if path == "/v1/info":  # what the browser page shows: backend, models, where WebRTC offers go
+            if not self._authorized(request):
+                return self._respond(conn, 401, "missing or invalid bearer token\n", "text/plain")
+            from tristream.serve.web_info import server_info
+
+            return self._respond(conn, 200, json.dumps(server_info(self)), "application/json")
         if path in _STATIC:
             name, ctype = _STATIC[path]
             f = WEB_DIR / name

@@ -17,8 +17,13 @@ or whose connection fails, is closed and counted (``tristream_webrtc_calls_total
 Losses: the audio jitter buffer (`gap_skipping_jitter_buffer`) reorders packets late by up to
 80 ms and skips a hole after that (counted); packets that never arrive are counted
 (``tristream_webrtc_rtp_packets_lost_total``, RFC 3550's expected - received, from the
-receivers' stats once a second and at the end of each call). Not done yet: the camera as a
-video track (RTP/RTCP capture times).
+receivers' stats once a second and at the end of each call). The camera arrives as a video
+track whose frames are timed by RTP timestamps and RTCP sender reports (`SenderClock`).
+
+As in OpenAI's WebRTC API, the data channel tells when the answer track carries an answer:
+``output_audio_buffer.started`` (its first audio goes out), ``output_audio_buffer.stopped``
+(the answer is done and its audio has all gone out) and ``output_audio_buffer.cleared`` (the
+answer was cancelled and what was buffered is dropped), each with the ``response_id``.
 """
 
 from __future__ import annotations
@@ -83,6 +88,21 @@ class WebRtcCall:
                                        on_turn=lambda t: srv._on_turn(self.id, t))
         self.session.settings.output_audio_sample_rate = RATE
         self.rtp = {"received": 0, "lost": 0, "jitter": 0}
+        self.response_id: str | None = None  # the answer whose audio the track carries
+        self.response_done = False
+        self.audio_open = False  # output_audio_buffer.started sent, stopped/cleared not yet
+        self.track.on_start = self._audio_started
+        self.track.on_drained = self._audio_drained
+
+    def _audio_started(self) -> None:
+        if not self.audio_open and self.response_id is not None:
+            self.audio_open = True
+            self._channel_send(P.server_event("output_audio_buffer.started", response_id=self.response_id))
+
+    def _audio_drained(self) -> None:
+        if self.audio_open and self.response_done:
+            self.audio_open = False
+            self._channel_send(P.server_event("output_audio_buffer.stopped", response_id=self.response_id))
 
     def send(self, event: dict[str, Any]) -> None:
         """A server event: answer audio to the track, everything else to the data channel."""
@@ -95,8 +115,21 @@ class WebRtcCall:
                 pcm = resample(pcm, rate, RATE)
             self.track.add(pcm)
             return
-        if event["type"] == "response.done" and event["response"]["status"] == "cancelled":
-            self.track.clear()
+        self._channel_send(event)
+        etype = event["type"]
+        if etype == "response.created":
+            self.response_id, self.response_done = event["response"]["id"], False
+        elif etype == "response.done":
+            self.response_done = True
+            if event["response"]["status"] == "cancelled":
+                self.track.clear()
+                if self.audio_open:
+                    self.audio_open = False
+                    self._channel_send(P.server_event("output_audio_buffer.cleared", response_id=self.response_id))
+            elif not self.track.playing:
+                self._audio_drained()
+
+    def _channel_send(self, event: dict[str, Any]) -> None:
         msg = P.dumps(event)
         ch = self.channel
         if ch is not None and ch.readyState == "open":

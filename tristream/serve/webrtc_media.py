@@ -35,12 +35,16 @@ def answer_track() -> Any:
             self._start: float | None = None
             self._ts = 0
             self.played = 0  # answer samples sent (not silence)
+            self.playing = False  # the last frame carried answer audio
+            self.on_start: Any = None  # called when answer audio starts going out after silence
+            self.on_drained: Any = None  # called when the buffer runs dry after answer audio
 
         def add(self, pcm: np.ndarray) -> None:
             self.buf = np.concatenate([self.buf, pcm.astype(np.int16)])
 
         def clear(self) -> None:
             self.buf = np.zeros(0, np.int16)
+            self.playing = False
 
         async def recv(self) -> Any:
             if self.readyState != "live":
@@ -58,6 +62,11 @@ def answer_track() -> Any:
                 out[:n] = self.buf[:n]
                 self.buf = self.buf[n:]
                 self.played += n
+            if bool(n) != self.playing:
+                self.playing = bool(n)
+                cb = self.on_start if n else self.on_drained
+                if cb is not None:
+                    cb()
             frame = AudioFrame.from_ndarray(out.reshape(1, -1), format="s16", layout="mono")
             frame.sample_rate = RATE
             frame.pts = self._ts
