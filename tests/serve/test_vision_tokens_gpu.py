@@ -85,7 +85,7 @@ def test_vision_tokens_reach_the_context_and_the_answer_comes(engine: Any) -> No
                 sess.frames.append(sess.clock.now_ns(), frame(1))
             chat.prefill("s0", [{"role": "system", "content": SYSTEM_PROMPT},
                                 {"role": "user", "content": " ".join(words[:i])}])
-            await asyncio.sleep(0.3)
+            await asyncio.sleep(0.4)  # frame 1 comes > 1 s (VisionPolicy.min_gap_ms) after frame 0
         parts = []
         t_end = time.perf_counter()
         first = None

@@ -7,10 +7,11 @@ the shared `FrameTokenizer` and prefilled into the session's LLM context while t
   speaks, each incremental prefill (`ScheduledChat.prefill`) asks it for the frames captured since
   the start of speech, at most one per ``min_gap_ms`` of capture time; they are encoded in the
   encoder thread and their tokens join the next partial prompt. A budget of ``max_images`` frames
-  per turn (``max_images * tokens_per_frame`` positions) bounds the context: older frames leave
-  first (counted ``images_over_budget``). At the end of the turn the answer's prompt takes what
-  is encoded; a turn without any (a typed message, or speech without frames) takes the latest
-  frame at or before its end, encoded then. Frames still encoding after ``wait_ms`` are left out
+  per turn (``max_images * tokens_per_frame`` positions) bounds the context: the first frame stays
+  and the newest replaces the one before it (counted ``images_over_budget``), so the prefix already
+  prefilled survives. At the end of the turn the answer's prompt takes the frames picked while the
+  user spoke (the context prefilled with them goes on); a turn without any (a typed message, or
+  speech without frames) takes the latest frame at or before its end, encoded then. Frames still encoding after ``wait_ms`` are left out
   (``images_late``).
 - `VisionPipelineBackend`: the pipeline backend whose session is bound to its `SessionVision`.
 
@@ -116,8 +117,8 @@ class SessionVision:
             self.picks.append((t, self._encode(t, img)))
             self.shared.count("frames_aligned")
             last = t
-        while len(self.picks) > pol.max_images:
-            self.picks.pop(0)
+        while len(self.picks) > pol.max_images:  # the first frame stays (it is prefilled), the newest comes in
+            self.picks.pop(-2 if pol.max_images >= 2 else -1)
             self.shared.count("images_over_budget")
 
     def ready(self) -> list[Span]:
@@ -128,7 +129,8 @@ class SessionVision:
         """The answer's images: this turn's encoded frames (or the latest frame, encoded now);
         the turn's state is reset for the next one."""
         s = self.session
-        self.refresh()
+        if not self.picks:  # frames already picked stay as prefilled: the answer continues that context
+            self.refresh()
         picks, self.picks, self.speech_start_ns = self.picks, [], None
         if not picks and s is not None:
             latest = s.frames.latest_at_or_before(s.clock.now_ns())
