@@ -7,12 +7,13 @@
 # Whisper base CT2 folder (as `$TRISTREAM_CACHE/whisper-base-ct2` with its `.verified` mark) and the
 # websockets / gguf / soxr / pathvalidate cp312 wheels. Built here with:
 #   tar cf - -C /tmp/stg . | gzip -1 > /tmp/stage.tgz; split -b 50500000 -d /tmp/stage.tgz part
-# Calls 1..N-1: `bash bench/serve_gpu_device.sh stage`; the last: `bash bench/serve_gpu_device.sh run`
+# One part a call, carried as .stageK (STAGE_DIR=.stageK): calls 1..N-1 `bash bench/serve_gpu_device.sh stage`,
+# the last `bash bench/serve_gpu_device.sh run`
 # (TRISTREAM_GIT_COMMIT set to the commit that runs: the device copy's .git is stale).
 set -u
 mode=${1:-run}
 mkdir -p /tmp/stage
-cat .stage/part* >> /tmp/stage/all.tgz
+cat ${STAGE_DIR:-.stage}/part* >> /tmp/stage/all.tgz
 ls -l /tmp/stage
 [ "$mode" = stage ] && exit 0
 X=/tmp/x
