@@ -53,6 +53,7 @@ def test_rate_model_elapsed_integrates_rate() -> None:
 @example(faults={"drift", "wrap", "network", "loss"}, seed=483)  # a sparse IMU through a 70 s temperature swing
 @example(faults=set(FAULTS), seed=8)  # the IMU back from a silence for the 5 s before it is replugged
 @example(faults=set(FAULTS), seed=1)
+@example(faults={"drift", "loss", "network", "reset"}, seed=9916)  # sparse, noisy IMU bins taken for stamped late
 def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed: int) -> None:
     """Over random fault sets and seeds: every wrap, duplicate, gap and reset counted exactly;
     cross-modal P99 <= 0.3 ms and <= 5 events more than 5 ms off."""
@@ -75,6 +76,7 @@ def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed:
 @example(faults={"wrap", "reset", "loss"}, seed=118)  # a restart at raw 0 right after a wrap
 @example(faults={"drift", "loss", "network", "reset", "wrap"}, seed=3407)  # a hole open at the end
 @example(faults={"loss", "drift", "wrap", "network", "reset"}, seed=2574)  # a held-up packet fills its hole
+@example(faults={"loss", "network", "wrap"}, seed=664)  # the second frame of the stream lost
 def test_online_counts_every_fault(faults: set[str], seed: int) -> None:
     streams = generate_family(faults, seed, 60.0)
     res = run_online(streams, sync=False)  # closes the clocks at the end: open holes are gaps
@@ -173,3 +175,15 @@ def test_a_held_up_packet_fills_its_hole() -> None:
     clock.close()
     assert clock.counts["delayed"] == 1
     assert clock.counts["gap"] == 0 and clock.counts["lost"] == 0
+
+
+def test_a_frame_lost_before_the_period_is_known_is_a_gap() -> None:
+    """Frames carry no span: the first step between them sets the period, so a frame lost right
+    there is only seen at the next step, and still counted."""
+    clock = SourceClock("cam0")
+    period = 33_366_667
+    srcs = [0, *range(2 * period, 300 * period, period)]  # the second frame is lost
+    for k, s in enumerate(srcs):
+        clock.observe(s, s + 5_000_000 + (1_000 if k % 2 else 0))
+    clock.close()
+    assert (clock.counts["gap"], clock.counts["lost"]) == (1, 1)

@@ -74,6 +74,8 @@ class _Epoch:
     fit_packets: int = 0  # packets and closed windows at the last refit
     fit_windows: int = 0
     floor_gap: float = 0.0  # running mean gap between the two least delays of a window (ns)
+    first_lo: int = -1  # the first step between packets without a span (frames), taken before
+    first_hi: int = -1  # any period was known: a hole once the next step shows it held lost frames
 
     def y_of(self, src_ns: int, arrival_ns: int) -> tuple[float, float]:
         x = float(src_ns - self.s0)
@@ -428,6 +430,8 @@ class SourceClock:
             self.counts.add("reordered")
             if ep.holes:
                 self._fill(ep, start, src_ns)
+            if ep.first_lo < src_ns < ep.first_hi:
+                ep.first_hi = -1  # a frame inside the first step: it is no hole of lost ones
         else:
             if packets > 1:
                 last_end = ep.last_end
@@ -450,6 +454,13 @@ class SourceClock:
                     if p > 0 and step > 1.5 * p:
                         holes.append([last_end, src_ns, 0])
                     elif step > 0:
+                        if p == 0:
+                            ep.first_lo, ep.first_hi = last_end, src_ns
+                        elif ep.first_hi >= 0:
+                            if ep.first_hi - ep.first_lo > 1.5 * step:  # the first step lost frames
+                                holes.insert(0, [ep.first_lo, ep.first_hi, 0])
+                                p = step
+                            ep.first_hi = -1
                         ep.period = step if p == 0 else p + 0.1 * (step - p)
                 if holes and holes[0][1] < src_ns - self.gap_confirm_ns:
                     self._confirm_holes(ep, src_ns)

@@ -212,19 +212,23 @@ def _detrend(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
 
 
 def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float) -> np.ndarray:
-    """Bins more than `tol_ns` below the third-lowest of their neighbours (the `k` bins either
-    side that lie within `k + 1` bins of source time): a minimum that no delay explains (packets
-    stamped late), however few of them a bin holds. A bin with fewer than three such neighbours
-    (the ends of an epoch, the edges of a silence, across which the drift wandered) is kept."""
-    k = max(2, int(2e9 // bin_ns))
+    """Bins more than `tol_ns` below the second-lowest of their neighbours on *each* side (the
+    `k` bins before and the `k` after that lie within `k + 1` bins of source time): a minimum
+    that no delay explains (packets stamped late), however few of them a bin holds. A bin at the
+    edge of a congestion episode is low against one side only and is kept; so is a bin with
+    fewer than two such neighbours on a side (the ends of an epoch, the edges of a silence,
+    across which the drift wandered)."""
+    k = max(4, int(2e9 // bin_ns))
     r = _detrend(xb, yb)
     pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
     xp = np.r_[np.full(k, np.inf), xb, np.full(k, np.inf)]
-    win = np.delete(np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1), k, axis=1)
-    xw = np.delete(np.lib.stride_tricks.sliding_window_view(xp, 2 * k + 1), k, axis=1)
+    win = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1)
+    xw = np.lib.stride_tricks.sliding_window_view(xp, 2 * k + 1)
     nb = np.where(np.abs(xw - xb[:, None]) <= (k + 1) * bin_ns, win, np.inf)
-    ref = np.partition(nb, 2, axis=1)[:, 2]
-    return np.asarray(np.isfinite(ref) & (r < ref - tol_ns))
+    left = np.partition(nb[:, :k], 1, axis=1)[:, 1]
+    right = np.partition(nb[:, k + 1 :], 1, axis=1)[:, 1]
+    ref = np.minimum(left, right)
+    return np.asarray(np.isfinite(left) & np.isfinite(right) & (r < ref - tol_ns))
 
 
 def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
