@@ -77,6 +77,7 @@ def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed:
 @example(faults={"drift", "loss", "network", "reset", "wrap"}, seed=3407)  # a hole open at the end
 @example(faults={"loss", "drift", "wrap", "network", "reset"}, seed=2574)  # a held-up packet fills its hole
 @example(faults={"loss", "network", "wrap"}, seed=664)  # the second frame of the stream lost
+@example(faults={"loss", "wrap", "drift", "network"}, seed=531)  # the last packet before a silence comes after it
 def test_online_counts_every_fault(faults: set[str], seed: int) -> None:
     streams = generate_family(faults, seed, 60.0)
     res = run_online(streams, sync=False)  # closes the clocks at the end: open holes are gaps

@@ -375,6 +375,12 @@ class SourceClock:
                 if prev.holes:  # a late packet of the old epoch still fills its hole
                     self._fill(prev, start, src_ns)
                 return prev
+        if ep.holes and self._gap(ep, src_ns, arrival_ns) >= 0.0 and self._in_hole(ep, start, src_ns):
+            # It lands in a hole of the timeline, later than the line allows: a packet held up
+            # (behind a successor that came after a silence, however long), never a reset.
+            self.counts.add("delayed")
+            self._fill(ep, start, src_ns)
+            return ep
         cand = self._candidate(start, src_ns, arrival_ns)
         if cand is not self._epochs[-1] and 0.0 <= self._gap(ep, src_ns, arrival_ns) <= self.max_delay_ns:
             # Most likely a packet that was merely held up (its source time is consistent with
@@ -520,6 +526,14 @@ class SourceClock:
             ep.fit_packets = ep.packets
             ep.fit_windows = len(ep.rx)
             self._refit(ep)
+
+    def _in_hole(self, ep: _Epoch, start: int, end: int) -> bool:
+        """Whether [start, end] lies in one of the epoch's open holes."""
+        for lo, hi, span in ep.holes:
+            tol = span // 2 if span else 0.5 * ep.period
+            if lo - tol <= start and end <= hi + tol:
+                return True
+        return False
 
     def _fill(self, ep: _Epoch, start: int, end: int) -> None:
         """A reordered packet lands in a hole: shrink or split it."""
