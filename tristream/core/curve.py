@@ -10,7 +10,7 @@ piecewise-linear curve with knots every `knot_ns` of source time, fitted to the 
 2. the knot values minimise an *asymmetric* penalised least-squares objective over the bin
    minima: points below the curve weigh 1, points above weigh `above_weight`, plus `smooth`
    times the squared second differences of the knots (this also bridges silent stretches), in
-   proportion to the bins per knot (`smooth` holds for 20 of them).
+   proportion to the bins per knot below 8 (`smooth` holds for 8 or more).
    Bins more than `congestion_ns` above the lowest bin within `congestion_window_ns` (drift
    removed) are left out first: a congestion episode lifts every delay for seconds, and at the
    end of an epoch nothing else would hold the curve down.
@@ -176,10 +176,10 @@ def fit_lower_curve(
         dtd0, dtd1, dtd2 = np.zeros(m), np.zeros(m - 1), np.zeros(max(m - 2, 0))
     wt = np.ones(xb.size)
     live = np.ones(xb.size, bool)
-    # The penalty is set for knots of 20 bins; a sparse source (an IMU sending a few packets a
+    # The penalty is set for knots of 8 bins or more; a sparse source (an IMU sending a few packets a
     # second: two or three bins a knot) gets it in proportion, or it would straighten a
     # temperature swing that its few bins do show.
-    lam = smooth * min(1.0, knot_ns / (20.0 * bin_ns))
+    lam = smooth * min(1.0, knot_ns / (8.0 * bin_ns))
     v = np.zeros(m)
     rejected = 0
     for it in range(iters):
