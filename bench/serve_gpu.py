@@ -60,19 +60,28 @@ def start_default_server() -> tuple[subprocess.Popen[str], int, float]:
     raise RuntimeError("server did not start in 600 s")
 
 
-def camera(seconds: float, fps: float, seed: int) -> list[tuple[float, bytes]]:
-    """JPEG frames of a slowly changing 640x480 scene, (capture time s, bytes)."""
+def scene_frames(n: int = 48, seed: int = 0) -> list[bytes]:
+    """JPEGs of a slowly changing 640x480 scene (encoded once, before the clients start: encoding
+    inside a client would stall its event loop, and every session's audio with it)."""
     import cv2
 
     rng = np.random.default_rng(seed)
     img = cv2.GaussianBlur(rng.integers(0, 256, (480, 640, 3), dtype=np.uint8), (0, 0), 3)
     out = []
-    for i in range(int(seconds * fps) + 1):
+    for i in range(n):
         x = (i * 23) % 600
         frame = img.copy()
         cv2.rectangle(frame, (x, 100), (x + 40, 300), (255, 0, 0), -1)
-        out.append((i / fps, cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])[1].tobytes()))
+        out.append(cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, 80])[1].tobytes())
     return out
+
+
+JPEGS: list[bytes] = []
+
+
+def camera(seconds: float, fps: float, seed: int) -> list[tuple[float, bytes]]:
+    """(capture time s, JPEG) at ``fps`` for ``seconds``, from `JPEGS`."""
+    return [(i / fps, JPEGS[(seed + i) % len(JPEGS)]) for i in range(int(seconds * fps) + 1)]
 
 
 def _pcm24(pcm16k: np.ndarray) -> np.ndarray:
@@ -228,6 +237,7 @@ def main() -> None:
     ap.add_argument("--out", default="serve_gpu")
     args = ap.parse_args()
     turns = make_turns(sentence_counts=(1, 2, 3), per_count=1)
+    JPEGS.extend(scene_frames())
     print(f"{len(turns)} turns, {min(t.seconds for t in turns):.1f}-{max(t.seconds for t in turns):.1f} s", flush=True)
     proc, port, start_s = start_default_server()
     runs = []
