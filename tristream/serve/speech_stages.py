@@ -6,7 +6,7 @@
 | ASR | our Whisper base (`tristream.engine.speech`, the shipped CTranslate2 weights loaded into our module) behind `BatchedWhisperASR`: one batcher thread, one `WhisperRunner` pass for every session with new audio | the engine's ``device``: CUDA graphs on a GPU, the same code eagerly on a CPU |
 | LLM | the scheduled engine (`ScheduledChat` per session) | ``device`` |
 | TTS | piper (ONNX Runtime) | CPU |
-| vision | OpenCV scene description | CPU (no VLM weights are available offline) |
+| vision | CUDA: tokens of the aligned frames (`serve.vision_tokens`; random SigLIP weights); else OpenCV | ``device`` |
 """
 
 from __future__ import annotations
