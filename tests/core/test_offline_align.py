@@ -93,6 +93,22 @@ def test_cli(recording: tuple[Path, dict], tmp_path: Path) -> None:  # type: ign
     assert res.exit_code != 0
 
 
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_offline_fit_with_two_percent_stamped_late(seed: int) -> None:
+    """The tri-modal recording with 2 % of packets stamped late (1-9 ms too early): bins of them
+    at the ends of an epoch are judged against the one side they have (2.4 ms P99 at seed 4
+    when they were kept)."""
+    from tristream.core.offline import fit_source
+    from tristream.core.scenario import cross_modal_error
+    from tristream.core.synth import stamp_late
+
+    streams = generate(tri_modal_specs(), 60.0, seed)
+    stamp_late(streams, 0.02, seed + 1000)
+    refs = {sid: fit_source(sid, s.src_ns, s.src_ns + s.dur_ns, s.arrival_ns, latency_ns=s.spec.latency_ns).ref_ns
+            for sid, s in streams.items()}
+    assert cross_modal_error(streams, refs, warmup_s=10.0)["all"]["p99"] <= 0.3
+
+
 def test_offline_fit_rejects_too_early_packets() -> None:
     from tristream.core.offline import fit_source
     from tristream.core.synth import SourceSpec, generate_stream

@@ -157,6 +157,14 @@ def fit_lower_curve(
         k = int(np.argmin(yb))
         return LowerCurve(x0, max(span, 1.0), np.array([yb[k], yb[k]])), {"early_bins": n_early, "rejected_bins": 0}
     congested = _congested(xb, yb, bin_ns, congestion_ns, congestion_window_ns)
+    if xb.size >= 8 and bin_ns * 8 <= 2e9:
+        # Bins with neighbours on one side only (the ends of an epoch, the edges of a silence),
+        # against that side's bins outside congestion episodes; only with 8 of them a side (a
+        # sparse source's few bins there hold more jitter than evidence).
+        late = _too_early(xb, yb, bin_ns, outlier_ns, skip=congested, edges=True) & ~congested
+        if late.any():
+            n_early += int(late.sum())
+            xb, yb, congested = xb[~late], yb[~late], congested[~late]
     if congested.any() and not congested.all():
         xb, yb = xb[~congested], yb[~congested]
     m = max(2, int(math.ceil(span / knot_ns)) + 1)
@@ -211,24 +219,30 @@ def _detrend(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
     return np.asarray(yb - (c + d * xc))
 
 
-def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float) -> np.ndarray:
-    """Bins more than `tol_ns` below the second-lowest of their neighbours on *each* side (the
-    `k` bins before and the `k` after that lie within `k + 1` bins of source time): a minimum
-    that no delay explains (packets stamped late), however few of them a bin holds. A bin at the
-    edge of a congestion episode is low against one side only and is kept; so is a bin with
-    fewer than two such neighbours on a side (the ends of an epoch, the edges of a silence,
-    across which the drift wandered)."""
+def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, *, skip: np.ndarray | None = None,
+               edges: bool = False) -> np.ndarray:
+    """Bins more than `tol_ns` below a low order statistic of their neighbours on *each* side
+    (the `k` bins before and the `k` after that lie within `k + 1` bins of source time: the
+    second-lowest, the third from 8 a side): a minimum that no delay explains (packets stamped
+    late), however few of them a bin holds. A bin at the edge of a congestion episode is low
+    against one side only and is kept. With `edges`, only the bins that have such neighbours on
+    one side alone (the ends of an epoch, the edges of a silence, across which the drift
+    wandered) are judged, against that side; `skip` marks bins that are nobody's neighbours."""
     k = max(4, int(2e9 // bin_ns))
+    j = min(2, k // 4)
     r = _detrend(xb, yb)
+    if skip is not None:
+        r = np.where(skip, np.inf, r)
     pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
     xp = np.r_[np.full(k, np.inf), xb, np.full(k, np.inf)]
     win = np.lib.stride_tricks.sliding_window_view(pad, 2 * k + 1)
     xw = np.lib.stride_tricks.sliding_window_view(xp, 2 * k + 1)
     nb = np.where(np.abs(xw - xb[:, None]) <= (k + 1) * bin_ns, win, np.inf)
-    left = np.partition(nb[:, :k], 1, axis=1)[:, 1]
-    right = np.partition(nb[:, k + 1 :], 1, axis=1)[:, 1]
+    left = np.partition(nb[:, :k], j, axis=1)[:, j]
+    right = np.partition(nb[:, k + 1 :], j, axis=1)[:, j]
     ref = np.minimum(left, right)
-    return np.asarray(np.isfinite(left) & np.isfinite(right) & (r < ref - tol_ns))
+    sides = np.isfinite(left) ^ np.isfinite(right) if edges else np.isfinite(left) & np.isfinite(right)
+    return np.asarray(sides & (r < ref - tol_ns))
 
 
 def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
