@@ -10,7 +10,10 @@ with the call's opening and the arguments are decoded under the schema's token m
 result is checked by `jsonschema` (an independent validator) against the function's schema.
 The baseline decodes the same prompts without the mask (the same call opening, greedy,
 ``max_tokens`` 96) and checks the first JSON value it writes; the auto pass asks with
-``tool_choice`` auto and counts the answers that call the function (and their validity).
+``tool_choice`` auto and counts the answers that call the function (and their validity). The
+router pass tries candidates for ``auto`` with a small model: a separate question per request
+whose answer is masked to two options (yes/no, or the function's name/"talk"), on the 40
+requests and 20 that need no function (``--only-router``: just that pass, printed).
 Writes bench/results/tools.json.
 """
 
@@ -92,6 +95,56 @@ FUNCTIONS: list[tuple[dict[str, Any], list[str]]] = [
       "Bike route to Central Park avoiding tolls.", "Navigate to 12 Main Street by bus."]),
 ]
 SYSTEM = "You are a helpful voice assistant that calls functions to act for the user."
+NEGATIVES = ["Tell me a joke.", "What is the capital of France?", "How are you today?",
+             "Who wrote Romeo and Juliet?", "What does photosynthesis mean?", "Thanks, that's all.",
+             "Can you explain what a noun is?", "What's your name?", "How many legs does a spider have?",
+             "Say something nice about cats."]
+"""Requests that need no function: each is asked with one of the functions offered (the router pass)."""
+ROUTER_PROMPTS = {
+    # one yes/no question per request, answered under a mask that allows only "yes" or "no"
+    "zero_shot": "You decide whether the assistant must call a function for the user's request. Answer yes "
+                 "when the request asks for what the function does, no otherwise.",
+    "two_shot": "You decide whether the assistant must call a function for the user's request. Answer yes "
+                "when the request asks for what the function does, no otherwise.\n\n"
+                "Function: get_time: Tell the current time\nRequest: What time is it?\nAnswer: yes\n\n"
+                "Function: get_time: Tell the current time\nRequest: Who painted the Mona Lisa?\nAnswer: no",
+    "question_two_shot": "Answer yes or no.\n\n"
+                         "Request: What time is it?\nDoes the user want to tell the current time? yes\n\n"
+                         "Request: Who painted the Mona Lisa?\nDoes the user want to tell the current time? no",
+}
+QUESTION = "question_two_shot"  # asks "Does the user want to <description>?" about the request
+
+
+CHOICE_PROMPTS = {
+    # pick the function's name or "talk" (answer in words), masked to those two
+    "choice_zero_shot": "Pick the best action for the user's request: the function, or talk (answer in words).",
+    "choice_two_shot": "Pick the best action for the user's request: the function, or talk (answer in words).\n\n"
+                       "Request: What time is it?\nActions: get_time (Tell the current time), talk\nBest: get_time\n\n"
+                       "Request: Who painted the Mona Lisa?\nActions: get_time (Tell the current time), talk\n"
+                       "Best: talk",
+}
+
+
+async def route(chat: Any, caller: Any, system: str, fn: dict[str, Any], request: str, choice: bool = False) -> bool:
+    """A candidate for ``tool_choice`` auto with a small model: ask whether `fn` is needed, the answer masked
+    to yes/no (or, `choice`, to the function's name or "talk"), instead of hoping the free answer opens a call."""
+    from tristream.engine import constrain as C
+    from tristream.engine.sequence import SamplingParams
+
+    if choice:
+        name = fn["name"]
+        grammar = C.grammar_for(f"router:{name}|talk", lambda: C.Alt((C.Lit(name.encode()), C.Lit(b"talk"))),
+                                caller._vocab())
+        user = f"Request: {request}\nActions: {name} ({fn['description']}), talk\nBest:"
+    else:
+        grammar = C.grammar_for("router:yes|no", lambda: C.Alt((C.Lit(b"yes"), C.Lit(b"no"))), caller._vocab())
+        user = f"Function: {fn['name']}: {fn['description']}\nRequest: {request}\nAnswer:"
+        if system == ROUTER_PROMPTS[QUESTION]:
+            user = f"Request: {request}\nDoes the user want to {fn['description'][0].lower()}{fn['description'][1:]}?"
+    msgs = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    params = SamplingParams(max_tokens=12, temperature=0.0, logits_mask=C.JsonConstraint(grammar))
+    text = "".join([t async for t in chat.stream(msgs, 12, params=params)]).strip()
+    return text == fn["name"] if choice else text.startswith("yes")
 
 
 def first_json(text: str) -> Any:
@@ -112,7 +165,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     load_s = time.perf_counter() - t0
     caller = ToolCaller(chat)
     rows: list[dict[str, Any]] = []
-    for fn, requests in FUNCTIONS:
+    for fn, requests in ([] if args.only_router else FUNCTIONS):
         tool = parse_tools([{"type": "function", **fn}])
         for q in requests:
             msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": q}]
@@ -152,6 +205,27 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(row)
             print(f"{'ok ' if row['valid'] else 'BAD'} {dt:5.2f}s {fn['name']:<17} {row['arguments']}"
                   + (f"   | baseline {'ok' if row.get('baseline_valid') else 'bad'}" if args.baseline else ""))
+    router: dict[str, Any] = {}
+    if args.router:
+        cases = [(fn, q, True) for fn, qs in FUNCTIONS for q in qs]
+        cases += [(FUNCTIONS[i % len(FUNCTIONS)][0], q, False) for i, q in enumerate(NEGATIVES)]
+        # the other function's requests: relevant words, the wrong function
+        cases += [(FUNCTIONS[(i + 1) % len(FUNCTIONS)][0], qs[0], False) for i, (_, qs) in enumerate(FUNCTIONS)]
+        for name, system in {**ROUTER_PROMPTS, **CHOICE_PROMPTS}.items():
+            t = time.perf_counter()
+            said = [(fn["name"], q, want, await route(chat, caller, system, fn, q, name in CHOICE_PROMPTS))
+                    for fn, q, want in cases]
+            pos = [x for x in said if x[2]]
+            neg = [x for x in said if not x[2]]
+            router[name] = {"called_when_relevant": sum(x[3] for x in pos), "relevant": len(pos),
+                            "called_when_not": sum(x[3] for x in neg), "not_relevant": len(neg),
+                            "seconds_per_decision": round((time.perf_counter() - t) / len(said), 3),
+                            "false_calls": [[f, q] for f, q, _, got in neg if got],
+                            "missed": [[f, q] for f, q, _, got in pos if not got]}
+            print(f"router {name}: called {router[name]['called_when_relevant']}/{len(pos)} relevant, "
+                  f"{router[name]['called_when_not']}/{len(neg)} not relevant")
+    if args.only_router:
+        return {"auto_router": router}
     n = len(rows)
     valid = sum(r["valid"] for r in rows)
     out: dict[str, Any] = {
@@ -164,6 +238,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.auto:
         out["auto_called"] = sum(r["auto_called"] for r in rows)
         out["auto_valid"] = sum(bool(r.get("auto_valid")) for r in rows)
+    if router:
+        out["auto_router"] = router
     if args.baseline:
         b = sum(r["baseline_valid"] for r in rows)
         out["baseline_valid"] = b
@@ -177,8 +253,14 @@ def main() -> None:
     ap.add_argument("--quant", default="auto")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
     ap.add_argument("--no-auto", dest="auto", action="store_false", help="skip the tool_choice=auto pass")
+    ap.add_argument("--no-router", dest="router", action="store_false",
+                    help="skip the yes/no router pass (a candidate for auto with a small model)")
+    ap.add_argument("--only-router", action="store_true", help="only the router pass (no results file)")
     args = ap.parse_args()
     res = asyncio.run(run(args))
+    if args.only_router:
+        print(json.dumps(res, indent=1))
+        return
     path = write_results("tools", res, extra_modules=("torch", "jsonschema"))
     print(f"constrained: {res['valid']}/{res['requests']} valid ({res['valid_rate']:.0%})"
           + (f"; unconstrained: {res['baseline_valid']}/{res['requests']}" if args.baseline else "")
