@@ -54,10 +54,15 @@ def write_y4m(path: Path, frames: int = 20, w: int = 160, h: int = 120) -> None:
             f.write(np.full((h // 2) * (w // 2) * 2, 128, np.uint8).tobytes())
 
 
+SPEAK_OVER_S = 16.0  # when the microphone's second turn starts (seconds after the microphone opens)
+
+
 def media(tmp_path: Path) -> tuple[Path, Path]:
-    """3 s of silence (the call is set up meanwhile), one 600 ms voiced turn, then silence."""
+    """3 s of silence (the call is set up meanwhile), a 600 ms voiced turn at 3.2 s, an 800 ms one at
+    `SPEAK_OVER_S` (to speak over an answer), silence between and after."""
     wav, y4m = tmp_path / "speech.wav", tmp_path / "camera.y4m"
-    write_wav(wav, np.concatenate([np.zeros(3 * RATE, np.int16), tone_turns([600], rate=RATE, gap_ms=6000)]), RATE)
+    write_wav(wav, np.concatenate([np.zeros(3 * RATE, np.int16), tone_turns([600, 800], rate=RATE, gap_ms=12_200)]),
+              RATE)
     write_y4m(y4m)
     return wav, y4m
 
@@ -123,11 +128,12 @@ async def typed_turn(page: Any, text: str, n: int) -> dict[str, Any]:
 
 def test_browser_webrtc_spoken_typed_and_cancelled(tmp_path: Path) -> None:
     """WebRTC by default: a spoken turn (mic and camera tracks) answered in text and on the answer
-    track, a typed turn, and an answer stopped with the button shown as cancelled."""
+    track, a typed turn, an answer stopped with the button shown as cancelled, and one the
+    microphone speaks over shown as interrupted."""
     wav, y4m = media(tmp_path)
     errors: list[str] = []
 
-    async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], str, list[str], str]:
+    async def go() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any], str, list[str], str]:
         async with server(webrtc=True) as srv, page_on(srv, wav, y4m, errors) as page:
             info = await page.text_content("#info-text")
             spoken = await spoken_turn(page)
@@ -141,12 +147,19 @@ def test_browser_webrtc_spoken_typed_and_cancelled(tmp_path: Path) -> None:
             await page.click("#cancel")
             await page.wait_for_function("window.tristream.latencies.length >= 3", timeout=10_000)
             cancelled = dict(await page.evaluate("window.tristream"))
+            # a long answer while the microphone's second turn comes: the speech cuts it short
+            await page.wait_for_function(f"performance.now() - window.tristream.mediaAt > {(SPEAK_OVER_S - 2) * 1000}",
+                                         timeout=20_000)
+            await page.fill("#text", LONG_TEXT)
+            await page.press("#text", "Enter")
+            await page.wait_for_function("window.tristream.answerStatus.length >= 4", timeout=15_000)
+            interrupted = dict(await page.evaluate("window.tristream"))
             tags = await page.eval_on_selector_all(".msg.assistant.cut .tag", "els => els.map(e => e.textContent)")
             transport = str(await page.text_content("#transport"))
             await page.screenshot(path=str(tmp_path / "page.png"))
-            return spoken, typed, cancelled, str(info), tags, transport + " " + srv.metrics.render()
+            return spoken, typed, cancelled, interrupted, str(info), tags, transport + " " + srv.metrics.render()
 
-    spoken, typed, cancelled, info, tags, rest = run(go(), timeout=90)  # type: ignore[misc]
+    spoken, typed, cancelled, interrupted, info, tags, rest = run(go(), timeout=120)  # type: ignore[misc]
     assert not errors, errors
     assert "backend echo" in info and "WebRTC available" in info, info
     assert spoken["transport"] == "webrtc" and rest.startswith("WebRTC ")
@@ -161,8 +174,11 @@ def test_browser_webrtc_spoken_typed_and_cancelled(tmp_path: Path) -> None:
     assert cancelled["answerStatus"][2] == "cancelled" and cancelled["latencies"][2]["status"] == "cancelled"
     said = cancelled["answers"][2]
     assert said.startswith("echo:") and "word39" not in said, said  # cut short
-    assert tags == ["cancelled"]
     assert "cleared" in cancelled["audioBuffer"][2:]
+    # spoken over: marked interrupted, not cancelled (the page did not ask)
+    assert interrupted["answerStatus"][3] == "interrupted", interrupted["answerStatus"]
+    assert "word39" not in interrupted["answers"][3]
+    assert tags == ["cancelled", "interrupted"]
 
 
 def test_browser_websocket_fallback(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@
   let ws = null, pc = null, dc = null, ctx = null, micStream = null, camStream = null, node = null;
   let frameTimer = null, statsTimer = null, remoteTimer = null, sources = [];
   let lastVoicedAt = 0, eosAt = 0, firstText = null, firstAudio = null, playHead = 0;
-  let answerEl = null, userEl = null, pending = new Int16Array(0), cancelAsked = false, spokeOver = false;
+  let answerEl = null, userEl = null, pending = new Int16Array(0), cancelAsked = false;
 
   const setStatus = (text, cls) => { const el = $("status"); el.textContent = text; el.className = "status " + cls; };
   const addMsg = (who, text) => {
@@ -122,16 +122,19 @@
   }
 
   // ---------------------------------------------------------------- server events
-  function finishAnswer(status) {
+  function finishAnswer(response) {
+    // cancelled without this page asking: the server's turn detection cut it (the user spoke over it);
+    // speech_started may come just before or just after the response.done that ends it
+    const status = response.status, reason = (response.status_details || {}).reason;
     let label = status;
-    if (status === "cancelled") label = cancelAsked ? "cancelled" : (spokeOver ? "interrupted" : "cancelled");
+    if (status === "cancelled") label = cancelAsked && reason !== "turn_detected" ? "cancelled" : "interrupted";
     S.answerStatus.push(label);
     if (answerEl && label !== "completed") {
       answerEl.classList.add("cut");
       const tag = document.createElement("span"); tag.className = "tag " + label; tag.textContent = label;
       answerEl.querySelector(".who").append(" ", tag);
     }
-    answerEl = null; cancelAsked = false; spokeOver = false; $("cancel").disabled = true;
+    answerEl = null; cancelAsked = false; $("cancel").disabled = true;
   }
 
   function onEvent(ev) {
@@ -141,7 +144,6 @@
       case "session.created":
         S.sessionId = ev.session.id; break;
       case "input_audio_buffer.speech_started":
-        if (answerEl) spokeOver = true;
         stopPlayback(); break;   // barge-in: the server cancels the answer
       case "input_audio_buffer.speech_stopped":
         eosAt = lastVoicedAt || now; firstText = firstAudio = null; break;
@@ -175,7 +177,7 @@
         if (srv.eos_to_first_audio_ms !== undefined && srv.eos_to_first_audio_ms !== null)
           $("lat-server").textContent = srv.eos_to_first_audio_ms.toFixed(1) + " ms";
         S.latencies.push({ text_ms: firstText, audio_ms: firstAudio, server: srv, status: ev.response.status });
-        finishAnswer(ev.response.status);
+        finishAnswer(ev.response);
         $("turns").textContent = S.latencies.length; eosAt = 0; break;
       }
       case "error":
@@ -279,6 +281,7 @@
       micStream = await navigator.mediaDevices.getUserMedia({ audio: { channelCount: 1, echoCancellation: true } });
       if ($("camera").checked) camStream = await navigator.mediaDevices.getUserMedia({ video: { width: 640, height: 480 } });
     } catch (e) { setStatus("no media: " + e.message, "err"); $("start").disabled = false; return; }
+    S.mediaAt = performance.now();               // when the microphone started (tests time their speech by it)
     if (camStream) $("preview").srcObject = camStream;
     const t = token();
     await loadInfo();
