@@ -71,6 +71,14 @@ def test_offline_counts_every_fault_and_meets_the_target(faults: set[str], seed:
     assert off <= 5
 
 
+@pytest.mark.xfail(strict=True, reason="known misses of the offline target (issue 25): a sparse IMU (5 packets/s) "
+                   "under heavy jitter; at 9295 its first 17 s hold one bin outside congestion, 0.44 ms above the floor")
+@pytest.mark.parametrize(("faults", "seed"), [({"drift", "network"}, 9295), ({"network", "reset"}, 1320)])
+def test_offline_target_known_misses(faults: set[str], seed: int) -> None:
+    """The property test's offline target at draws it is known to miss (strict: a fix shows here)."""
+    test_offline_counts_every_fault_and_meets_the_target.hypothesis.inner_test(faults=faults, seed=seed)  # type: ignore[attr-defined]
+
+
 @settings(max_examples=8, deadline=None)
 @given(faults=FAULT_SETS, seed=st.integers(0, 10_000))
 @example(faults={"wrap", "reset", "loss"}, seed=118)  # a restart at raw 0 right after a wrap
