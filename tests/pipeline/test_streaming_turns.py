@@ -45,6 +45,33 @@ def test_partials_arrive_before_the_end_of_a_long_turn(models, say) -> None:
     assert recognizer.stats.trims >= 1  # the buffer was cut: the encoder never saw the whole turn
 
 
+def test_sessions_speaking_at_once_share_batched_decodes(models, say) -> None:
+    """Four utterances fed at once through the decode thread: their updates and finals run as
+    batched decodes (fewer calls than decodes), and each transcript is its own clip's."""
+    from speech_turns import wer
+
+    from tristream.stages.asr_stream import AgreementWhisper
+
+    texts = ["Please remind me to call the doctor tomorrow morning at nine.",
+             "Yesterday I bought a new bicycle and rode it to work.",
+             "What time does the grocery store close on Sunday evening?",
+             "How far is it from the station to the museum if I walk?"]
+    recognizer = AgreementWhisper(models.asr.asr, max_batch=4)
+    clips = [say(t) for t in texts]
+    utts = [recognizer.utterance() for _ in texts]
+    for i in range(0, max(c.shape[0] for c in clips), 1600):  # 100 ms per session per round
+        for u, c in zip(utts, clips, strict=True):
+            if i < c.shape[0]:
+                u.feed(c[i:i + 1600])
+        time.sleep(0.02)
+    finals = [u.final() for u in utts]
+    for text, final in zip(texts, finals, strict=True):
+        edits, words = wer(text, final)
+        assert edits / words <= 0.15, (text, final)
+    st = recognizer.stats
+    assert st.decodes > st.batches >= 1, st  # some decodes shared a call
+
+
 def test_a_revised_commit_rolls_the_kv_cache_back_to_the_first_block_that_differs(models) -> None:
     from tristream.pipeline.prompt import Conversation
 

@@ -70,3 +70,36 @@ def test_local_agreement_and_loop_cutting() -> None:
     assert [w for w, _ in _cut_loops(looped)] == [" Tell", " me", " a", " story", "."]  # re-reading its window
     ahead = [(w, [i]) for i, w in enumerate([" Tell", " me", " a"])]
     assert _cut_loops(ahead, [" Tell", " me", " a", " story", "."]) == []  # a committed sentence again
+
+
+def test_decode_batches_hold_one_job_per_utterance_and_skip_cancelled_ones() -> None:
+    """The decode thread's batching rule, with a decode that records its batches."""
+    import threading
+    import time
+
+    from tristream.stages.asr_stream import _Decode, _Worker
+    from tristream.stages.asr_whisper import DecodeRequest, DecodeResult
+
+    gate = threading.Event()
+    seen: list[list[int]] = []
+
+    def decode(reqs: list[DecodeRequest]) -> list[DecodeResult]:
+        gate.wait(5)
+        seen.append([r.max_new for r in reqs])
+        return [DecodeResult(r, [r.max_new], None, i, 0) for i, r in enumerate(reqs)]
+
+    def job(key: int, tag: int) -> _Decode:
+        return _Decode(key, lambda: DecodeRequest(np.zeros(1, np.float32), [], [], tag),
+                       lambda res: res.tokens[0] if res is not None else None)
+
+    worker = _Worker("test-decode", decode, max_batch=3)
+    first = worker.submit(1, job(0, 0))  # occupies the thread until the gate opens
+    time.sleep(0.05)
+    futs = [worker.submit(1, job(1, 1)), worker.submit(1, job(1, 2)), worker.submit(0, job(2, 3)),
+            worker.submit(1, job(3, 4)), worker.submit(1, job(4, 5))]
+    futs[4].cancel()
+    gate.set()
+    assert [f.result(5) for f in futs[:4]] == [1, 2, 3, 4] and first.result(5) == 0
+    assert seen[0] == [0]
+    assert seen[1] == [3, 1, 4]  # priority first; utterance 1's second job waits; the cancelled one never runs
+    assert seen[2] == [2]

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from tristream.stages.asr import UtteranceStream
-from tristream.stages.asr_whisper import SAMPLE_RATE, WhisperASR
+from tristream.stages.asr_whisper import SAMPLE_RATE, DecodeRequest, DecodeResult, WhisperASR
 
 __all__ = ["AgreementWhisper", "StreamingUtterance", "local_agreement"]
 
@@ -89,37 +89,96 @@ def _cut_loops(words: list[tuple[str, list[int]]], before: list[str] = ()) -> li
     return words
 
 
-class _Worker:
-    """One thread that runs decode jobs by priority (0 before 1), in order within a priority."""
+class _Decode:
+    """A decode job: `prepare` (on the decode thread, when its batch forms) gives the request,
+    or None when there is nothing to decode; `finish` turns its result (None when skipped)
+    into the job's value. `key` keeps two jobs of one utterance out of one batch."""
 
-    def __init__(self, name: str) -> None:
-        self._heap: list[tuple[int, int, Callable[[], Any], concurrent.futures.Future[Any]]] = []
+    __slots__ = ("finish", "key", "prepare")
+
+    def __init__(self, key: int, prepare: Callable[[], DecodeRequest | None],
+                 finish: Callable[[DecodeResult | None], Any]) -> None:
+        self.key, self.prepare, self.finish = key, prepare, finish
+
+
+_Job = tuple[int, int, _Decode, "concurrent.futures.Future[Any]"]
+
+
+class _Worker:
+    """One thread that runs decode jobs by priority (0 before 1), in order within a priority;
+    the jobs waiting when one starts (up to `max_batch`, one per utterance) run with it as one
+    batched decode (`WhisperASR.decode_batch`)."""
+
+    def __init__(self, name: str, decode: Callable[[list[DecodeRequest]], list[DecodeResult]],
+                 max_batch: int) -> None:
+        self._heap: list[_Job] = []
         self._seq = itertools.count()
         self._cv = threading.Condition()
+        self._decode = decode
+        self.max_batch = max_batch
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
         self.jobs = 0
+        self.batches = 0
 
-    def submit(self, priority: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+    def submit(self, priority: int, job: _Decode) -> concurrent.futures.Future[Any]:
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._cv:
-            heapq.heappush(self._heap, (priority, next(self._seq), fn, fut))
+            heapq.heappush(self._heap, (priority, next(self._seq), job, fut))
             self._cv.notify()
         return fut
 
+    def _take(self) -> list[_Job]:
+        with self._cv:
+            while not self._heap:
+                self._cv.wait()
+            batch: list[_Job] = []
+            later: list[_Job] = []
+            keys: set[int] = set()
+            while self._heap and len(batch) < self.max_batch:
+                item = heapq.heappop(self._heap)
+                if item[3].cancelled():
+                    continue
+                (later if item[2].key in keys else batch).append(item)
+                keys.add(item[2].key)
+            for item in later:
+                heapq.heappush(self._heap, item)
+            return batch
+
     def _run(self) -> None:
         while True:
-            with self._cv:
-                while not self._heap:
-                    self._cv.wait()
-                _, _, fn, fut = heapq.heappop(self._heap)
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # delivered to whoever waits on the job
-                fut.set_exception(exc)
-            self.jobs += 1
+            run_batch(self._take(), self._decode)
+            self.batches += 1
+
+
+def run_batch(batch: list[_Job], decode: Callable[[list[DecodeRequest]], list[DecodeResult]]) -> None:
+    """Prepare each job, decode the requests together, finish each (errors go to the job's
+    future; a failed batch fails each of its jobs)."""
+    live: list[tuple[_Decode, concurrent.futures.Future[Any], DecodeRequest]] = []
+    for _, _, job, fut in batch:
+        if not fut.set_running_or_notify_cancel():
+            continue
+        try:
+            req = job.prepare()
+            if req is None:
+                fut.set_result(job.finish(None))
+            else:
+                live.append((job, fut, req))
+        except BaseException as exc:  # delivered to whoever waits on the job
+            fut.set_exception(exc)
+    if not live:
+        return
+    try:
+        results = decode([req for _, _, req in live])
+    except BaseException as exc:
+        for _, fut, _ in live:
+            fut.set_exception(exc)
+        return
+    for (job, fut, _), res in zip(live, results, strict=True):
+        try:
+            fut.set_result(job.finish(res))
+        except BaseException as exc:
+            fut.set_exception(exc)
 
 
 @dataclass(slots=True)
@@ -134,6 +193,8 @@ class StreamStats:
     speculation_hits: int = 0
     speculation_misses: int = 0
     loops_cut: int = 0
+    decodes: int = 0
+    batches: int = 0
 
 
 class AgreementWhisper:
@@ -144,9 +205,10 @@ class AgreementWhisper:
 
     def __init__(self, asr: WhisperASR | None = None, step_s: float = 1.0, trim_s: float = 6.0,
                  keep_s: float = 1.5, context_tokens: int = 64, min_window_s: float = 2.0,
-                 inline: bool = False) -> None:
+                 inline: bool = False, max_batch: int = 4) -> None:
         """``inline``: run every decode on the caller's thread as soon as it is due (offline
-        evaluation and deterministic tests: the result no longer depends on timing)."""
+        evaluation and deterministic tests: the result no longer depends on timing);
+        ``max_batch``: the most decodes (of different utterances) in one batched call."""
         self.asr = asr or WhisperASR()
         self.inline = inline
         self.step = int(step_s * SAMPLE_RATE)
@@ -155,7 +217,12 @@ class AgreementWhisper:
         self.context_tokens = context_tokens
         self.min_window_s = min_window_s
         self.stats = StreamStats()
-        self._worker = None if inline else _Worker("asr-stream")
+        self._worker = None if inline else _Worker("asr-stream", self._decode_batch, max_batch)
+
+    def _decode_batch(self, reqs: list[DecodeRequest]) -> list[DecodeResult]:
+        self.stats.decodes += len(reqs)
+        self.stats.batches += 1
+        return self.asr.decode_batch(reqs)
 
     def transcribe(self, pcm: np.ndarray) -> str:
         """Whole-clip text (no streaming), as `WhisperASR.transcribe`."""
@@ -173,15 +240,13 @@ class AgreementWhisper:
         """Decodes waiting for the decode thread (0 inline)."""
         return 0 if self._worker is None else len(self._worker._heap)
 
-    def submit(self, priority: int, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
-        """Run `fn` on the decode thread (0: finals and speculations, 1: updates)."""
+    def submit(self, priority: int, job: _Decode) -> concurrent.futures.Future[Any]:
+        """Run a decode job on the decode thread (0: finals and speculations, 1: updates);
+        inline: now, alone."""
         if self._worker is not None:
-            return self._worker.submit(priority, fn)
+            return self._worker.submit(priority, job)
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        try:
-            fut.set_result(fn())
-        except Exception as exc:
-            fut.set_exception(exc)
+        run_batch([(priority, 0, job, fut)], self._decode_batch)
         return fut
 
 
@@ -226,7 +291,7 @@ class StreamingUtterance:
                 self._last_update_at = self._n
                 self._pending = _PLACEHOLDER
         if due:
-            fut = self.owner.submit(1, self._update)
+            fut = self.owner.submit(1, _Decode(id(self), self._update_request, self._update_done))
             with self._lock:
                 if self._pending is _PLACEHOLDER:
                     self._pending = fut
@@ -250,45 +315,51 @@ class StreamingUtterance:
                 self._buf = joined
             return self._buf, self._n
 
-    def _decode(self, buf: np.ndarray) -> tuple[Any, int, list[tuple[str, list[int]]]]:
-        """(encoder output, content frames, hypothesis words beyond the committed prefix)."""
-        asr = self.owner.asr
-        enc, frames = asr.encode(buf, min_window_s=self.owner.min_window_s)
+    def _request(self, buf: np.ndarray) -> DecodeRequest:
+        """Decode `buf` with the committed words forced and the settled text as context."""
         prefix = [t for _, toks in self.committed for t in toks]
         dur = buf.shape[0] / SAMPLE_RATE
-        new = asr.generate(enc, prefix, self._context[-self.owner.context_tokens:],
-                           max_new=int(dur * 7) + 16 - len(prefix))
-        words = asr.split_words(new)
+        return DecodeRequest(buf, prefix, self._context[-self.owner.context_tokens:],
+                             int(dur * 7) + 16 - len(prefix), self.owner.min_window_s)
+
+    def _words(self, res: DecodeResult) -> list[tuple[str, list[int]]]:
+        """The hypothesis beyond the committed prefix, up to Whisper's first loop."""
+        words = self.owner.asr.split_words(res.tokens)
         kept = _cut_loops(words, [w for w, _ in self.committed])
         if len(kept) < len(words):
             self.owner.stats.loops_cut += 1
-        return enc, frames, kept
+        return kept
 
-    def _update(self) -> None:
-        st = self.owner.stats
+    def _update_request(self) -> DecodeRequest | None:
         with self._lock:
             self._pending = None
             if self._done:
-                st.updates_skipped += 1
-                return
+                self.owner.stats.updates_skipped += 1
+                return None
         buf, _ = self._take_buffer()
-        enc, frames, hyp = self._decode(buf)
-        st.updates += 1
+        return self._request(buf)
+
+    def _update_done(self, res: DecodeResult | None) -> None:
+        if res is None:
+            return
+        hyp = self._words(res)
+        self.owner.stats.updates += 1
         n = local_agreement([w for w, _ in hyp], [w for w, _ in self._prev])
         with self._lock:
             if self._done:
                 return
             self.committed.extend(hyp[:n])
             self._prev = hyp[n:]
-            st.words_committed += n
-        if buf.shape[0] > self.owner.trim and len(self.committed) >= 2:
-            self._trim(enc, frames, buf.shape[0])
+            self.owner.stats.words_committed += n
+        buf_len = res.request.pcm.shape[0]
+        if buf_len > self.owner.trim and len(self.committed) >= 2:
+            self._trim(res, buf_len)
 
-    def _trim(self, enc: Any, frames: int, buf_len: int) -> None:
+    def _trim(self, res: DecodeResult, buf_len: int) -> None:
         """Cut the buffer at a gap between committed words at least `keep_s` before its end."""
         asr = self.owner.asr
         tokens = [t for _, toks in self.committed for t in toks]
-        times = asr.word_times(enc, tokens, frames)
+        times = asr.word_times(res.enc, tokens, res.frames, row=res.row)
         if len(times) != len(self.committed):
             return
         limit = (buf_len - self.owner.keep) / SAMPLE_RATE
@@ -312,20 +383,28 @@ class StreamingUtterance:
             self._buf_start += cut
             self.owner.stats.trims += 1
 
-    def _final_text(self) -> tuple[int, str]:
-        buf, n = self._take_buffer()
-        if buf.shape[0] == 0:
-            return n, self.committed_text
-        _, _, tail = self._decode(buf)
-        with self._lock:
-            words = self.settled + [w for w, _ in self.committed] + [w for w, _ in tail]
-        return n, _join(words)
+    def _final_job(self) -> _Decode:
+        """The tail decode; its value is (samples covered, transcript). The words ahead of the
+        tail are those committed when the batch formed."""
+        state: dict[str, Any] = {}
+
+        def prepare() -> DecodeRequest | None:
+            buf, state["n"] = self._take_buffer()
+            with self._lock:
+                state["words"] = self.settled + [w for w, _ in self.committed]
+            return self._request(buf) if buf.shape[0] else None
+
+        def finish(res: DecodeResult | None) -> tuple[int, str]:
+            tail = [w for w, _ in self._words(res)] if res is not None else []
+            return state["n"], _join(state["words"] + tail)
+
+        return _Decode(id(self), prepare, finish)
 
     # ---- end of the utterance -----------------------------------------------------------
     def speculate(self, pool: Any = None) -> None:
         """Start the final decode on the audio so far (the onset of silence)."""
         if self._spec is None:
-            self._spec = self.owner.submit(0, self._final_text)
+            self._spec = self.owner.submit(0, self._final_job())
 
     @property
     def speculating(self) -> bool:
@@ -350,7 +429,7 @@ class StreamingUtterance:
                 self._finish()
                 return text
             st.speculation_misses += 1
-        _, text = self.owner.submit(0, self._final_text).result()
+        _, text = self.owner.submit(0, self._final_job()).result()
         self._finish()
         return text
 

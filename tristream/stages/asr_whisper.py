@@ -21,6 +21,7 @@ import importlib.util
 import os
 import re
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +31,7 @@ from tristream.engine.disk_cache import cache_root, sha256_file
 from tristream.stages.asr import UtteranceStream
 from tristream.stages.base import BadAudio, ModelUnavailable, as_float_mono
 
-__all__ = ["WhisperASR", "WhisperUtterance", "collapse_repeats", "whisper_base_dir"]
+__all__ = ["DecodeRequest", "DecodeResult", "WhisperASR", "WhisperUtterance", "collapse_repeats", "whisper_base_dir"]
 
 SAMPLE_RATE = 16_000
 MAX_SAMPLES = 30 * SAMPLE_RATE
@@ -105,6 +106,37 @@ def whisper_base_dir(cache: str | Path | None = None) -> Path:
     return out
 
 
+@dataclass(slots=True)
+class DecodeRequest:
+    """One buffer to decode: its audio, the tokens forced after the start sequence, Whisper's
+    previous text, the most new tokens, and the least window."""
+
+    pcm: np.ndarray
+    prefix: list[int]
+    context: list[int]
+    max_new: int
+    min_window_s: float = 0.0
+
+
+@dataclass(slots=True)
+class DecodeResult:
+    """A request's new tokens, the batch's encoder output with this item's row, and the mel
+    frames of the item that hold audio (for `WhisperASR.word_times`)."""
+
+    request: DecodeRequest
+    tokens: list[int]
+    enc: Any
+    row: int
+    frames: int
+
+
+def _rows(enc: Any, rows: list[int]) -> Any:
+    """Those items of a CPU encoder output (a CTranslate2 StorageView)."""
+    import ctranslate2
+
+    return ctranslate2.StorageView.from_array(np.ascontiguousarray(np.asarray(enc)[rows]))
+
+
 class WhisperASR:
     """Whisper (CTranslate2) loaded once per process; `stream()` per session."""
 
@@ -171,20 +203,57 @@ class WhisperASR:
         enc = self.model.model.encode(ctranslate2.StorageView.from_array(feats), to_cpu=False)
         return enc, min(n, pcm.shape[0] // 160)
 
-    def generate(self, enc: Any, prefix: list[int], context: list[int], max_new: int) -> list[int]:
-        """Greedy text tokens after `prefix` (tokens forced after the start sequence), with
-        `context` as Whisper's previous text; at most `max_new` new tokens (a loop stops there)."""
+    def decode_batch(self, reqs: list[DecodeRequest]) -> list[DecodeResult]:
+        """Greedy decodes of several buffers (sessions) in one encoder call and one `generate`
+        per blank-suppression setting: each buffer is padded with silence to the longest, so
+        the mel windows have one length; each prompt keeps its own prefix and context."""
+        import ctranslate2
+
+        if not reqs:
+            return []
+        pads = [max(int(self.pad_s * SAMPLE_RATE), int(r.min_window_s * SAMPLE_RATE) - r.pcm.shape[0]) for r in reqs]
+        length = min(max(r.pcm.shape[0] + p for r, p in zip(reqs, pads, strict=True)), MAX_SAMPLES)
+        feats = []
+        for r in reqs:
+            pcm = r.pcm[-length:]
+            padded = np.concatenate([pcm, np.zeros(length - pcm.shape[0], dtype=np.float32)])
+            feats.append(self.model.feature_extractor(padded, padding=0))
+        n = min(min(f.shape[-1] for f in feats) // 2 * 2, 3000)
+        batch = np.ascontiguousarray(np.stack([f[:, :n] for f in feats]), dtype=np.float32)
+        enc = self.model.model.encode(ctranslate2.StorageView.from_array(batch), to_cpu=False)
+        out: list[list[int]] = [[] for _ in reqs]
+        for blank in (True, False):  # no prefix: blank and end suppressed at the first token
+            idx = [i for i, r in enumerate(reqs) if (not r.prefix) == blank]
+            if not idx:
+                continue
+            sub = enc if len(idx) == len(reqs) else _rows(enc, idx)
+            prompts = [self._full_prompt(reqs[i].prefix, reqs[i].context) for i in idx]
+            max_len = min(448, max(len(p) + max(reqs[i].max_new, 4) for p, i in zip(prompts, idx, strict=True)))
+            res = self.model.model.generate(sub, prompts, beam_size=1, max_length=max_len,
+                                            suppress_blank=blank, suppress_tokens=self._suppress)
+            for j, i in enumerate(idx):
+                out[i] = self._new_tokens(list(res[j].sequences_ids[0]), reqs[i].prefix)[:max(reqs[i].max_new, 4)]
+        return [DecodeResult(r, out[i], enc, i, min(n, r.pcm.shape[0] // 160)) for i, r in enumerate(reqs)]
+
+    def _full_prompt(self, prefix: list[int], context: list[int]) -> list[int]:
         prev = [self._tokenizer.sot_prev, *context] if context else []
-        prompt = prev + self._prompt + list(prefix)
-        max_len = min(448, len(prompt) + max(max_new, 4))
-        res = self.model.model.generate(enc, [prompt], beam_size=1, max_length=max_len,
-                                        suppress_blank=not prefix, suppress_tokens=self._suppress)
-        out = list(res[0].sequences_ids[0])
+        return prev + self._prompt + list(prefix)
+
+    def _new_tokens(self, out: list[int], prefix: list[int]) -> list[int]:
         if out[:len(prefix)] == list(prefix):  # CTranslate2 returns the forced prefix too
             out = out[len(prefix):]
         eot = self._tokenizer.eot
         cut = out.index(eot) if eot in out else len(out)
         return [t for t in out[:cut] if t < eot]
+
+    def generate(self, enc: Any, prefix: list[int], context: list[int], max_new: int) -> list[int]:
+        """Greedy text tokens after `prefix` (tokens forced after the start sequence), with
+        `context` as Whisper's previous text; at most `max_new` new tokens (a loop stops there)."""
+        prompt = self._full_prompt(prefix, context)
+        max_len = min(448, len(prompt) + max(max_new, 4))
+        res = self.model.model.generate(enc, [prompt], beam_size=1, max_length=max_len,
+                                        suppress_blank=not prefix, suppress_tokens=self._suppress)
+        return self._new_tokens(list(res[0].sequences_ids[0]), prefix)
 
     def split_words(self, tokens: list[int]) -> list[tuple[str, list[int]]]:
         """(word with its leading space, its tokens) for each word of `tokens`."""
@@ -193,10 +262,13 @@ class WhisperASR:
         words, groups = self._tokenizer.split_to_word_tokens(list(tokens) + [self._tokenizer.eot])
         return [(w, list(g)) for w, g in zip(words, groups, strict=False) if g and g[0] < self._tokenizer.eot]
 
-    def word_times(self, enc: Any, tokens: list[int], frames: int) -> list[tuple[float, float]]:
-        """(start s, end s) of each word of `tokens` in the encoded audio (cross-attention alignment)."""
+    def word_times(self, enc: Any, tokens: list[int], frames: int, row: int | None = None) -> list[tuple[float, float]]:
+        """(start s, end s) of each word of `tokens` in the encoded audio (cross-attention
+        alignment); `row`: that item of a batched encoder output."""
         if not tokens:
             return []
+        if row is not None and enc.shape[0] > 1:
+            enc = _rows(enc, [row])
         res = self.model.model.align(enc, list(self._tokenizer.sot_sequence), [list(tokens)], frames)
         pairs = res[0].alignments
         text_idx = np.array([p[0] for p in pairs])
