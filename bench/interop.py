@@ -19,7 +19,13 @@ without a tool. The embedded SmolLM2-135M does not choose a function by itself (
 ``LLMUpdateSettingsFrame`` before the weather turn and back to ``auto`` in the function
 handler, before its result goes back: the server then decodes the call under the schema, Pipecat
 runs the handler, sends the ``function_call_output`` and asks for the answer that uses it.
-Everything seen is written to bench/results/interop.json: per turn the user transcript, the
+``livekit`` (run it with ``/work/bench-venv-livekit/bin/python``, livekit-agents and
+livekit-plugins-openai installed there) holds the same conversation through LiveKit's plugin
+(`RealtimeModel` / `RealtimeSession` driven directly, no LiveKit server). ``pipecat-chat`` is
+Pipecat's cascaded LLM service (`OpenAILLMService`) on ``/v1/chat/completions`` of the side
+port: the weather question as text with the tool (``tool_choice`` required, then auto), its
+answer, and a follow-up. Everything seen is written to bench/results/interop.json (one key per
+client): per turn the user transcript, the
 function call and its arguments, the answer text, seconds of answer audio and end of speech ->
 first answer audio as Pipecat saw it, plus every error frame.
 """
@@ -72,12 +78,12 @@ def read_wav(path: Path) -> bytes:
         return w.readframes(w.getnframes())
 
 
-def start_server(python: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(python: str, port: int, log: Path, chat_port: int = -1) -> subprocess.Popen[bytes]:
     """``tristream serve`` with its log in a file (a pipe nobody reads fills up and stalls the server)."""
     env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
     with log.open("wb") as f:
         proc = subprocess.Popen([python, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port),
-                                 "--chat-port", "-1"], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+                                 "--chat-port", str(chat_port)], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 600
     while True:
         if proc.poll() is not None:
@@ -399,9 +405,94 @@ async def livekit_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
             "frames": log}
 
 
+async def pipecat_chat(port: int) -> dict[str, Any]:
+    """Pipecat's cascaded LLM service (`OpenAILLMService`) on ``/v1/chat/completions`` of the side port:
+    a text conversation with the same tool (streaming, tools in the request)."""
+    from pipecat.adapters.schemas.function_schema import FunctionSchema
+    from pipecat.adapters.schemas.tools_schema import ToolsSchema
+    from pipecat.frames.frames import (
+        ErrorFrame,
+        Frame,
+        FunctionCallInProgressFrame,
+        LLMFullResponseEndFrame,
+        LLMMessagesAppendFrame,
+        LLMRunFrame,
+        LLMTextFrame,
+    )
+    from pipecat.pipeline.pipeline import Pipeline
+    from pipecat.pipeline.worker import PipelineParams, PipelineWorker
+    from pipecat.processors.aggregators.llm_context import LLMContext
+    from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair
+    from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
+    from pipecat.services.llm_service import FunctionCallParams
+    from pipecat.services.openai.llm import OpenAILLMService
+    from pipecat.workers.runner import WorkerRunner
+
+    t0 = time.monotonic()
+    responses: list[dict[str, Any]] = []
+    log: list[dict[str, Any]] = []
+    cur = {"text": "", "first_t": None}
+
+    class Tap(FrameProcessor):
+        async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+            await super().process_frame(frame, direction)
+            now = round(time.monotonic() - t0, 3)
+            if isinstance(frame, LLMTextFrame):
+                cur["first_t"] = cur["first_t"] or now
+                cur["text"] += frame.text
+            elif isinstance(frame, FunctionCallInProgressFrame) and direction == FrameDirection.DOWNSTREAM:
+                log.append({"t": now, "frame": "function_call", "name": frame.function_name,
+                            "arguments": frame.arguments})
+            elif isinstance(frame, LLMFullResponseEndFrame):
+                responses.append({"t": now, "text": cur["text"].strip(), "first_text_t": cur["first_t"]})
+                cur.update(text="", first_t=None)
+            elif isinstance(frame, ErrorFrame):
+                log.append({"t": now, "frame": "error", "error": str(frame.error)})
+            await self.push_frame(frame, direction)
+
+    weather = FunctionSchema(name="get_weather", description="Get the current weather in a city",
+                             properties={"city": {"type": "string", "description": "the city"}}, required=["city"])
+    context = LLMContext([{"role": "system", "content": "You are a helpful assistant. Answer in one sentence."},
+                          {"role": "user", "content": TURNS[0][1]}], tools=ToolsSchema(standard_tools=[weather]),
+                         tool_choice="required")  # the small model does not pick a function by itself
+    llm = OpenAILLMService(api_key=TOKEN, base_url=f"http://127.0.0.1:{port}/v1",
+                           settings=OpenAILLMService.Settings(model="tristream", max_tokens=60))
+    calls: list[dict[str, Any]] = []
+
+    async def get_weather(params: FunctionCallParams) -> None:
+        calls.append({"t": round(time.monotonic() - t0, 3), "arguments": params.arguments})
+        context.set_tool_choice("auto")  # the answer that follows is in words
+        await params.result_callback({**WEATHER, "city": params.arguments.get("city", "Paris")})
+
+    llm.register_function("get_weather", get_weather)
+    pair = LLMContextAggregatorPair(context)
+    worker = PipelineWorker(Pipeline([pair.user(), llm, Tap(), pair.assistant()]), params=PipelineParams(),
+                            enable_rtvi=False)
+    runner = WorkerRunner(handle_sigint=False)
+    run_task = asyncio.create_task(runner.run(worker))
+
+    async def wait_responses(n: int, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while len(responses) < n and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+
+    try:
+        await asyncio.sleep(0.5)
+        await worker.queue_frame(LLMRunFrame())
+        await wait_responses(2, 120)  # the call, then the answer with its output
+        await worker.queue_frame(LLMMessagesAppendFrame(messages=[{"role": "user", "content": TURNS[1][1]}],
+                                                        run_llm=True))
+        await wait_responses(3, 120)
+    finally:
+        await worker.cancel()
+        await asyncio.wait_for(run_task, 30)
+    return {"responses": responses, "function_calls": calls, "errors": [e for e in log if e["frame"] == "error"],
+            "frames": log, "context": [m if isinstance(m, dict) else str(m) for m in context.get_messages()]}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", nargs="?", default="pipecat", choices=["pipecat", "livekit", "synth"])
+    ap.add_argument("cmd", nargs="?", default="pipecat", choices=["pipecat", "livekit", "pipecat-chat", "synth"])
     ap.add_argument("--out", type=Path, default=Path("/tmp/tristream-interop"))
     ap.add_argument("--port", type=int, default=8790)
     ap.add_argument("--main-python", default=str(ROOT / ".venv" / "bin" / "python"))
@@ -410,20 +501,39 @@ def main() -> None:
     if args.cmd == "synth":
         synth(args.out)
         return
-    subprocess.run([args.main_python, __file__, "synth", "--out", str(args.out)], check=True)
-    clips = {name: read_wav(args.out / f"{name}.wav") for name, _ in TURNS}
     import importlib.metadata as md
 
+    sys.path.insert(0, str(ROOT))
+    from bench._common import git_commit
+
+    if args.cmd == "pipecat-chat":  # the cascaded LLM service on /v1/chat/completions; no speech
+        args.out.mkdir(parents=True, exist_ok=True)
+        proc = start_server(args.main_python, args.port, args.out / "server.log", chat_port=args.port + 1)
+        try:
+            chat = asyncio.run(pipecat_chat(args.port + 1))
+        finally:
+            stop(proc)
+        ok = bool(chat["function_calls"]) and len(chat["responses"]) >= 3
+        summary = {"function_called": bool(chat["function_calls"]),
+                   "function_arguments": chat["function_calls"][0]["arguments"] if chat["function_calls"] else None,
+                   "answer_after_tool": chat["responses"][1]["text"] if len(chat["responses"]) > 1 else None,
+                   "follow_up_answer": chat["responses"][2]["text"] if len(chat["responses"]) > 2 else None,
+                   "held": ok, "errors": len(chat["errors"])}
+        record(args.results, "pipecat_chat", {
+            "client": {"framework": "pipecat-ai", "version": md.version("pipecat-ai"),
+                       "service": "pipecat.services.openai.llm.OpenAILLMService (cascaded: /v1/chat/completions)"},
+            "commit": git_commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "summary": summary, **chat})
+        print(json.dumps(summary, indent=1))
+        return
+    subprocess.run([args.main_python, __file__, "synth", "--out", str(args.out)], check=True)
+    clips = {name: read_wav(args.out / f"{name}.wav") for name, _ in TURNS}
     proc = start_server(args.main_python, args.port, args.out / "server.log")
     try:
         info = server_info(args.port)
         result = asyncio.run((pipecat_conversation if args.cmd == "pipecat" else livekit_conversation)(args.port, clips))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
     weather = next((t for t in result["turns"] if t["said"] == TURNS[0][1]), None)
     ok_call = bool(result["function_calls"]) and result["function_calls"][0]["arguments"].get("city")
     summary = {
@@ -434,9 +544,6 @@ def main() -> None:
         "answer_after_tool": weather["responses"][-1]["text"] if weather and weather["responses"] else None,
         "errors": len(result["errors"]),
     }
-    sys.path.insert(0, str(ROOT))
-    from bench._common import git_commit
-
     client = ({"framework": "pipecat-ai", "version": md.version("pipecat-ai"),
                "service": "pipecat.services.openai.realtime.llm.OpenAIRealtimeLLMService"}
               if args.cmd == "pipecat" else
@@ -447,12 +554,25 @@ def main() -> None:
            "server": {"command": "tristream serve (default assistant backend)", "info": info},
            "commit": git_commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "summary": summary, **result}
-    prev = json.loads(args.results.read_text()) if args.results.exists() else {}
-    prev = {k: v for k, v in prev.items() if k in ("pipecat", "livekit", "bench", "how")}
-    prev.update({"bench": "interop", "how": __doc__.strip().splitlines()[0], args.cmd: out})
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(prev, indent=1) + "\n")
+    record(args.results, args.cmd, out)
     print(json.dumps(summary, indent=1))
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def record(path: Path, key: str, out: dict[str, Any]) -> None:
+    """bench/results/interop.json keeps one entry per client (pipecat, livekit, pipecat_chat)."""
+    prev = json.loads(path.read_text()) if path.exists() else {}
+    prev = {k: v for k, v in prev.items() if k in ("pipecat", "livekit", "pipecat_chat", "bench", "how")}
+    prev.update({"bench": "interop", "how": __doc__.strip().splitlines()[0], key: out})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(prev, indent=1) + "\n")
 
 
 if __name__ == "__main__":
