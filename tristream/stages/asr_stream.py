@@ -342,7 +342,13 @@ class StreamingUtterance:
     def _update_done(self, res: DecodeResult | None) -> None:
         if res is None:
             return
-        hyp = self._words(res)
+        self._agree(self._words(res))
+        buf_len = res.request.pcm.shape[0]
+        if buf_len > self.owner.trim and len(self.committed) >= 2:
+            self._trim(res, buf_len)
+
+    def _agree(self, hyp: list[tuple[str, list[int]]]) -> None:
+        """Commit the words `hyp` (beyond the committed prefix) shares with the last hypothesis."""
         self.owner.stats.updates += 1
         n = local_agreement([w for w, _ in hyp], [w for w, _ in self._prev])
         with self._lock:
@@ -351,9 +357,6 @@ class StreamingUtterance:
             self.committed.extend(hyp[:n])
             self._prev = hyp[n:]
             self.owner.stats.words_committed += n
-        buf_len = res.request.pcm.shape[0]
-        if buf_len > self.owner.trim and len(self.committed) >= 2:
-            self._trim(res, buf_len)
 
     def _trim(self, res: DecodeResult, buf_len: int) -> None:
         """Cut the buffer at a gap between committed words at least `keep_s` before its end."""
@@ -383,20 +386,26 @@ class StreamingUtterance:
             self._buf_start += cut
             self.owner.stats.trims += 1
 
-    def _final_job(self) -> _Decode:
+    def _final_job(self, speculative: bool = False) -> _Decode:
         """The tail decode; its value is (samples covered, transcript). The words ahead of the
-        tail are those committed when the batch formed."""
+        tail are those committed when the batch formed. A speculative one (at a pause, which
+        may be inside the turn) also counts as an update: its words go through agreement, so
+        the decode is not lost when the user speaks on."""
         state: dict[str, Any] = {}
 
         def prepare() -> DecodeRequest | None:
             buf, state["n"] = self._take_buffer()
             with self._lock:
                 state["words"] = self.settled + [w for w, _ in self.committed]
+                if speculative:
+                    self._last_update_at = max(self._last_update_at, state["n"])
             return self._request(buf) if buf.shape[0] else None
 
         def finish(res: DecodeResult | None) -> tuple[int, str]:
-            tail = [w for w, _ in self._words(res)] if res is not None else []
-            return state["n"], _join(state["words"] + tail)
+            tail = self._words(res) if res is not None else []
+            if speculative and tail:
+                self._agree(tail)
+            return state["n"], _join(state["words"] + [w for w, _ in tail])
 
         return _Decode(id(self), prepare, finish)
 
@@ -404,7 +413,7 @@ class StreamingUtterance:
     def speculate(self, pool: Any = None) -> None:
         """Start the final decode on the audio so far (the onset of silence)."""
         if self._spec is None:
-            self._spec = self.owner.submit(0, self._final_job())
+            self._spec = self.owner.submit(0, self._final_job(speculative=True))
 
     @property
     def speculating(self) -> bool:
