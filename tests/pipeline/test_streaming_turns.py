@@ -72,6 +72,30 @@ def test_sessions_speaking_at_once_share_batched_decodes(models, say) -> None:
     assert st.decodes > st.batches >= 1, st  # some decodes shared a call
 
 
+def test_one_batched_decode_takes_buffers_with_different_prefixes_and_previous_texts(models, say) -> None:
+    """Requests with and without forced words and with previous texts of different lengths
+    (sessions at different points of their turns) decode together, each to its own words."""
+    from speech_turns import wer
+
+    from tristream.stages.asr_whisper import DecodeRequest
+
+    asr = models.asr.asr
+    texts = ["Please remind me to call the doctor tomorrow morning at nine.",
+             "Yesterday I bought a new bicycle and rode it to work.",
+             "Our garden has tomatoes, beans and a small apple tree.",
+             "We watched a long movie last night and it was very good."]
+    tok = asr._tokenizer
+    context = tok.encode(" My phone battery is almost empty and I forgot the charger at home.")
+    prefixes = [[], tok.encode(" Yesterday I bought"), [], tok.encode(" We watched")]
+    contexts = [[], context[-5:], context, context[-9:]]
+    reqs = [DecodeRequest(say(t), p, c, 64, 2.0) for t, p, c in zip(texts, prefixes, contexts, strict=True)]
+    results = asr.decode_batch(reqs)
+    for text, prefix, res in zip(texts, prefixes, results, strict=True):
+        heard = tok.decode(prefix + res.tokens)
+        edits, words = wer(text, heard)
+        assert edits / words <= 0.15, (text, heard)
+
+
 def test_a_revised_commit_rolls_the_kv_cache_back_to_the_first_block_that_differs(models) -> None:
     from tristream.pipeline.prompt import Conversation
 

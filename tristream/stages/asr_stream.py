@@ -166,18 +166,25 @@ def run_batch(batch: list[_Job], decode: Callable[[list[DecodeRequest]], list[De
                 live.append((job, fut, req))
         except BaseException as exc:  # delivered to whoever waits on the job
             fut.set_exception(exc)
-    if not live:
-        return
+    if live:
+        _decode_live(live, decode)
+
+
+def _decode_live(live: list[tuple[_Decode, concurrent.futures.Future[Any], DecodeRequest]],
+                 decode: Callable[[list[DecodeRequest]], list[DecodeResult]]) -> None:
     try:
         results = decode([req for _, _, req in live])
-    except BaseException as exc:
-        for _, fut, _ in live:
-            fut.set_exception(exc)
+    except Exception as exc:
+        if len(live) == 1:
+            live[0][1].set_exception(exc)
+            return
+        for item in live:  # a batch that fails is decoded item by item: one bad request fails alone
+            _decode_live([item], decode)
         return
     for (job, fut, _), res in zip(live, results, strict=True):
         try:
             fut.set_result(job.finish(res))
-        except BaseException as exc:
+        except Exception as exc:
             fut.set_exception(exc)
 
 

@@ -222,12 +222,16 @@ class WhisperASR:
         batch = np.ascontiguousarray(np.stack([f[:, :n] for f in feats]), dtype=np.float32)
         enc = self.model.model.encode(ctranslate2.StorageView.from_array(batch), to_cpu=False)
         out: list[list[int]] = [[] for _ in reqs]
-        for blank in (True, False):  # no prefix: blank and end suppressed at the first token
-            idx = [i for i, r in enumerate(reqs) if (not r.prefix) == blank]
-            if not idx:
-                continue
+        # one generate per group: blank and end suppressed at the first token only without a
+        # prefix, and CTranslate2 wants the start token at one position in a batch, so the
+        # previous texts of a group are cut to the shortest (the latest tokens kept)
+        groups: dict[tuple[bool, bool], list[int]] = {}
+        for i, r in enumerate(reqs):
+            groups.setdefault((not r.prefix, bool(r.context)), []).append(i)
+        for (blank, _), idx in groups.items():
             sub = enc if len(idx) == len(reqs) else _rows(enc, idx)
-            prompts = [self._full_prompt(reqs[i].prefix, reqs[i].context) for i in idx]
+            keep = min(len(reqs[i].context) for i in idx)
+            prompts = [self._full_prompt(reqs[i].prefix, reqs[i].context[len(reqs[i].context) - keep:]) for i in idx]
             max_len = min(448, max(len(p) + max(reqs[i].max_new, 4) for p, i in zip(prompts, idx, strict=True)))
             res = self.model.model.generate(sub, prompts, beam_size=1, max_length=max_len,
                                             suppress_blank=blank, suppress_tokens=self._suppress)
