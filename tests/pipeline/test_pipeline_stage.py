@@ -79,27 +79,48 @@ def test_order_preserved_through_pass_through_stages(items: list[int], cap: int)
 
 def test_control_lane_jumps_queued_data() -> None:
     async def main() -> list[Any]:
-        gate = Gate()
         rec = Recorder()
-        p = Pipeline([gate, rec])
+        p = Pipeline([rec])
         p.start()
+        await asyncio.sleep(0)  # the recorder waits for its first packet
         for i in range(5):
-            p.push_nowait(i)
-        await gate.entered.wait()  # gate holds packet 0
-        # Queue 1..4 into the recorder behind the gate, and a control packet that must jump them.
-        gate.open.set()
-        await asyncio.sleep(0)
+            rec.inbox.put_data(i)  # queued: only a stage's `emit` hands packets over inline
         rec.inbox.put_control(Mark("urgent"))
         await p.drain()
         await p.stop()
         return rec.log
 
-    log = asyncio.run(main())
-    assert ("ctrl", "urgent") in log
-    idx = log.index(("ctrl", "urgent"))
-    # The control packet was handled before at least some data queued before it.
-    assert [x for x in log if x != ("ctrl", "urgent")] == [0, 1, 2, 3, 4]
-    assert idx < len(log) - 1
+    assert asyncio.run(main()) == [("ctrl", "urgent"), 0, 1, 2, 3, 4]
+
+
+def test_a_chain_of_synchronous_stages_hands_packets_over_inline_in_order() -> None:
+    """Behind an async stage, idle synchronous stages take each packet in the emitting call
+    (no wake-up per stage); a busy or backed-up one queues it, and the order holds."""
+
+    at_emit: list[Any] = []
+
+    class Watched(Gate):
+        def emit(self, item: Any) -> None:
+            super().emit(item)
+            at_emit.append(rec.log[-1] if rec.log else None)  # where the packet is when emit returns
+
+    async def main() -> tuple[list[Any], list[int]]:
+        gate = Watched()
+        p = Pipeline([gate, Stage("b"), Stage("c"), rec])
+        p.start()
+        for i in range(20):
+            p.push_nowait(i)
+        await gate.entered.wait()
+        gate.open.set()
+        out = [await p.get() for _ in range(20)]
+        await p.stop()
+        return out, [p.stages[1].handled, p.stages[2].handled, rec.handled]
+
+    rec = Recorder()
+    out, handled = asyncio.run(main())
+    assert out == list(range(20))
+    assert handled == [20, 20, 20]
+    assert at_emit == list(range(20))  # each packet was through b and c when the gate's emit returned
 
 
 def test_blocking_backpressure_bounds_queues_and_loses_nothing() -> None:

@@ -51,6 +51,7 @@ class Inbox:
         "closed",
         "_waiter",
         "_space_waiters",
+        "consumer",
     )
 
     def __init__(self, name: str, capacity: int = 64, policy: OverflowPolicy = OverflowPolicy.BLOCK) -> None:
@@ -66,6 +67,9 @@ class Inbox:
         self.closed = False
         self._waiter: asyncio.Future[None] | None = None
         self._space_waiters: list[asyncio.Future[None]] = []
+        self.consumer: Any = None
+        """The stage reading this inbox while it may take a packet inline (a synchronous
+        stage waiting with both lanes empty, see `Stage.emit`); None otherwise."""
 
     def __len__(self) -> int:
         return len(self.data) + len(self.control)

@@ -77,6 +77,8 @@ class Stage:
         self._busy = False
         self._interrupting = False
         self._process_is_async = inspect.iscoroutinefunction(self.process)
+        self._blocking: list[Inbox] = []
+        self._waiting = False
 
     # ---- wiring -----------------------------------------------------------------------
     def link(self, other: Stage | Inbox) -> None:
@@ -84,9 +86,38 @@ class Stage:
         self.downstream.append(other.inbox if isinstance(other, Stage) else other)
 
     def emit(self, item: Any) -> None:
-        """Send one data packet to every downstream inbox (never awaits)."""
+        """Send one data packet to every downstream inbox (never awaits). A synchronous
+        downstream stage that waits with empty lanes and room downstream handles it at once,
+        in this call (`_take_inline`): a chain of such stages costs one event-loop wake-up,
+        not one per stage, and the order of packets is the same."""
         for d in self.downstream:
+            st = d.consumer
+            if st is not None and st._take_inline(item):
+                continue
             d.put_data(item)
+
+    def _take_inline(self, item: Any) -> bool:
+        """Handle `item` now if this stage is idle, both lanes are empty and no blocking
+        downstream inbox is full (backpressure holds); False: queue it instead."""
+        inbox = self.inbox
+        if inbox.data or inbox.control or inbox.closed:
+            return False
+        for d in self._blocking:
+            if len(d.data) >= d.capacity:
+                return False
+        inbox.consumer = None  # not re-entered while it runs
+        t0 = time.perf_counter_ns()
+        try:
+            self.process(item)
+        except Exception as exc:  # counted as the stage's own error, as in its run loop
+            self.errors.add(type(exc).__name__)
+            log.exception("stage %s: %s while handling a packet", self.name, type(exc).__name__)
+        finally:
+            if not inbox.closed and self._waiting:
+                inbox.consumer = self
+        self.timing.record(time.perf_counter_ns() - t0)
+        self.handled += 1
+        return True
 
     def emit_control(self, item: ControlPacket) -> None:
         """Send one control packet downstream, ahead of queued data."""
@@ -174,7 +205,7 @@ class Stage:
         is_async = self._process_is_async
         record = self.timing.record
         perf = time.perf_counter_ns
-        blocking = [d for d in self.downstream if d.policy is OverflowPolicy.BLOCK]
+        blocking = self._blocking = [d for d in self.downstream if d.policy is OverflowPolicy.BLOCK]
         create_future = asyncio.get_running_loop().create_future
         try:
             await self.on_start()
@@ -194,7 +225,14 @@ class Stage:
                         # inline wait (no coroutine per wait): one future, woken by put_*
                         fut = create_future()
                         inbox._waiter = fut
-                        await fut
+                        if not is_async:  # packets may be handed over inline meanwhile
+                            self._waiting = True
+                            inbox.consumer = self
+                        try:
+                            await fut
+                        finally:
+                            self._waiting = False
+                            inbox.consumer = None
                         continue
                     item = data.popleft()
                     if inbox._space_waiters:
