@@ -30,13 +30,16 @@ _LOCK = threading.Lock()
 
 def load_models(asr: str = "whisper", tts: str = "piper", vision: bool = True,
                 llm_url: str | None = None, llm_path: str | None = None, llm_model: str = "default",
-                threads: int = 2, device: str = "auto", quant: str = "auto", with_llm: bool = True) -> SharedModels:
+                threads: int = 1, device: str = "auto", quant: str = "auto", with_llm: bool = True) -> SharedModels:
     """Load (once per process and argument set) the models sessions share.
 
     ASR: ``whisper`` (streaming Whisper base, `asr_stream`), ``whisper-utterance`` (one decode
     of each utterance at its end), ``pocketsphinx``. The LLM: `llm_url` (an OpenAI-compatible endpoint), or our engine for `llm_path` (None: the
     embedded SmolLM2) on `device` with `quant` weights (`tristream.engine.cli_support.load_engine`);
     ``with_llm=False``: no shared LLM (each session brings its own chat backend).
+    ``threads``: Whisper's CTranslate2 threads. One, because its greedy decoder steps are too
+    small to split: on 2 cores a 6 s buffer decodes in 184 ms on one thread against 233 ms on
+    two (`WhisperASR.encode` + `generate`), and the second core stays with the LLM and TTS.
     """
     key = (asr, tts, vision, llm_url, llm_path, llm_model, threads, device, quant, with_llm)
     with _LOCK:
