@@ -128,6 +128,8 @@ class ResponseCreate:
     modalities: list[str] | None
     tool_choice: Any = None
     """This answer's ``tool_choice`` (raw; None: the session's), checked by the session."""
+    metadata: dict[str, str] | None = None
+    """The client's key/value pairs, echoed in the answer's ``response.created`` / ``response.done``."""
 
 
 @dataclass(slots=True)
@@ -136,6 +138,17 @@ class ResponseCancel:
 
     event_id: str | None
     response_id: str | None
+
+
+@dataclass(slots=True)
+class ItemTruncate:
+    """``conversation.item.truncate``: the client played only the first ``audio_end_ms`` of an
+    assistant item's audio (the user spoke over it); the server forgets the rest."""
+
+    event_id: str | None
+    item_id: str
+    content_index: int
+    audio_end_ms: int
 
 
 @dataclass(slots=True)
@@ -182,6 +195,7 @@ ClientEvent = (
     | ItemCreate
     | ResponseCreate
     | ResponseCancel
+    | ItemTruncate
     | VideoFrameAppend
 )
 
@@ -294,7 +308,8 @@ def validate_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str,
                                     "session.turn_detection", eid)
             _no_extra(td, _TURN_KEYS, "session.turn_detection.", eid)
             if td.get("type", "server_vad") != "server_vad":
-                raise ProtocolError(E_INVALID_VALUE, "only turn_detection.type 'server_vad' is supported",
+                raise ProtocolError(E_INVALID_VALUE, f"turn_detection.type {td.get('type')!r} is not supported: "
+                                    "this server ends turns with its VAD, use {'type': 'server_vad'}",
                                     "session.turn_detection.type", eid)
             t = TurnDetection()
             if "threshold" in td:
@@ -438,10 +453,24 @@ def parse_client_event(raw: str | bytes) -> ClientEvent:
         if resp.get("tools") is not None:
             raise ProtocolError(E_INVALID_VALUE, "response.tools is not supported; set the tools with "
                                 "session.update (response.tool_choice may pick one of them)", "response.tools", eid)
-        return ResponseCreate(eid, _optional(resp, "instructions", str, eid), mods, resp.get("tool_choice"))
+        meta = _optional(resp, "metadata", dict, eid)
+        if meta is not None and (len(meta) > 16 or any(not isinstance(k, str) or not isinstance(v, str)
+                                                       or len(k) > 64 or len(v) > 512 for k, v in meta.items())):
+            raise ProtocolError(E_INVALID_VALUE, "response.metadata must map at most 16 string keys (64 chars) "
+                                "to string values (512 chars)", "response.metadata", eid)
+        return ResponseCreate(eid, _optional(resp, "instructions", str, eid), mods, resp.get("tool_choice"), meta)
     if etype == "response.cancel":
         _no_extra(ev, {"type", "event_id", "response_id"}, "", eid)
         return ResponseCancel(eid, _optional(ev, "response_id", str, eid))
+    if etype == "conversation.item.truncate":
+        _no_extra(ev, {"type", "event_id", "item_id", "content_index", "audio_end_ms"}, "", eid)
+        item_id = _require(ev, "item_id", str, eid)
+        index = _require(ev, "content_index", int, eid)
+        end_ms = _require(ev, "audio_end_ms", int, eid)
+        if index < 0 or end_ms < 0:
+            raise ProtocolError(E_INVALID_VALUE, "content_index and audio_end_ms must be >= 0",
+                                "content_index" if index < 0 else "audio_end_ms", eid)
+        return ItemTruncate(eid, item_id, index, end_ms)
     if etype == VIDEO_FRAME_EVENT:
         _no_extra(ev, {"type", "event_id", "frame", "format", "capture_ts_us", "width", "height", "stream_id"},
                   "", eid)
@@ -503,15 +532,16 @@ def error_event(err: ProtocolError) -> dict[str, Any]:
 
 
 def response_object(resp_id: str, status: str, output: list[dict[str, Any]],
-                    modalities: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``response`` object of ``response.created`` / ``response.done``."""
+                    modalities: list[str], metadata: dict[str, str] | None = None,
+                    cancel_reason: str = "client_cancelled") -> dict[str, Any]:
+    """The ``response`` object of ``response.created`` / ``response.done``; ``metadata``: the client's
+    from ``response.create`` (None there); ``cancel_reason``: ``client_cancelled`` (``response.cancel``)
+    or ``turn_detected`` (the server's turn detection cut it: the user spoke)."""
     obj: dict[str, Any] = {"id": resp_id, "object": "realtime.response", "status": status,
                            "status_details": None, "output": output, "modalities": modalities,
-                           "output_audio_format": "pcm16", "usage": None}
+                           "output_audio_format": "pcm16", "usage": None, "metadata": metadata}
     if status == "cancelled":
-        obj["status_details"] = {"type": "cancelled", "reason": "client_cancelled"}
-    if extra:
-        obj["metadata"] = extra
+        obj["status_details"] = {"type": "cancelled", "reason": cancel_reason}
     return obj
 
 

@@ -11,6 +11,7 @@ sleeps; time comes from an injected clock, so replay runs the same code on a vir
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +77,20 @@ class TurnTiming:
         return out
 
 
+FULL_PLAY_SLACK_MS = 20  # a truncation this close to the end is the whole answer (clients round down)
+MAX_ITEMS = 512  # item ids a session remembers (conversation.item.truncate of an older one is an error)
+
+
+@dataclass(slots=True)
+class _Said:
+    """A finished assistant message item, as far as truncation needs it."""
+
+    text: str
+    audio_ms: float
+    answer: Any = None
+    """The backend's key of this answer (`truncate_answer`); None: the backend keeps no history of it."""
+
+
 @dataclass(slots=True)
 class _Response:
     id: str
@@ -87,6 +102,9 @@ class _Response:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # finished output items, in order
     calls: ResponseCalls | None = None
     next_index: int = 0
+    metadata: dict[str, str] | None = None
+    cancel_asked: bool = False  # response.cancel came for it (else a cancel is the turn detection's)
+    truncate_ms: int | None = None  # conversation.item.truncate came while it ran: applied at its end
 
     def alloc(self) -> int:
         """The next output_index."""
@@ -138,6 +156,8 @@ class RealtimeSession:
         self._in_item = False
         self._next_modalities: list[str] | None = None  # of the answer a response.create asked for
         self._in_rate: Resampler | None = None  # client audio -> the session's speech rate
+        self._next_metadata: dict[str, str] | None = None  # of the answer a response.create asked for
+        self._items: OrderedDict[str, _Said | None] = OrderedDict()  # recent item ids; assistant messages: what was said
 
     @property
     def responding(self) -> bool:
@@ -301,11 +321,13 @@ class RealtimeSession:
                                      item={"id": item_id, "object": "realtime.item", "type": "message",
                                            "status": "completed", "role": ev.role, "content": content}))
             self._last_item_id = item_id
+            self._remember(item_id)
         elif isinstance(ev, (P.FunctionOutputCreate, P.FunctionCallCreate)):
             item_id = ev.item_id or P.new_id("item")
             fitem = function_item(ev, self.tool_state, item_id)
             self.send(P.server_event("conversation.item.created", previous_item_id=self._last_item_id, item=fitem))
             self._last_item_id = item_id
+            self._remember(item_id)
         elif isinstance(ev, P.ResponseCreate):
             if self._response is not None:
                 raise P.ProtocolError(P.E_RESPONSE_ACTIVE, f"response {self._response.id} is still in progress; "
@@ -320,13 +342,53 @@ class RealtimeSession:
             else:  # a committed turn answered on request: the answer's latency counts from here
                 self.turn.requested = now
             self._next_modalities = list(ev.modalities) if ev.modalities else None
+            self._next_metadata = ev.metadata
             self.backend.create_response(ev.instructions, now, modalities=self._next_modalities)
         elif isinstance(ev, P.ResponseCancel):
             if self._response is None or (ev.response_id and ev.response_id != self._response.id):
                 raise P.ProtocolError(P.E_NO_ACTIVE_RESPONSE, "no response in progress to cancel"
                                       + (f" with id {ev.response_id}" if ev.response_id else ""),
                                       "response_id" if ev.response_id else None, ev.event_id)
+            self._response.cancel_asked = True
             self.backend.cancel_response(now)
+        elif isinstance(ev, P.ItemTruncate):
+            self._truncate(ev)
+
+    # ---------------------------------------------------------------- truncate
+    def _remember(self, item_id: str, said: _Said | None = None) -> None:
+        self._items[item_id] = said
+        self._items.move_to_end(item_id)
+        while len(self._items) > MAX_ITEMS:
+            self._items.popitem(last=False)
+
+    def _truncate(self, ev: P.ItemTruncate) -> None:
+        """``conversation.item.truncate``: the user heard only ``audio_end_ms`` of an assistant item; what
+        the backend remembers of it (its conversation history) is cut to the words of that audio. An item
+        without audio (a user message, a call, a text answer) is left as it is; an unknown id is an error."""
+        resp = self._response
+        if resp is not None and resp.item_id == ev.item_id:  # still running: cut when it ends
+            resp.truncate_ms = ev.audio_end_ms
+        elif ev.item_id not in self._items:
+            raise P.ProtocolError(P.E_INVALID_VALUE, f"no item with id {ev.item_id!r} in this conversation "
+                                  f"(it knows the latest {MAX_ITEMS} items)", "item_id", ev.event_id)
+        else:
+            said = self._items[ev.item_id]
+            if said is not None:
+                self._cut(said, ev.audio_end_ms)
+        self.send(P.server_event("conversation.item.truncated", item_id=ev.item_id, content_index=ev.content_index,
+                                 audio_end_ms=ev.audio_end_ms))
+
+    def _cut(self, said: _Said, audio_end_ms: int) -> None:
+        if audio_end_ms >= said.audio_ms - FULL_PLAY_SLACK_MS or not said.audio_ms:
+            return  # all of it played (or no audio): nothing to forget
+        cut = getattr(self.backend, "truncate_answer", None)
+        if cut is not None and said.answer is not None:
+            said.text = cut(said.answer, audio_end_ms)
+        else:  # no backend history of it: the session's own record, in proportion to the audio played
+            words = said.text.split()
+            said.text = " ".join(words[:int(len(words) * audio_end_ms / said.audio_ms)])
+        said.audio_ms = float(audio_end_ms)
+        self.metrics.inc("tristream_truncations_total")
 
     # ------------------------------------------------------------------- tools
     @property
@@ -364,6 +426,7 @@ class RealtimeSession:
                                        "content": [{"type": "input_audio", "transcript": None}]}))
         self._last_item_id = item_id
         self._item_id = item_id
+        self._remember(item_id)
 
     # ----------------------------------------------------------------- backend
     def on_backend_event(self, ev: SessionEvent) -> None:
@@ -399,11 +462,12 @@ class RealtimeSession:
                                      item_id=self._item_id or "", content_index=0, transcript=ev.text, **extra))
         elif isinstance(ev, ResponseStarted):
             mods, self._next_modalities = self._next_modalities or list(self.settings.modalities), None
-            resp = _Response(P.new_id("resp"), P.new_id("item"), mods)
+            resp = _Response(P.new_id("resp"), P.new_id("item"), mods, metadata=self._next_metadata)
+            self._next_metadata = None
             self._response = resp
             self.turn.response_started = now
-            self.send(P.server_event("response.created", response=P.response_object(resp.id, "in_progress", [],
-                                                                                    resp.modalities)))
+            self.send(P.server_event("response.created", response=P.response_object(
+                resp.id, "in_progress", [], resp.modalities, resp.metadata)))
             # the message item is announced with its first text or audio: an answer may be a call only
         elif isinstance(ev, AnswerText):
             tresp = self._active("text")
@@ -488,11 +552,19 @@ class RealtimeSession:
             self.send(P.server_event("response.output_item.done", response_id=resp.id,
                                      output_index=resp.message_index, item=item))
             output.insert(min(resp.message_index or 0, len(output)), item)
+            rate = self.settings.output_audio_sample_rate
+            said = _Said(text, resp.audio_samples * 1000 / rate, getattr(self.backend, "last_answer", None))
+            self._remember(resp.item_id, said)
+            if resp.truncate_ms is not None:
+                self._cut(said, resp.truncate_ms)
+        for out_item in resp.outputs:
+            self._remember(out_item["id"])
         t = self.turn
         t.done = now
         t.status = status
         lat = t.latencies_ms()
-        robj = P.response_object(resp.id, status, output, resp.modalities)
+        robj = P.response_object(resp.id, status, output, resp.modalities, resp.metadata,
+                                 "client_cancelled" if resp.cancel_asked else "turn_detected")
         if status == "failed":
             robj["status_details"] = {"type": "failed", "reason": f"shed:{shed}" if shed else "engine_error",
                                       "error": {"type": "server_error", "code": P.E_SHED if shed else P.E_SERVER_ERROR,
