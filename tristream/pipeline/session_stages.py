@@ -160,7 +160,7 @@ class AsrStage(Stage):
         if getattr(detector, "uses_audio", False):  # the turn model judges the voice beside the ASR final
             audio = s.input.recent_audio()
             judge: Any = detector.extra_wait_ms
-            self._turn_wait = s.pool.submit(lambda: judge("?", audio))
+            self._turn_wait = s.pool.submit(lambda: judge("", audio))
         self._final_pending = True
         await loop.run_in_executor(s.pool, s.asr.push, item)
         self._collect()

@@ -20,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 DEFAULT_HANGOVER_MS = 300.0
 
 BACKCHANNELS = frozenset({
@@ -30,9 +32,13 @@ BACKCHANNELS = frozenset({
 
 
 class EndOfTurnDetector(Protocol):
-    """Decides, from the user's text so far, whether the turn is over."""
+    """Decides, from the user's text so far or their voice, whether the turn is over.
 
-    def extra_wait_ms(self, text: str) -> float:
+    A detector that judges the voice sets ``uses_audio = True``: the session then calls it
+    with the last seconds of audio (16 kHz mono) beside the ASR final, before the text exists.
+    """
+
+    def extra_wait_ms(self, text: str, audio: np.ndarray | None = None) -> float:
         """0 when the turn ends now; otherwise how much more silence to wait for."""
         ...
 
@@ -40,7 +46,7 @@ class EndOfTurnDetector(Protocol):
 class SilenceEndOfTurn:
     """The turn ends when the VAD hangover has passed: no extra wait."""
 
-    def extra_wait_ms(self, text: str) -> float:
+    def extra_wait_ms(self, text: str, audio: np.ndarray | None = None) -> float:
         """Always 0."""
         return 0.0
 
@@ -57,7 +63,7 @@ class LexicalEndOfTurn:
 
     hold_ms: float = 600.0
 
-    def extra_wait_ms(self, text: str) -> float:
+    def extra_wait_ms(self, text: str, audio: np.ndarray | None = None) -> float:
         """`hold_ms` after a dangling conjunction, article or filler; 0 otherwise."""
         t = text.strip()
         if not t:

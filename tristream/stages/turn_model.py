@@ -93,8 +93,9 @@ class SmartTurnEndOfTurn:
     hold_ms: float = 700.0
     uses_audio = True
 
-    def extra_wait_ms(self, text: str, pcm: np.ndarray | None = None) -> float:
-        """The extra silence to wait for; without audio, none (the silence rule alone)."""
-        if pcm is None or not text.strip():
+    def extra_wait_ms(self, text: str, audio: np.ndarray | None = None) -> float:
+        """The extra silence to wait for, from the voice alone (`text` is not used); without
+        audio, none (the silence rule alone)."""
+        if audio is None or not audio.size:
             return 0.0
-        return 0.0 if self.model.probability(pcm) >= self.threshold else self.hold_ms
+        return 0.0 if self.model.probability(audio) >= self.threshold else self.hold_ms
