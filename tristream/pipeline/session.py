@@ -28,6 +28,7 @@ from tristream.core.ring import ObjectRing
 from tristream.observe.events import AudioIn, EventSink, FrameIn, ResponseDone, ResponseStarted, SessionEvent
 from tristream.pipeline.llm import ChatBackend
 from tristream.pipeline.models import SharedModels
+from tristream.pipeline.overlap import SpeechOverAnswer
 from tristream.pipeline.prompt import DECODE, SYSTEM_PROMPT, Conversation
 from tristream.pipeline.session_stages import AsrStage, InputStage, LlmStage, PlayoutStage, TtsStage
 from tristream.pipeline.speculative_asr import SpeculativeRecognizer
@@ -212,13 +213,7 @@ class Session:
         from tristream.stages.echo import EchoGate
 
         self.echo = EchoGate() if cfg.echo_gate else None
-        self.overlap_ns: int | None = None
-        """When speech over the answer paused it, not yet judged a backchannel or a turn."""
-        self.echo_segment = False
-        """The VAD's current speech segment started over the answer and the echo explains it."""
-        self.drop_final = False
-        """The next final transcript is of an echo segment: not a user turn."""
-        self.overlaps: dict[str, int] = {"echo_ignored": 0, "backchannels": 0, "interruptions": 0}
+        self.overlap = SpeechOverAnswer(self)
         self.prefills = 0
         """Incremental prefills started while the user spoke (`prefill_partial`)."""
         self.input = InputStage(self)
@@ -370,81 +365,6 @@ class Session:
         self.assistant_active = False
         self.turn_done.set()
 
-    # ---- speech over the answer ------------------------------------------------------
-    def speech_over_answer(self, t_ns: int) -> None:
-        """The VAD heard speech start while the assistant answers: echo, a backchannel or a turn."""
-        if self.echo is not None and not self.echo.recent_user():
-            self.echo_segment = True
-            self.overlaps["echo_ignored"] += 1
-            return
-        self._overlap_begins(t_ns)
-
-    def _overlap_begins(self, t_ns: int) -> None:
-        if self.config.backchannel_max_ms <= 0:
-            self.overlaps["interruptions"] += 1
-            self.barge_in(t_ns)
-            return
-        self.overlap_ns = t_ns
-        self.playout.pause()  # no answer audio goes out while the user speaks
-
-    def judge_overlap(self, speaking: bool, voiced: bool = True) -> None:
-        """Per input chunk while speech overlaps the answer: the echo segment turns out to be the
-        user (their voice now dominates), or the overlap outlasts a backchannel (a turn).
-        `voiced`: the VAD hears voice now (not the silence of its hangover)."""
-        now = self.clock.now_ns()
-        if self.echo_segment:
-            if not speaking:
-                self.echo_segment = False
-                self.drop_final = True
-            elif self.echo is not None and self.echo.recent_user():
-                self.echo_segment = False
-                self._overlap_begins(now)
-            return
-        if (self.overlap_ns is not None and speaking and voiced
-                and now - self.overlap_ns > self.config.backchannel_max_ms * 1e6):
-            began, self.overlap_ns = self.overlap_ns, None
-            self.overlaps["interruptions"] += 1
-            self.barge_in(began)
-
-    def overlap_partial(self, text: str) -> None:
-        """Committed words of speech over the answer: words the answer does not hold mean the
-        segment the echo gate took for echo is the user's (quieter than it expected)."""
-        if self.echo_segment and len(text.split()) >= 2 and not _mostly_within(text, self._answer_text()):
-            self.echo_segment = False
-            self._overlap_begins(self.clock.now_ns())
-
-    def _answer_text(self) -> str:
-        return self.current.answer if self.current is not None else ""
-
-    def overlap_final(self, text: str) -> bool:
-        """The final transcript of speech that overlapped the answer; True if it is consumed here
-        (an echo segment, or a backchannel after which the answer resumes)."""
-        if self.drop_final:
-            self.drop_final = False
-            if _mostly_within(text, self._answer_text()):
-                self.overlaps["echo_dropped"] = self.overlaps.get("echo_dropped", 0) + 1
-                return True
-            # not words of the answer: the user spoke (quieter than the echo gate expected)
-            self.overlaps["interruptions"] += 1
-            self.barge_in(self.clock.now_ns())
-            return False
-        if self.overlap_ns is None:
-            return False
-        began, self.overlap_ns = self.overlap_ns, None
-        # what the user said beyond an acknowledgement: words of neither the answer (its echo
-        # in the same segment) nor the acknowledgements, nor one- or two-letter fragments
-        vocab = _words(self._answer_text())
-        content = [w for w in _words_list(text)
-                   if w not in vocab and w not in self.config.backchannels and len(w.replace("'", "")) > 2]
-        if len(content) < 2:
-            self.overlaps["backchannels"] += 1
-            self.turns.discard()
-            self.playout.resume()
-            return True
-        self.overlaps["interruptions"] += 1
-        self.barge_in(began)
-        return False
-
     def barge_in(self, t_ns: int) -> None:
         """The user speaks over the answer (from `t_ns`, when the VAD heard them start): stop LLM,
         TTS and playout now; keep what was heard."""
@@ -459,13 +379,18 @@ class Session:
             rec.heard = heard
             self.conversation.add_assistant(heard)
             self.end_response(rec, "cancelled", "barge_in")
-        self.overlap_ns = None
+        self.overlap.pending_ns = None
         self.playout.resume()
         self.barge_ins.append({"t_ns": t_ns, "at_ns": self.clock.now_ns(), "dropped": dropped,
                                "turn_id": rec.turn_id if rec else None, "heard": heard})
         self.current = None
         self.assistant_active = False
         self.turn_done.set()
+
+    @property
+    def overlaps(self) -> dict[str, int]:
+        """How speech over the answer was judged (`SpeechOverAnswer.counts`)."""
+        return self.overlap.counts
 
     def stats(self) -> dict[str, Any]:
         """Stage counters, session drops and stream counters."""
@@ -474,27 +399,10 @@ class Session:
                                      "misses": self.spec_asr.misses, "dropped": self.spec_asr.dropped}
                                     if self.spec_asr is not None else None),
                 "vad": dict(self.vad.counters), "asr": dict(self.asr.counters), "tts": dict(self.tts.counters),
-                "frames": self.frames.counts.snapshot(), "overlaps": dict(self.overlaps),
+                "frames": self.frames.counts.snapshot(), "overlaps": dict(self.overlap.counts),
                 "echo": (None if self.echo is None else {"blocks": self.echo.stats.blocks,
                                                           "with_reference": self.echo.stats.blocks_with_reference,
                                                           "user_present": self.echo.stats.blocks_user_present})}
-
-
-def _words_list(text: str) -> list[str]:
-    return [w for w in (w.strip(".,!?;:'\"").lower() for w in text.split()) if w]
-
-
-def _words(text: str) -> set[str]:
-    return set(_words_list(text))
-
-
-def _mostly_within(text: str, answer: str, share: float = 0.6) -> bool:
-    """Whether most words of `text` are words of `answer` (an ASR of the answer's own echo)."""
-    words = _words_list(text)
-    if not words:
-        return True
-    vocab = _words(answer)
-    return sum(w in vocab for w in words) >= share * len(words)
 
 
 def _stop() -> Any:

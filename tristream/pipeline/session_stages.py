@@ -68,12 +68,12 @@ class InputStage(Stage):
         self.emit(item)
         for ev in vad.poll():
             if ev.kind == "start" and s.assistant_active:
-                s.speech_over_answer(ev.decided_ns)
+                s.overlap.begin(ev.decided_ns)
             ms = int(ev.sample_index * 1000 // SAMPLE_RATE)
             s.publish(SpeechStarted(ms, s.clock.now_ns()) if ev.kind == "start" else SpeechStopped(ms, s.clock.now_ns()))
             self.emit(ev)
-        if s.echo_segment or s.overlap_ns is not None:
-            s.judge_overlap(vad.speaking, vad.silence_start is None)
+        if s.overlap.open:
+            s.overlap.judge(vad.speaking, vad.silence_start is None)
         if s.spec_asr is not None or s.streaming_asr:
             self._mark_silence(vad)
 
@@ -180,14 +180,14 @@ class AsrStage(Stage):
         for tr in results:
             s.publish(TranscriptDelta(tr.text, s.clock.now_ns()))
             if not tr.final:
-                s.overlap_partial(tr.text)
+                s.overlap.partial(tr.text)
                 if not ending:  # with the final in hand the answer's own prompt comes next
                     s.prefill_partial(tr.text)
                 continue
             timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript` times its words
             words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
             self._final_pending = False
-            if s.overlap_final(tr.text):  # echo or a backchannel: the answer goes on
+            if s.overlap.final(tr.text):  # echo or a backchannel: the answer goes on
                 continue
             s.publish(TranscriptDone(tr.text, s.clock.now_ns(), words))
             wait, self._turn_wait = self._turn_wait, None
