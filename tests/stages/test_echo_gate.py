@@ -101,5 +101,6 @@ def test_decode_batches_hold_one_job_per_utterance_and_skip_cancelled_ones() -> 
     gate.set()
     assert [f.result(5) for f in futs[:4]] == [1, 2, 3, 4] and first.result(5) == 0
     assert seen[0] == [0]
-    assert seen[1] == [3, 1, 4]  # priority first; utterance 1's second job waits; the cancelled one never runs
-    assert seen[2] == [2]
+    assert seen[1] == [3]  # a final batches with finals only
+    assert seen[2] == [1, 4]  # utterance 1's second job waits; the cancelled one never runs
+    assert seen[3] == [2]

@@ -106,8 +106,8 @@ _Job = tuple[int, int, _Decode, "concurrent.futures.Future[Any]"]
 
 class _Worker:
     """One thread that runs decode jobs by priority (0 before 1), in order within a priority;
-    the jobs waiting when one starts (up to `max_batch`, one per utterance) run with it as one
-    batched decode (`WhisperASR.decode_batch`)."""
+    the jobs of the same priority waiting when one starts (up to `max_batch`, one per
+    utterance) run with it as one batched decode (`WhisperASR.decode_batch`)."""
 
     def __init__(self, name: str, decode: Callable[[list[DecodeRequest]], list[DecodeResult]],
                  max_batch: int) -> None:
@@ -139,6 +139,9 @@ class _Worker:
                 item = heapq.heappop(self._heap)
                 if item[3].cancelled():
                     continue
+                if batch and item[0] != batch[0][0]:  # finals batch with finals only: none waits on updates
+                    later.append(item)
+                    break
                 (later if item[2].key in keys else batch).append(item)
                 keys.add(item[2].key)
             for item in later:
