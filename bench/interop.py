@@ -27,7 +27,11 @@ port: the weather question as text with the tool (``tool_choice`` required, then
 answer, and a follow-up. Everything seen is written to bench/results/interop.json (one key per
 client): per turn the user transcript, the
 function call and its arguments, the answer text, seconds of answer audio and end of speech ->
-first answer audio as Pipecat saw it, plus every error frame.
+first answer audio as Pipecat saw it, plus every error frame, Pipecat's
+``conversation.item.truncate`` requests (it sends one at each user speech start: the bench has no
+output transport to say the bot stopped speaking) and LiveKit's ``generate_reply()`` futures
+(resolved when the server echoes ``response.metadata``; the answer after a tool output is consumed
+through it, as LiveKit's ``AgentSession`` does).
 """
 
 from __future__ import annotations
@@ -107,8 +111,6 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
     from pipecat.adapters.schemas.function_schema import FunctionSchema
     from pipecat.adapters.schemas.tools_schema import ToolsSchema
     from pipecat.frames.frames import (
-        BotStartedSpeakingFrame,
-        BotStoppedSpeakingFrame,
         ErrorFrame,
         Frame,
         FunctionCallInProgressFrame,
@@ -137,8 +139,6 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
     responses: list[dict[str, Any]] = []
     cur: dict[str, Any] = {"text": "", "audio_s": 0.0, "first_audio_s": None}
 
-    play = {"until": 0.0, "speaking": False}  # the emulated speaker: answer audio plays in real time
-
     class Tap(FrameProcessor):  # records the frames that pass, both ways, and passes them on
         async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
             await super().process_frame(frame, direction)
@@ -148,12 +148,7 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
             elif isinstance(frame, TTSAudioRawFrame) and direction == FrameDirection.DOWNSTREAM:
                 if cur["first_audio_s"] is None:
                     cur["first_audio_s"] = now
-                dur = len(frame.audio) / 2 / frame.sample_rate
-                cur["audio_s"] += dur
-                play["until"] = max(play["until"], time.monotonic()) + dur
-                if not play["speaking"]:
-                    play["speaking"] = True
-                    await self.broadcast_frame(BotStartedSpeakingFrame)
+                cur["audio_s"] += len(frame.audio) / 2 / frame.sample_rate
             elif isinstance(frame, LLMTextFrame) and direction == FrameDirection.DOWNSTREAM:
                 cur["text"] += frame.text
             elif isinstance(frame, FunctionCallInProgressFrame) and direction == FrameDirection.DOWNSTREAM:
@@ -193,30 +188,29 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
         await params.result_callback({**WEATHER, "city": params.arguments.get("city", "Paris")})
 
     llm.register_function("get_weather", get_weather)
+    send_event = llm.send_client_event
+
+    async def send_seen(event: Any) -> None:  # the truncations Pipecat asks for, as it sends them
+        if isinstance(event, events.ConversationItemTruncateEvent):
+            log.append({"t": round(time.monotonic() - t0, 3), "frame": "truncate", "item_id": event.item_id,
+                        "audio_end_ms": event.audio_end_ms})
+        await send_event(event)
+
+    llm.send_client_event = send_seen  # type: ignore[method-assign]
     context = LLMContext([{"role": "user", "content": "Say hello in one short sentence."}], tools=tools)
     pair = LLMContextAggregatorPair(context)
     speaker = Tap()
     pipeline = Pipeline([pair.user(), Tap(), llm, speaker, pair.assistant()])
 
-    async def playout() -> None:
-        """What an output transport does: BotStoppedSpeaking once the answer audio has played (Pipecat's
-        service truncates the answer at the next user speech otherwise)."""
-        while True:
-            await asyncio.sleep(0.05)
-            if play["speaking"] and time.monotonic() > play["until"] + 0.1:
-                play["speaking"] = False
-                await speaker.broadcast_frame(BotStoppedSpeakingFrame)
-
     worker = PipelineWorker(pipeline, params=PipelineParams(audio_in_sample_rate=16_000, audio_out_sample_rate=24_000),
                             enable_rtvi=False)
     runner = WorkerRunner(handle_sigint=False)
     run_task = asyncio.create_task(runner.run(worker))
-    play_task = asyncio.create_task(playout())
 
     async def wait_responses(n: int, timeout: float) -> None:
-        """Until `n` responses are done and their audio has played."""
+        """Until `n` responses are done."""
         end = time.monotonic() + timeout
-        while (len(responses) < n or play["speaking"]) and time.monotonic() < end:
+        while len(responses) < n and time.monotonic() < end:
             await asyncio.sleep(0.05)
 
     mic_queue: list[bytes] = []
@@ -269,7 +263,6 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
                           "responses": responses[before:]})
         mic_task.cancel()
     finally:
-        play_task.cancel()
         await worker.cancel()
         await asyncio.wait_for(run_task, 30)
     for t in turns:
@@ -279,6 +272,7 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
         t["transcripts"] = [e["text"] for e in log if e["frame"] == "transcription" and end and e["t"] >= end - 5
                             and e["t"] <= (t["responses"][-1]["t"] if t["responses"] else 1e9)]
     return {"greeting": responses[0] if responses else None, "turns": turns, "function_calls": calls,
+            "truncations": [e for e in log if e["frame"] == "truncate"],
             "errors": [e for e in log if e["frame"] == "error"], "frames": log}
 
 
@@ -303,7 +297,7 @@ async def livekit_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
 
     from openai.types.realtime.realtime_audio_input_turn_detection import ServerVad
 
-    # the plugin's default turn detection is semantic_vad, which tristream does not do: server_vad
+    # the plugin's default turn detection is semantic_vad, which tristream refuses (its VAD ends turns): server_vad
     model = lk_openai.realtime.RealtimeModel(
         base_url=f"http://127.0.0.1:{port}/v1", api_key=TOKEN, model="tristream", tool_choice="auto",
         turn_detection=ServerVad(type="server_vad", silence_duration_ms=600, create_response=True,
@@ -349,12 +343,24 @@ async def livekit_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
             ctx.items.append(llm.FunctionCallOutput(call_id=c["call_id"], name=c["name"],
                                                     output=await get_weather(**args), is_error=False))
             await session.update_chat_ctx(ctx)
-            replies.append(session.generate_reply())
+            reply = session.generate_reply()  # what AgentSession does: the answer comes through its future
+            replies.append(reply)
+            try:
+                gen = await reply
+            except Exception as e:  # noqa: BLE001  (a timeout: recorded, the bench goes on)
+                log.append({"t": now(), "frame": "error", "error": f"generate_reply: {e}"})
+                continue
+            spawn(consume(gen))
 
-    def on_generation(ev: Any) -> None:
-        t = asyncio.get_running_loop().create_task(consume(ev))
+    def spawn(coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
         tasks.add(t)
         t.add_done_callback(tasks.discard)
+
+    def on_generation(ev: Any) -> None:
+        if ev.user_initiated:  # generate_reply()'s own: consumed where it was asked (as AgentSession does)
+            return
+        spawn(consume(ev))
 
     session.on("generation_created", on_generation)
     session.on("input_audio_transcription_completed",
@@ -544,6 +550,10 @@ def main() -> None:
         "answer_after_tool": weather["responses"][-1]["text"] if weather and weather["responses"] else None,
         "errors": len(result["errors"]),
     }
+    if "truncations" in result:  # Pipecat: conversation.item.truncate at each user speech start
+        summary["truncations"] = len(result["truncations"])
+    if "generate_reply_futures" in result:  # LiveKit: generate_reply() matched by response.metadata
+        summary["generate_reply_futures"] = result["generate_reply_futures"]
     client = ({"framework": "pipecat-ai", "version": md.version("pipecat-ai"),
                "service": "pipecat.services.openai.realtime.llm.OpenAIRealtimeLLMService"}
               if args.cmd == "pipecat" else
