@@ -17,12 +17,26 @@ Turn control (`pipeline_turns`): with ``turn_detection: null`` audio is buffered
 ``input_image`` parts join the camera frame ring, so the next answer's scene includes them.
 Still not honoured (counted): ``input_audio_buffer.clear`` while the pipeline's VAD owns the
 audio (server VAD mode).
+
+Per-packet work on the event loop (one loop thread serves every session): the microphone's 20 ms
+appends are coalesced, so the chunks a session's client sent while the loop was busy go down the
+session's stages as one push (`_flush_audio`, scheduled with ``call_soon``: at light load each
+chunk still goes alone, with no added delay; a gap in capture time starts a new push). Every other
+input first flushes what is pending, so the order of inputs is kept. With ``decode_frames_off_loop``
+(the GPU server) camera JPEGs are decoded in a shared pool of threads (OpenCV lets go of the GIL)
+and filed in arrival order when decoded; a corrupt one is counted and refused with `MediaError` at
+the session's next frame (one frame late). ``TRISTREAM_SERVE_LEGACY=1`` turns both off (the
+before-and-after measurement of bench/serve_gpu.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
+import os
+import threading
+from collections import deque
 from typing import Any, cast
 
 import numpy as np
@@ -47,9 +61,35 @@ __all__ = ["STAGE_TOTALS", "PipelineBackend", "StageTotals", "pipeline_factory"]
 
 _text_turn_ids = itertools.count(1_000_000)
 
+LEGACY = os.environ.get("TRISTREAM_SERVE_LEGACY", "") == "1"
+"""Per-packet audio pushes and JPEG decodes on the event loop, as before the coalescing (benchmarks)."""
+
+_decode_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_decode_pool_lock = threading.Lock()
+
+
+def decode_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's JPEG decoder threads (``TRISTREAM_DECODE_THREADS``, default 4)."""
+    global _decode_pool
+    with _decode_pool_lock:
+        if _decode_pool is None:
+            n = int(os.environ.get("TRISTREAM_DECODE_THREADS", "4"))
+            _decode_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, n), thread_name_prefix="jpeg-decode")
+        return _decode_pool
+
+
+def _decode_jpeg(data: bytes) -> np.ndarray | None:
+    import cv2
+
+    bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    return None if bgr is None else np.ascontiguousarray(bgr[:, :, ::-1])
+
 
 class PipelineBackend:
     """One server session driven by one pipeline `Session` over process-wide `SharedModels`."""
+
+    decode_frames_off_loop = False
+    """JPEG frames decoded in `decode_pool` (refusal one frame late) rather than on the event loop."""
 
     def __init__(self, models: Any, clock: Any | None = None, chat_for_session: Any = None,
                  session_config: Any = None) -> None:
@@ -77,6 +117,10 @@ class PipelineBackend:
         self._last_frame_ns = -1
         self._tasks: set[asyncio.Task[Any]] = set()
         self._out_rate: Resampler | None = None  # answer audio -> the client's output rate
+        self._audio_pending: list[tuple[np.ndarray, int, int]] = []  # (f32, ref start, ref end) not yet pushed
+        self._audio_flush: asyncio.Handle | None = None
+        self._frames_decoding: deque[tuple[concurrent.futures.Future[Any], int, int]] = deque()
+        self._frame_error: str | None = None
 
     @property
     def session(self) -> Any:
@@ -175,16 +219,57 @@ class PipelineBackend:
         self._samples_in += pcm.size
         f32 = pcm.astype(np.float32) / 32768.0
         if self._cfg is not None and not self._cfg.vad:  # manual mode: the commit ends the turn
+            self._flush_audio()
             if not self._manual.add(f32, ref):
                 self._count("manual_audio_dropped_full")
             return
-        if not self._session.push_audio(f32, ref):
-            self._count("audio_chunks_dropped_input_full")
+        if LEGACY:
+            if not self._session.push_audio(f32, ref):
+                self._count("audio_chunks_dropped_input_full")
+            return
+        pend = self._audio_pending
+        if pend and abs(ref - pend[-1][2]) > 2_000_000:  # a gap (or overlap) in capture time: its own push
+            self._flush_audio()
+        pend.append((f32, ref, ref + dur_ns))
+        if self._audio_flush is None:
+            try:
+                self._audio_flush = asyncio.get_running_loop().call_soon(self._flush_audio)
+            except RuntimeError:  # no loop (a synchronous caller): at once
+                self._flush_audio()
+
+    def _flush_audio(self) -> None:
+        """The chunks coalesced since the last push, as one push (see the module docstring)."""
+        if self._audio_flush is not None:
+            self._audio_flush.cancel()
+            self._audio_flush = None
+        pend = self._audio_pending
+        if not pend or self._session is None:
+            return
+        self._audio_pending = []
+        f32 = pend[0][0] if len(pend) == 1 else np.concatenate([c for c, _, _ in pend])
+        if len(pend) > 1:
+            self._count("audio_chunks_coalesced", len(pend) - 1)
+        if not self._session.push_audio(f32, pend[0][1]):
+            self._count("audio_chunks_dropped_input_full", len(pend))
 
     def push_frame(self, frame: EncodedFrame) -> None:
         """Decode to RGB and file it in the session's frame ring at its capture time."""
         import cv2
 
+        self._flush_audio()
+        if self._frame_error is not None:
+            err, self._frame_error = self._frame_error, None
+            raise MediaError(err)
+        if frame.format == "jpeg" and self.decode_frames_off_loop and not LEGACY:
+            ref = self._frame_clock.observe(frame.capture_ts_us * 1000, frame.ref_ns)
+            fut = decode_pool().submit(_decode_jpeg, frame.data)
+            self._frames_decoding.append((fut, ref, len(frame.data)))
+            loop = asyncio.get_running_loop()
+            fut.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._file_decoded))
+            return
+        if self._frames_decoding:  # a raw frame after JPEGs still decoding: those first
+            concurrent.futures.wait([f for f, _, _ in self._frames_decoding])
+            self._file_decoded()
         if frame.format == "jpeg":
             bgr = cv2.imdecode(np.frombuffer(frame.data, np.uint8), cv2.IMREAD_COLOR)
             if bgr is None:
@@ -198,6 +283,20 @@ class PipelineBackend:
         ref = self._frame_clock.observe(frame.capture_ts_us * 1000, frame.ref_ns)
         self._file_frame(img, ref)
 
+    def _file_decoded(self) -> None:
+        """File the frames decoded so far, in arrival order (the ring is time-ordered)."""
+        q = self._frames_decoding
+        while q and q[0][0].done():
+            fut, ref, size = q.popleft()
+            if self._session is None:
+                continue
+            img = None if fut.exception() is not None else fut.result()
+            if img is None:
+                self._count("frames_dropped_undecodable")
+                self._frame_error = f"a JPEG frame ({size} bytes) was corrupt; it was dropped"
+                continue
+            self._file_frame(img, ref)
+
     def _file_frame(self, img: np.ndarray, ref: int) -> None:
         self._last_frame_ns = max(self._last_frame_ns, ref)
         if not self._session.push_frame(img, ref):
@@ -206,6 +305,7 @@ class PipelineBackend:
     def push_text(self, role: str, text: str, images: list[bytes], ref_ns: int) -> None:
         """User text waits for ``response.create``; images join the camera frame ring (the scene
         of the next answer); system text replaces the instructions."""
+        self._flush_audio()
         if role == "system":
             self._session.conversation.system = text
             return
@@ -222,6 +322,7 @@ class PipelineBackend:
         """Manual mode: the buffered audio becomes the user's turn (transcribed, scene described,
         held for ``response.create``). With server VAD the pipeline's VAD owns the turns: a
         commit answers pending text, if any."""
+        self._flush_audio()
         if self._cfg is not None and not self._cfg.vad:
             pcm, start, end = self._manual.take()
             if pcm.size == 0:
@@ -273,6 +374,7 @@ class PipelineBackend:
     def clear_audio(self, ref_ns: int) -> None:
         """Manual mode: drop the buffered turn. Server VAD mode: the pipeline's VAD owns its
         buffer; counted, nothing else."""
+        self._flush_audio()
         if self._cfg is not None and not self._cfg.vad:
             self._manual.clear()
             self._count("manual_buffer_cleared")
@@ -283,6 +385,7 @@ class PipelineBackend:
         """Answer the held turn and pending text (or, with neither, the last user turn again);
         ``modalities`` without ``audio``: this answer is text only (no TTS)."""
 
+        self._flush_audio()
         if self._transcribing is not None:  # a committed turn is still in the ASR: answer it when done
             self._answer_when_transcribed = True
             return
@@ -327,6 +430,7 @@ class PipelineBackend:
 
     def cancel_response(self, ref_ns: int) -> None:
         """Stop LLM, TTS and playout now (the pipeline's barge-in path)."""
+        self._flush_audio()
         self._session.barge_in(self._now())
 
     def counters(self) -> dict[str, int]:
@@ -348,6 +452,8 @@ class PipelineBackend:
 
     async def close(self) -> None:
         """Close the pipeline session (stops its stage tasks); its stage timings join the process totals."""
+        self._flush_audio()
+        self._frames_decoding.clear()  # frames still decoding are not filed
         self._sink = None
         if self._transcribing is not None:
             self._transcribing.cancel()
