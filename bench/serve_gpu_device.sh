@@ -16,12 +16,15 @@
 set -u
 mode=${1:-run}
 mkdir -p /tmp/stage
-cat ${STAGE_DIR:-.stage}/part* >> /tmp/stage/all.txz
+[ -d /tmp/x/site ] || cat ${STAGE_DIR:-.stage}/part* >> /tmp/stage/all.txz
 ls -l /tmp/stage
 [ "$mode" = stage ] && exit 0
 X=/tmp/x
-mkdir -p $X && python3 -c "import tarfile,sys; tarfile.open('/tmp/stage/all.txz', 'r:xz').extractall(sys.argv[1])" $X || exit 1
-python3 -m pip install -q --no-index --no-deps --no-compile --target $X/site $X/*.whl || exit 1
+if [ ! -f $X/.ready ]; then  # a warm machine keeps the unpacked models of the last call
+  mkdir -p $X && python3 -c "import tarfile,sys; tarfile.open('/tmp/stage/all.txz', 'r:xz').extractall(sys.argv[1])" $X || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --target $X/site $X/*.whl || exit 1
+  touch $X/.ready
+fi
 export PYTHONPATH=$X/site:$PWD TRISTREAM_CACHE=$X/cache PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee $OUT/nvidia.txt
 nproc | tee -a $OUT/nvidia.txt
