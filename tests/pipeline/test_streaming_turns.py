@@ -96,6 +96,41 @@ def test_one_batched_decode_takes_buffers_with_different_prefixes_and_previous_t
         assert edits / words <= 0.15, (text, heard)
 
 
+def test_a_final_that_stops_after_the_forced_words_is_decoded_again(models, say) -> None:
+    """Whisper sometimes ends right after a long forced prefix though more speech follows; the
+    last update heard those words, so the final decodes the buffer afresh instead of losing them."""
+    from speech_turns import wer
+
+    from tristream.stages.asr_stream import AgreementWhisper
+
+    class EndsAfterPrefix:  # the real model; the final's decode with a prefix fails as Whisper can
+        def __init__(self, asr) -> None:
+            self.asr, self.fail = asr, False
+
+        def __getattr__(self, name: str):
+            return getattr(self.asr, name)
+
+        def decode_batch(self, reqs):
+            res = self.asr.decode_batch(reqs)
+            if self.fail:
+                for r in res:
+                    if r.request.prefix:
+                        r.tokens = []
+            return res
+
+    asr = EndsAfterPrefix(models.asr.asr)
+    recognizer = AgreementWhisper(asr, inline=True)
+    pcm = say(LONG)
+    u = recognizer.utterance()
+    for i in range(0, pcm.shape[0], 320):
+        u.feed(pcm[i:i + 320])
+    asr.fail = True
+    final = u.final()
+    edits, words = wer(LONG, final)
+    assert recognizer.stats.tail_redecodes == 1
+    assert edits / words <= 0.1, final
+
+
 def test_a_revised_commit_rolls_the_kv_cache_back_to_the_first_block_that_differs(models) -> None:
     from tristream.pipeline.prompt import Conversation
 

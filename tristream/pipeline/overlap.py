@@ -47,6 +47,9 @@ class SpeechOverAnswer:
         self.counts: dict[str, int] = {"echo_ignored": 0, "backchannels": 0, "interruptions": 0}
         self._vocab_of: tuple[str, set[str]] = ("", set())
 
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0) + 1
+
     @property
     def open(self) -> bool:
         """Whether speech over the answer is being judged (an echo segment or a paused answer)."""
@@ -89,6 +92,7 @@ class SpeechOverAnswer:
                 self.drop_final = True
             elif s.echo is not None and s.echo.recent_user():
                 self.echo_segment = False
+                self._count("echo_was_user_by_level")
                 self._user_begins(now)
             return
         if (self.pending_ns is not None and speaking and voiced
@@ -102,6 +106,7 @@ class SpeechOverAnswer:
         segment the echo gate took for echo is the user's (quieter than it expected)."""
         if self.echo_segment and len(text.split()) >= 2 and not mostly_within(text, self._answer_vocab()):
             self.echo_segment = False
+            self._count("echo_was_user_by_words")
             self._user_begins(self.s.clock.now_ns())
 
     def final(self, text: str) -> bool:
@@ -112,9 +117,10 @@ class SpeechOverAnswer:
         if self.drop_final:
             self.drop_final = False
             if mostly_within(text, vocab):
-                self.counts["echo_dropped"] = self.counts.get("echo_dropped", 0) + 1
+                self._count("echo_dropped")
                 return True
             # not words of the answer: the user spoke (quieter than the echo gate expected)
+            self._count("echo_was_user_by_final_words")
             self.counts["interruptions"] += 1
             s.barge_in(s.clock.now_ns())
             return False

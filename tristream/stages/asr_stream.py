@@ -205,6 +205,7 @@ class StreamStats:
     loops_cut: int = 0
     decodes: int = 0
     batches: int = 0
+    tail_redecodes: int = 0
 
 
 class AgreementWhisper:
@@ -406,13 +407,25 @@ class StreamingUtterance:
         def prepare() -> DecodeRequest | None:
             buf, state["n"] = self._take_buffer()
             with self._lock:
+                state["settled"] = list(self.settled)
                 state["words"] = self.settled + [w for w, _ in self.committed]
+                state["heard"] = len(self._prev)
                 if speculative:
                     self._last_update_at = max(self._last_update_at, state["n"])
             return self._request(buf) if buf.shape[0] else None
 
         def finish(res: DecodeResult | None) -> tuple[int, str]:
             tail = self._words(res) if res is not None else []
+            if res is not None and state["heard"] >= 3 and len(tail) < state["heard"] // 2:
+                # Whisper ended soon after the forced words although the last update heard more
+                # beyond them: the buffer is decoded afresh, without the forced prefix
+                self.owner.stats.tail_redecodes += 1
+                req = res.request
+                again = self.owner.asr.decode_batch([DecodeRequest(
+                    req.pcm, [], req.context, int(req.pcm.shape[0] / SAMPLE_RATE * 7) + 16, req.min_window_s)])[0]
+                words = [w for w, _ in _cut_loops(self.owner.asr.split_words(again.tokens))]
+                if len(words) > len(state["words"]) - len(state["settled"]) + len(tail):
+                    return state["n"], _join(state["settled"] + words)
             if speculative and tail:
                 self._agree(tail)
             return state["n"], _join(state["words"] + [w for w, _ in tail])
