@@ -18,15 +18,15 @@ Turn control (`pipeline_turns`): with ``turn_detection: null`` audio is buffered
 Still not honoured (counted): ``input_audio_buffer.clear`` while the pipeline's VAD owns the
 audio (server VAD mode).
 
-Per-packet work on the event loop (one loop thread serves every session): the microphone's 20 ms
-appends are coalesced, so the chunks a session's client sent while the loop was busy go down the
-session's stages as one push (`_flush_audio`, scheduled with ``call_soon``: at light load each
-chunk still goes alone, with no added delay; a gap in capture time starts a new push). Every other
-input first flushes what is pending, so the order of inputs is kept. With ``decode_frames_off_loop``
-(the GPU server) camera JPEGs are decoded in a shared pool of threads (OpenCV lets go of the GIL)
-and filed in arrival order when decoded; a corrupt one is counted and refused with `MediaError` at
-the session's next frame (one frame late). ``TRISTREAM_SERVE_LEGACY=1`` turns both off (the
-before-and-after measurement of bench/serve_gpu.py).
+Per-packet work on the event loop (one loop thread serves every session): with ``coalesce_audio``
+(the GPU server) the microphone's 20 ms appends are coalesced, so the chunks a session's client
+sent while the loop was busy go down the session's stages as one push (`_flush_audio`, scheduled
+with ``call_soon``: at light load each chunk still goes alone, with no added delay; a gap in
+capture time starts a new push). Every other input first flushes what is pending, so the order
+of inputs is kept. With ``decode_frames_off_loop`` (the GPU server too) camera JPEGs are decoded
+in a shared pool of threads (OpenCV lets go of the GIL) and filed in arrival order when decoded;
+a corrupt one is counted and refused with `MediaError` at the session's next frame (one frame
+late). ``TRISTREAM_SERVE_LEGACY=1`` turns both off (the before-and-after measurement of bench/serve_gpu.py).
 """
 
 from __future__ import annotations
@@ -90,6 +90,9 @@ class PipelineBackend:
 
     decode_frames_off_loop = False
     """JPEG frames decoded in `decode_pool` (refusal one frame late) rather than on the event loop."""
+    coalesce_audio = False
+    """Microphone appends coalesced per loop turn (the GPU server; on the CPU pipeline the 20-client
+    test's transcripts missed words in 2 of 5 runs with it, 0 of 4 without, so it stays off there)."""
 
     def __init__(self, models: Any, clock: Any | None = None, chat_for_session: Any = None,
                  session_config: Any = None) -> None:
@@ -223,7 +226,7 @@ class PipelineBackend:
             if not self._manual.add(f32, ref):
                 self._count("manual_audio_dropped_full")
             return
-        if LEGACY:
+        if LEGACY or not self.coalesce_audio:
             if not self._session.push_audio(f32, ref):
                 self._count("audio_chunks_dropped_input_full")
             return

@@ -14,7 +14,8 @@ the shared `FrameTokenizer` and prefilled into the session's LLM context while t
   speech without frames) takes the latest frame at or before its end, encoded then. Frames still encoding after ``wait_ms`` are left out
   (``images_late``).
 - `VisionPipelineBackend`: the pipeline backend whose session is bound to its `SessionVision`
-  (its camera JPEGs are decoded off the event loop: `PipelineBackend.decode_frames_off_loop`).
+  (its camera JPEGs are decoded off the event loop and its microphone appends coalesced:
+  `PipelineBackend.decode_frames_off_loop`, `coalesce_audio`).
 
 The encoder thread batches: the frames every session asked for while it was busy go through the
 tower as one forward (at most ``max_batch``), so the per-call cost (kernel launches, the copy, the
@@ -202,6 +203,7 @@ class VisionPipelineBackend(PipelineBackend):
     """`PipelineBackend` whose session feeds a `SessionVision` (speech edges and frame ring)."""
 
     decode_frames_off_loop = True
+    coalesce_audio = True
 
     def __init__(self, models: Any, vision: SessionVision, **kw: Any) -> None:
         super().__init__(models, **kw)
