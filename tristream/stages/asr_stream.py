@@ -285,6 +285,7 @@ class StreamingUtterance:
         self.committed: list[tuple[str, list[int]]] = []  # agreed words inside the buffer
         self._prev: list[tuple[str, list[int]]] = []  # the last hypothesis beyond `committed`
         self._last_update_at = 0
+        self._committed_at = 0  # samples fed when the committed words last grew
         self._pending: concurrent.futures.Future[Any] | None = None
         self._spec: concurrent.futures.Future[tuple[int, str]] | None = None
         self._done = False
@@ -326,9 +327,16 @@ class StreamingUtterance:
                 self._buf = joined
             return self._buf, self._n
 
+    @property
+    def stalled(self) -> bool:
+        """No word committed for `STALL_S` of audio though some are: Whisper, forced a prefix
+        that ends a sentence, can end there for every update; decodes then go without it."""
+        return bool(self.committed) and self._n - self._committed_at > STALL_S * SAMPLE_RATE
+
     def _request(self, buf: np.ndarray) -> DecodeRequest:
-        """Decode `buf` with the committed words forced and the settled text as context."""
-        prefix = [t for _, toks in self.committed for t in toks]
+        """Decode `buf` with the committed words forced (none when stalled) and the settled
+        text as context."""
+        prefix = [] if self.stalled else [t for _, toks in self.committed for t in toks]
         dur = buf.shape[0] / SAMPLE_RATE
         return DecodeRequest(buf, prefix, self._context[-self.owner.context_tokens:],
                              int(dur * 7) + 16 - len(prefix), self.owner.min_window_s)
@@ -336,7 +344,7 @@ class StreamingUtterance:
     def _words(self, res: DecodeResult) -> list[tuple[str, list[int]]]:
         """The hypothesis beyond the committed prefix, up to Whisper's first loop."""
         words = self.owner.asr.split_words(res.tokens)
-        kept = _cut_loops(words, [w for w, _ in self.committed])
+        kept = _cut_loops(words, [w for w, _ in self.committed] if res.request.prefix else [])
         if len(kept) < len(words):
             self.owner.stats.loops_cut += 1
         return kept
@@ -353,7 +361,13 @@ class StreamingUtterance:
     def _update_done(self, res: DecodeResult | None) -> None:
         if res is None:
             return
-        self._agree(self._words(res))
+        words = self._words(res)
+        if not res.request.prefix and self.committed:  # a stalled buffer decoded afresh
+            k = len(self.committed)
+            if local_agreement([w for w, _ in words], [w for w, _ in self.committed]) < k // 2:
+                return  # it does not read the committed words back: no safe place to continue
+            words = words[k:]
+        self._agree(words)
         buf_len = res.request.pcm.shape[0]
         if buf_len > self.owner.trim and len(self.committed) >= 2:
             self._trim(res, buf_len)
@@ -368,6 +382,8 @@ class StreamingUtterance:
             self.committed.extend(hyp[:n])
             self._prev = hyp[n:]
             self.owner.stats.words_committed += n
+            if n:
+                self._committed_at = self._n
 
     def _trim(self, res: DecodeResult, buf_len: int) -> None:
         """Cut the buffer at a gap between committed words at least `keep_s` before its end."""
@@ -412,13 +428,20 @@ class StreamingUtterance:
                 state["settled"] = list(self.settled)
                 state["words"] = self.settled + [w for w, _ in self.committed]
                 state["heard"] = len(self._prev)
+                state["quiet"] = self._n - self._committed_at  # samples since the last commit
             return self._request(buf) if buf.shape[0] else None
 
         def finish(res: DecodeResult | None) -> tuple[int, str]:
             tail = self._words(res) if res is not None else []
-            if res is not None and state["heard"] >= 3 and len(tail) < state["heard"] // 2:
+            if res is not None and not res.request.prefix and len(state["words"]) > len(state["settled"]):
+                # stalled: the buffer was decoded afresh; it replaces the committed words
+                return state["n"], _join(state["settled"] + [w for w, _ in tail])
+            short = (state["heard"] >= 3 and len(tail) < state["heard"] // 2) or (
+                not tail and state["quiet"] > SAMPLE_RATE)
+            if res is not None and short:
                 # Whisper ended soon after the forced words although the last update heard more
-                # beyond them: the buffer is decoded afresh, without the forced prefix
+                # beyond them, or nothing followed them after a second of audio: the buffer is
+                # decoded afresh, without the forced prefix
                 self.owner.stats.tail_redecodes += 1
                 req = res.request
                 again = self.owner.asr.decode_batch([DecodeRequest(
@@ -476,6 +499,9 @@ class StreamingUtterance:
                 self._pending.cancel()
             self._pending = None
 
+
+STALL_S = 3.0
+"""Audio without a new committed word after which decodes drop the forced prefix."""
 
 _PLACEHOLDER: concurrent.futures.Future[Any] = concurrent.futures.Future()
 """Marks an update as queued between the decision and its `submit` (outside the lock)."""
