@@ -18,6 +18,25 @@ LONG = ("I am planning to go for a walk in the park with my dog this afternoon. 
         "My sister is coming to visit next week and I need to clean the house.")
 
 
+class EndsAfterPrefix:
+    """The real Whisper, except that while `fail` is set every decode with forced words ends
+    right after them (as Whisper can, given a prefix that ends a sentence)."""
+
+    def __init__(self, asr, fail: bool = True) -> None:
+        self.asr, self.fail = asr, fail
+
+    def __getattr__(self, name: str):
+        return getattr(self.asr, name)
+
+    def decode_batch(self, reqs):
+        res = self.asr.decode_batch(reqs)
+        if self.fail:
+            for r in res:
+                if r.request.prefix:
+                    r.tokens = []
+        return res
+
+
 def test_partials_arrive_before_the_end_of_a_long_turn(models, say) -> None:
     from speech_turns import wer
 
@@ -106,22 +125,7 @@ def test_a_final_that_stops_after_the_forced_words_is_decoded_again(models, say)
 
     from tristream.stages.asr_stream import AgreementWhisper
 
-    class EndsAfterPrefix:  # the real model; the final's decode with a prefix fails as Whisper can
-        def __init__(self, asr) -> None:
-            self.asr, self.fail = asr, False
-
-        def __getattr__(self, name: str):
-            return getattr(self.asr, name)
-
-        def decode_batch(self, reqs):
-            res = self.asr.decode_batch(reqs)
-            if self.fail:
-                for r in res:
-                    if r.request.prefix:
-                        r.tokens = []
-            return res
-
-    asr = EndsAfterPrefix(models.asr.asr)
+    asr = EndsAfterPrefix(models.asr.asr, fail=False)
     recognizer = AgreementWhisper(asr, inline=True)
     pcm = say(LONG)
     u = recognizer.utterance()
@@ -141,20 +145,6 @@ def test_updates_stuck_after_a_sentence_go_on_without_the_forced_words(models, s
     from speech_turns import wer
 
     from tristream.stages.asr_stream import AgreementWhisper
-
-    class EndsAfterPrefix:
-        def __init__(self, asr) -> None:
-            self.asr = asr
-
-        def __getattr__(self, name: str):
-            return getattr(self.asr, name)
-
-        def decode_batch(self, reqs):
-            res = self.asr.decode_batch(reqs)
-            for r in res:
-                if r.request.prefix:
-                    r.tokens = []
-            return res
 
     recognizer = AgreementWhisper(EndsAfterPrefix(models.asr.asr), inline=True)
     pcm = say(LONG)

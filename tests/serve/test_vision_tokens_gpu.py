@@ -23,24 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 
-class FrameSession:
-    """What `SessionVision` reads of a pipeline session: observers, the frame ring, the clock."""
-
-    def __init__(self) -> None:
-        from tristream.core.ring import ObjectRing
-        from tristream.sched.clock import MonotonicClock
-
-        self.clock = MonotonicClock()
-        self.frames: ObjectRing[np.ndarray] = ObjectRing(64, name="test.frames")
-        self.observers: list[Any] = []
-
-    def subscribe(self, fn: Any) -> Any:
-        self.observers.append(fn)
-        return lambda: None
-
-    def publish(self, ev: Any) -> None:
-        for fn in self.observers:
-            fn(ev)
+from tests.engine.vision.test_frame_tokens import FrameSession  # noqa: E402  (after the CUDA skip)
 
 
 def frame(seed: int) -> np.ndarray:
@@ -70,7 +53,7 @@ def test_vision_tokens_reach_the_context_and_the_answer_comes(engine: Any) -> No
                          repetition_penalty=DECODE.repetition_penalty)
     vt = build_vision_tokens(engine, "cuda")
     assert vt.tokenizer.weights == "random" and vt.tokenizer.tokens_per_frame == 49
-    sess = FrameSession()
+    sess = FrameSession(64)
     sv = vt.session()
     sv.bind(sess)
     chat = ScheduledChat(se, lambda: "silver", max_tokens=24, vision=sv)

@@ -17,12 +17,12 @@ torch = pytest.importorskip("torch")
 class FrameSession:
     """What `SessionVision` reads of a pipeline session: observers, the frame ring, the clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = 16) -> None:
         from tristream.core.ring import ObjectRing
         from tristream.sched.clock import MonotonicClock
 
         self.clock = MonotonicClock()
-        self.frames: ObjectRing[np.ndarray] = ObjectRing(16, name="test.frames")
+        self.frames: ObjectRing[np.ndarray] = ObjectRing(capacity, name="test.frames")
         self.observers: list[Any] = []
 
     def subscribe(self, fn: Any) -> Any:
