@@ -43,6 +43,18 @@ def test_transcript_deltas_are_increments_and_revisions_are_counted() -> None:
     assert s.metrics.count("tristream_transcript_revisions_total") == 2
 
 
+def test_a_failed_transcription_is_sent_as_the_protocols_failed_event() -> None:
+    s, out, _ = make()
+    s.on_backend_event(SpeechStarted(0, 0))
+    s.on_backend_event(SpeechStopped(900, 0))
+    s.on_backend_event(TranscriptDone("", 0, None, "RuntimeError: decoder exploded"))
+    failed = [e for e in out if e["type"] == "conversation.item.input_audio_transcription.failed"]
+    assert len(failed) == 1 and failed[0]["error"]["message"] == "RuntimeError: decoder exploded"
+    assert failed[0]["item_id"]
+    assert not [e for e in out if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert s.metrics.count("tristream_transcription_failures_total") == 1
+
+
 def test_turn_latencies_on_virtual_clock_and_response_done() -> None:
     s, out, clock = make()
     s.on_backend_event(SpeechStarted(100, 0))

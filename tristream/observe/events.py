@@ -110,6 +110,13 @@ class Transcript:
 
 
 @dataclass(slots=True, frozen=True)
+class FailedTranscript(Transcript):
+    """A final whose decode raised: ``text`` is empty, ``error`` the exception in one line."""
+
+    error: str = ""
+
+
+@dataclass(slots=True, frozen=True)
 class SceneDescription:
     """A compact text description of one video frame for a text-only LLM."""
 
@@ -200,6 +207,9 @@ class TranscriptDone:
     text: str
     ref_ns: int
     words: list[tuple[str, int, int]] | None = None
+    error: str = ""
+    """The transcription failed (the exception in one line): the turn's audio is lost and the
+    client is told (``conversation.item.input_audio_transcription.failed``)."""
 
 
 @dataclass(slots=True)

@@ -187,6 +187,14 @@ class AsrStage(Stage):
             timed = getattr(tr, "words", None)  # `asr_batched_stream.TimedTranscript` times its words
             words = [(w.text, w.start_ms, w.end_ms) for w in timed] if timed else None
             self._final_pending = False
+            if getattr(tr, "error", ""):  # the decode failed: the client hears why, the session goes on
+                self.errors.add("asr_final_failed")
+                s.publish(TranscriptDone("", s.clock.now_ns(), None, tr.error))
+                self._turn_wait = None
+                turn = s.turns.on_final("", tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking, 0.0)
+                if turn is not None:  # words of the turn's earlier segments still make a turn
+                    self._send(turn)
+                continue
             if s.overlap.final(tr.text):  # echo or a backchannel: the answer goes on
                 continue
             s.publish(TranscriptDone(tr.text, s.clock.now_ns(), words))

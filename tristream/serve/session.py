@@ -452,6 +452,13 @@ class RealtimeSession:
                                              item_id=self._item_id or "", content_index=0, delta=inc))
             else:  # the ASR revised earlier words: the completed event carries the final text
                 self.metrics.inc("tristream_transcript_revisions_total")
+        elif isinstance(ev, TranscriptDone) and ev.error:
+            self._transcript_sent = ""
+            self.metrics.inc("tristream_transcription_failures_total")
+            self.send(P.server_event("conversation.item.input_audio_transcription.failed",
+                                     item_id=self._item_id or "", content_index=0,
+                                     error={"type": "transcription_error", "code": "asr_failed",
+                                            "message": ev.error}))
         elif isinstance(ev, TranscriptDone):
             self._transcript_sent = ""
             self.turn.transcript_done = now

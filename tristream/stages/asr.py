@@ -15,13 +15,17 @@ stream.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import time
 from typing import Protocol
 
 import numpy as np
 
-from tristream.observe.events import SpeechEvent, SpeechEventKind, Transcript
+from tristream.observe.events import FailedTranscript, SpeechEvent, SpeechEventKind, Transcript
 from tristream.stages.base import SampleClock, Stream, as_float_mono
+
+log = logging.getLogger("tristream.asr")
 
 __all__ = ["Recognizer", "UtteranceDecoder", "UtteranceStream", "transcribe_offline"]
 
@@ -195,11 +199,23 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         if self._fed_to < target:
             self._decoder_feed_to(target)
         t0 = time.perf_counter()
-        text = self._decoder.final()
+        error = ""
+        try:
+            text = self._decoder.final()
+        except Exception as exc:  # the utterance is lost, the stream is not: a final that says why
+            self._count("finals_failed")
+            log.warning("asr final failed in session %s: %s: %s", self.session_id, type(exc).__name__, exc)
+            text, error = "", f"{type(exc).__name__}: {exc}"
+            abort = getattr(self._decoder, "abort", None)
+            if abort is not None:
+                with contextlib.suppress(Exception):
+                    abort()
         dt = time.perf_counter() - t0
         decided = max(ev.decided_ns, self.clock.ns_at(min(target, self.clock.total)))
-        self._events.append(Transcript(self.session_id, text, True, self.clock.ns_at(self._utt_start),
-                                       ev.t_ns, decided, dt))
+        start = self.clock.ns_at(self._utt_start)
+        self._events.append(
+            FailedTranscript(self.session_id, text, True, start, ev.t_ns, decided, dt, error) if error
+            else Transcript(self.session_id, text, True, start, ev.t_ns, decided, dt))
         self._decoder = None
         self._pending_end = None
         # keep only the ring tail: the next utterance needs at most its preroll
