@@ -104,3 +104,29 @@ def test_decode_batches_hold_one_job_per_utterance_and_skip_cancelled_ones() -> 
     assert seen[1] == [3]  # a final batches with finals only
     assert seen[2] == [1, 4]  # utterance 1's second job waits; the cancelled one never runs
     assert seen[3] == [2]
+
+
+def test_decode_batches_hold_buffers_of_similar_length() -> None:
+    """Buffers of very different lengths decode in separate batches (padding a short one with
+    seconds of silence costs accuracy and encoder time)."""
+    from tristream.stages.asr_stream import _Decode, run_batch
+    from tristream.stages.asr_whisper import DecodeRequest, DecodeResult
+
+    seen: list[list[float]] = []
+
+    def decode(reqs: list[DecodeRequest]) -> list[DecodeResult]:
+        seen.append(sorted(r.pcm.shape[0] / 16_000 for r in reqs))
+        return [DecodeResult(r, [r.pcm.shape[0]], None, i, 0) for i, r in enumerate(reqs)]
+
+    def job(seconds: float):
+        import concurrent.futures
+
+        pcm = np.zeros(int(seconds * 16_000), np.float32)
+        d = _Decode(id(pcm), lambda: DecodeRequest(pcm, [], [], 8),
+                    lambda res: res.tokens[0] if res is not None else None)
+        return (1, 0, d, concurrent.futures.Future())
+
+    batch = [job(s) for s in (12.0, 2.0, 3.0, 11.0)]
+    run_batch(batch, decode)
+    assert seen == [[2.0, 3.0], [11.0, 12.0]]  # 2 s with 3 s, 11 s with 12 s; never 2 s with 12 s
+    assert [f.result(1) for *_, f in batch] == [192_000, 32_000, 48_000, 176_000]  # each its own result

@@ -169,8 +169,27 @@ def run_batch(batch: list[_Job], decode: Callable[[list[DecodeRequest]], list[De
                 live.append((job, fut, req))
         except BaseException as exc:  # delivered to whoever waits on the job
             fut.set_exception(exc)
-    if live:
-        _decode_live(live, decode)
+    for group in by_length(live, key=lambda item: item[2].pcm.shape[0]):
+        _decode_live(group, decode)
+
+
+LENGTH_RATIO = 1.5
+"""Buffers batch together only when the longest is at most this many times the shortest
+(plus one second): a short buffer padded with many seconds of silence is heard worse (a 4-clip
+batch heard "museum if I walk" as "Museum of Firewall"), and the padding costs encoder time."""
+
+
+def by_length(items: list[Any], key: Callable[[Any], int], ratio: float = LENGTH_RATIO,
+              slack: int = SAMPLE_RATE) -> list[list[Any]]:
+    """`items` in groups of similar length (sorted by `key`; a group's longest is at most
+    `ratio` × its shortest + `slack`)."""
+    groups: list[list[Any]] = []
+    for item in sorted(items, key=key):
+        if groups and key(item) <= key(groups[-1][0]) * ratio + slack:
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
 
 
 def _decode_live(live: list[tuple[_Decode, concurrent.futures.Future[Any], DecodeRequest]],
