@@ -9,7 +9,12 @@ next state (2, batch, 128).
 
 Batching: the model takes a batch axis on both input and state, so N sessions' windows go
 through one `InferenceSession.run` (`SileroVAD.run(streams)`); results equal per-session calls
-(tested). Hysteresis follows silero's `get_speech_timestamps`: enter speech at
+(tested). A stream that runs its own windows (``batched=False``, the pipeline's way: push, then
+poll at once) can still be batched: `SileroVAD.precompute` runs, in one call per round for all
+streams, the windows that the samples about to be pushed will complete, from each stream's own
+context and state; the stream keeps each result with the input and state it came from and uses it
+in `push` only when both equal its own then (anything else pushed first: computed afresh, counted
+``lookahead_mismatch``). Hysteresis follows silero's `get_speech_timestamps`: enter speech at
 ``p >= threshold`` once ``min_speech_ms`` of speech windows accumulated, leave below
 ``threshold - 0.15`` after ``min_silence_ms`` of silence (the hangover). Edges are placed on
 the reference clock from the sample index (`SampleClock`), shifted by ``start_pad_ms`` /
@@ -19,6 +24,7 @@ the reference clock from the sample index (`SampleClock`), shifted by ``start_pa
 from __future__ import annotations
 
 import importlib.util
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +112,44 @@ class SileroVAD:
         self.windows += x.shape[0]
         return np.asarray(out, dtype=np.float32).reshape(-1), np.asarray(new_state, dtype=np.float32)
 
+    def precompute(self, pending: list[tuple[VADStream, np.ndarray]]) -> int:
+        """Infer now, batched across streams, the windows that pushing each ``(stream, float32
+        samples)`` will complete; each stream keeps the results for its next `push` (see the module
+        docstring). Returns the number of ONNX calls made (one per round of windows)."""
+        plans: list[list[object]] = []
+        for s, pcm in pending:
+            s._lookahead.clear()
+            if s.closed or s.batched:
+                continue
+            buf = np.concatenate([s._buf, pcm]) if s._buf.size else pcm
+            n = int(buf.shape[0]) // WINDOW
+            if n:
+                plans.append([s, buf, n, s._context, s._state])
+        calls = 0
+        k = 0
+        while True:
+            ready = [p for p in plans if int(p[2]) > k]  # type: ignore[call-overload]
+            if not ready:
+                return calls
+            x = np.empty((len(ready), CONTEXT + WINDOW), dtype=np.float32)
+            state = np.empty((2, len(ready), 128), dtype=np.float32)
+            for i, p in enumerate(ready):
+                buf = p[1]
+                assert isinstance(buf, np.ndarray)
+                x[i, :CONTEXT] = p[3]
+                x[i, CONTEXT:] = buf[k * WINDOW:(k + 1) * WINDOW]
+                state[:, i, :] = p[4]
+            probs, new_state = self.infer(x, state)
+            calls += 1
+            for i, p in enumerate(ready):
+                s, buf = p[0], p[1]
+                assert isinstance(s, VADStream) and isinstance(buf, np.ndarray)
+                nxt = np.ascontiguousarray(new_state[:, i, :])
+                s._lookahead.append((x[i].copy(), p[4], float(probs[i]), nxt))  # type: ignore[arg-type]
+                p[3] = buf[(k + 1) * WINDOW - CONTEXT:(k + 1) * WINDOW]
+                p[4] = nxt
+            k += 1
+
     def run(self, streams: list[VADStream]) -> int:
         """Process every full window buffered in `streams`, one ONNX call per round of N.
 
@@ -142,6 +186,9 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 128), dtype=np.float32)
         self._x1 = np.zeros((1, CONTEXT + WINDOW), dtype=np.float32)
+        self._lookahead: deque[tuple[np.ndarray, np.ndarray, float, np.ndarray]] = deque()
+        self.precomputed = 0
+        """Windows whose result came from `SileroVAD.precompute` (a batch across streams)."""
         self._speaking = False
         self._cand_start: int | None = None
         self._cand_speech = 0
@@ -206,12 +253,22 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         self._cand_start = None
         self._cand_speech = 0
         self._temp_end = None
+        self._lookahead.clear()
 
     def _run_own(self) -> None:
         x = self._x1
+        la = self._lookahead
         while self.buffered >= WINDOW:
             x[0, :CONTEXT] = self._context
             x[0, CONTEXT:] = self._buf[:WINDOW]
+            if la:
+                lx, lstate, lp, lnext = la.popleft()
+                if np.array_equal(lx, x[0]) and np.array_equal(lstate, self._state):
+                    self.precomputed += 1
+                    self._accept(lp, lnext)
+                    continue
+                la.clear()
+                self._count("lookahead_mismatch")
             probs, state = self.model.infer(x, self._state[:, None, :])
             self._accept(float(probs[0]), state[:, 0, :])
 
