@@ -21,7 +21,7 @@ ls -l /tmp/stage
 [ "$mode" = stage ] && exit 0
 X=/tmp/x
 if [ ! -f $X/.ready ]; then  # a warm machine keeps the unpacked models of the last call
-  mkdir -p $X && python3 -c "import tarfile,sys; tarfile.open('/tmp/stage/all.txz', 'r:xz').extractall(sys.argv[1])" $X || exit 1
+  mkdir -p $X && python3 -c "import tarfile,sys; tarfile.open('/tmp/stage/all.txz', 'r:*').extractall(sys.argv[1])" $X || exit 1
   python3 -m pip install -q --no-index --no-deps --no-compile --target $X/site $X/*.whl || exit 1
   touch $X/.ready
 fi
