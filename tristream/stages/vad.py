@@ -27,6 +27,7 @@ import importlib.util
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,7 +117,7 @@ class SileroVAD:
         """Infer now, batched across streams, the windows that pushing each ``(stream, float32
         samples)`` will complete; each stream keeps the results for its next `push` (see the module
         docstring). Returns the number of ONNX calls made (one per round of windows)."""
-        plans: list[list[object]] = []
+        plans: list[list[Any]] = []
         for s, pcm in pending:
             s._lookahead.clear()
             if s.closed or s.batched:
