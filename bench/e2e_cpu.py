@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve as serve_bench  # noqa: E402  (bench/serve.py: one way to start a server)
-from _common import RESULTS_DIR, cpu_info, machine_info, process_cpu_s  # noqa: E402
+from _common import RESULTS_DIR, cpu_info, host_speed, machine_info, process_cpu_s  # noqa: E402
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -185,18 +185,62 @@ def summarise(recs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (/proc/stat: user nice system idle iowait irq
+    softirq steal); empty where there is no /proc."""
+    try:
+        with open("/proc/stat") as f:
+            return [int(x) for x in f.readline().split()[1:9]]
+    except OSError:
+        return []
+
+
+def steal_share(a: list[int], b: list[int]) -> float | None:
+    """Share of the machine's CPU time between two `_cpu_ticks` taken by the hypervisor (a VM's
+    neighbours): a run with more steal is slower for reasons outside the code."""
+    if len(a) < 8 or len(b) < 8:
+        return None
+    d = [y - x for x, y in zip(a, b, strict=True)]
+    return round(d[7] / max(1, sum(d)), 4)
+
+
+def server_counters(port: int) -> dict[str, float]:
+    """The server's backend, stage and ASR counters from `/metrics` (name → value)."""
+    import urllib.request
+
+    out: dict[str, float] = {}
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    except OSError:
+        return out
+    for line in text.splitlines():
+        if line.startswith("#") or "{" not in line:
+            continue
+        fam, rest = line.split("{", 1)
+        labels, _, value = rest.rpartition("}")
+        if fam in ("tristream_asr_counter", "tristream_backend_counter", "tristream_stage_counter") \
+                or fam.startswith("tristream_transcription"):
+            name = labels.split('"')[1] if '"' in labels else labels
+            try:
+                out[f"{fam}:{name}"] = float(value)
+            except ValueError:
+                continue
+    return out
+
+
 def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float) -> dict[str, Any]:
     proc, port = start_server(asr, n)
     try:
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         per = [turns[i::n] for i in range(n)]
-        cpu0, w0 = process_cpu_s(proc.pid), time.perf_counter()
+        cpu0, w0, t0 = process_cpu_s(proc.pid), time.perf_counter(), _cpu_ticks()
 
         async def everyone() -> list[list[dict[str, Any]]]:
             return await asyncio.gather(*(one_session(url, p, gap_s, wait_s) for p in per))
 
         recs = [r for rs in asyncio.run(everyone()) for r in rs]
-        cpu1, w1 = process_cpu_s(proc.pid), time.perf_counter()
+        cpu1, w1, t1 = process_cpu_s(proc.pid), time.perf_counter(), _cpu_ticks()
+        counters = server_counters(port)
     finally:
         proc.terminate()
         try:
@@ -204,7 +248,8 @@ def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float
         except subprocess.TimeoutExpired:
             proc.kill()
     return {"asr": asr, "sessions": n, "summary": summarise(recs), "server_cpu_s": round(cpu1 - cpu0, 1),
-            "wall_s": round(w1 - w0, 1), "loadavg_1m": round(os.getloadavg()[0], 2), "turns": recs}
+            "wall_s": round(w1 - w0, 1), "loadavg_1m": round(os.getloadavg()[0], 2),
+            "steal_share": steal_share(t0, t1), "host_speed": host_speed(), "server_counters": counters, "turns": recs}
 
 
 def whole_utterance_wer(turns: list[Turn]) -> float:
@@ -410,7 +455,7 @@ def main() -> None:
             s = r["summary"]
             print(f"{asr:18s} n={n}: transcript P50 {s['stopped_to_transcript_ms']['p50']} ms, first audio "
                   f"P50 {s['stopped_to_first_audio_ms']['p50']} / P99 {s['stopped_to_first_audio_ms']['p99']} ms, "
-                  f"WER {s['wer']:.3f}, by length {s['p50_by_length']}", flush=True)
+                  f"WER {s['wer']:.3f}, steal {r['steal_share']}, by length {s['p50_by_length']}", flush=True)
     results["wer_ratio_stream_vs_whole"] = next(
         (round(r["summary"]["wer"] / max(results["whole_utterance_wer"], 1e-9), 3)
          for r in results["runs"] if r["asr"] == "whisper" and r["sessions"] == 1), None)

@@ -33,6 +33,7 @@ import heapq
 import itertools
 import re
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,6 +226,8 @@ class StreamStats:
     decodes: int = 0
     batches: int = 0
     tail_redecodes: int = 0
+    decode_s: float = 0.0  # time in batched decodes (updates, finals, speculations)
+    redecode_s: float = 0.0  # time in the finals' afresh decodes (part of the finals' wait)
 
 
 class AgreementWhisper:
@@ -252,7 +255,11 @@ class AgreementWhisper:
     def _decode_batch(self, reqs: list[DecodeRequest]) -> list[DecodeResult]:
         self.stats.decodes += len(reqs)
         self.stats.batches += 1
-        return self.asr.decode_batch(reqs)
+        t0 = time.perf_counter()
+        try:
+            return self.asr.decode_batch(reqs)
+        finally:
+            self.stats.decode_s += time.perf_counter() - t0
 
     def transcribe(self, pcm: np.ndarray) -> str:
         """Whole-clip text (no streaming), as `WhisperASR.transcribe`."""
@@ -463,8 +470,10 @@ class StreamingUtterance:
                 # decoded afresh, without the forced prefix
                 self.owner.stats.tail_redecodes += 1
                 req = res.request
+                t0 = time.perf_counter()
                 again = self.owner.asr.decode_batch([DecodeRequest(
                     req.pcm, [], req.context, int(req.pcm.shape[0] / SAMPLE_RATE * 7) + 16, req.min_window_s)])[0]
+                self.owner.stats.redecode_s += time.perf_counter() - t0
                 words = [w for w, _ in _cut_loops(self.owner.asr.split_words(again.tokens))]
                 if len(words) > len(state["words"]) - len(state["settled"]) + len(tail):
                     return state["n"], _join(state["settled"] + words)
