@@ -7,6 +7,11 @@ scale, Q8_0's grid), run by our native kernels (`tristream/engine/cpu/`), which 
 activations and return float32 results on every instruction set. Float32 out matters: greedy
 decoding takes the argmax of the head's logits, and rounded logits tie (bf16 steps of 0.125
 near a logit of 25 made the lowest-id token win a tie that float32 does not have).
+
+A third mode, fp8, is for GPUs: e4m3 weights with one float32 scale per output row
+(`quantize_fp8`), run by `kernels/fp8_gemv.py` on CUDA with bf16 activations (the weight is
+widened in registers, products summed in float32, the row scale applied to the sums). Without
+CUDA the same function runs in torch (`fp8_reference`): the reference of the kernels' tests.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ if TYPE_CHECKING:
 
 QBLOCK = 32
 FORMATS = ("q4", "q8")
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 
 _prefill_mode: contextvars.ContextVar[bool] = contextvars.ContextVar("prefill_mode", default=False)
 
@@ -83,6 +89,32 @@ def dequantize_blocks(fmt: str, t: dict[str, torch.Tensor]) -> torch.Tensor:
     return (codes * d[..., None]).view(t["w"].shape[0], -1)
 
 
+def quantize_fp8(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A float weight [N, K] → (e4m3 codes [N, K], float32 scale per row [N]): each row is scaled
+    so that its largest magnitude maps to 448 (the largest e4m3), then rounded to nearest. An
+    all-zero row gets scale 1 (codes 0)."""
+    wf = w.detach().float()
+    amax = wf.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    q = (wf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.contiguous(), scale.contiguous()
+
+
+def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [N, K] that e4m3 codes and per-row scales encode."""
+    return q.float() * scale.float()[:, None]
+
+
+def fp8_reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+                  ) -> torch.Tensor:
+    """What the fp8 kernels compute, in torch: x [M, K] times the e4m3 codes [N, K] summed in
+    float32, times the row scale, plus bias, rounded to x's dtype."""
+    y = F.linear(x.float(), q.float()) * scale.float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
 _KERNELS: list[Kernels | None] = []
 
 
@@ -138,6 +170,26 @@ class Linear(nn.Module):
         """
         self.set_quantized(fmt, quantize_blocks(self.weight, fmt), keep_dense)
 
+    def quantize_fp8(self, keep_dense: bool = False) -> None:
+        """Replace the weight by e4m3 codes and per-row scales (`quantize_fp8`); keep_dense as
+        in `quantize`."""
+        q, s = quantize_fp8(self.weight)
+        self.set_fp8(q, s, keep_dense)
+
+    def set_fp8(self, q: torch.Tensor, scale: torch.Tensor, keep_dense: bool = False) -> None:
+        """Install e4m3 codes [out, in] and float32 scales [out] (from `quantize_fp8` or an FP8
+        checkpoint)."""
+        if q.dtype != torch.float8_e4m3fn or tuple(q.shape) != (self.out_features, self.in_features):
+            raise ValueError(f"fp8 weight must be float8_e4m3fn [{self.out_features}, {self.in_features}], "
+                             f"got {q.dtype} {tuple(q.shape)}")
+        if tuple(scale.shape) != (self.out_features,):
+            raise ValueError(f"fp8 scale must have shape [{self.out_features}], got {tuple(scale.shape)}")
+        self.qformat = "fp8"
+        self.qtensors = {"w": q.contiguous(), "s": scale.float().to(q.device).contiguous()}
+        if not keep_dense:
+            self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype, device=q.device),
+                                       requires_grad=False)
+
     def set_quantized(self, fmt: str, tensors: dict[str, torch.Tensor], keep_dense: bool = False) -> None:
         """Install already-quantised tensors (from `quantize_blocks` or a cache)."""
         if fmt not in FORMATS:
@@ -154,9 +206,22 @@ class Linear(nn.Module):
         if self.prefill_weight is not None and _prefill_mode.get():
             y = F.linear(x.to(self.prefill_weight.dtype), self.prefill_weight).to(x.dtype)
             return y if self.bias is None else y + self.bias
+        if self.qformat == "fp8":
+            return self._fp8(x)
         if self.qformat is not None:
             return self._quantized(x)
         return F.linear(x, self.weight, self.bias)
+
+    def _fp8(self, x: torch.Tensor) -> torch.Tensor:
+        q, s = self.qtensors["w"], self.qtensors["s"]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.is_cuda:
+            from tristream.engine.kernels.fp8_gemv import fp8_linear
+
+            y = fp8_linear(x2, q, s, self.bias)
+        else:
+            y = fp8_reference(x2, q, s, self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def _quantized(self, x: torch.Tensor) -> torch.Tensor:
         k, n = self.in_features, self.out_features

@@ -1,7 +1,8 @@
 """Load Llama-family weights from Hugging Face folders (config.json + safetensors, sharded too).
 
 `load_model(path)` accepts a folder or a `.gguf` file (see `gguf_loader`). Weights are
-copied into the fused layout of `LlamaModel` (q|k|v and gate|up concatenated). `save_hf`
+copied into the fused layout of `LlamaModel` (q|k|v and gate|up concatenated). A checkpoint
+with float8_e4m3fn weights and their scale tensors loads as an fp8 model (`quantize.py`). `save_hf`
 writes a model back in Hugging Face layout, which is how dequantised GGUF weights are cached.
 """
 
@@ -119,12 +120,18 @@ def load_hf_folder(
     tensors = read_safetensors(folder)
     model = LlamaModel(cfg, dtype=dtype, device=device, max_positions=max_positions)
 
+    from tristream.engine.quantize import fp8_checkpoint, fp8_dequantize_tensor, install_fp8_checkpoint
+
+    fp8 = fp8_checkpoint(tensors)
+
     def get(name: str) -> torch.Tensor:
         if name not in tensors:
             raise WeightsNotFound(f"tensor {name!r} missing from the checkpoint in {folder}")
-        return tensors[name]
+        return fp8_dequantize_tensor(name, tensors) if fp8 else tensors[name]
 
     assign_hf_weights(model, get)
+    if fp8:
+        install_fp8_checkpoint(model, tensors)
     return model
 
 

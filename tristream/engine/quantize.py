@@ -1,8 +1,14 @@
-"""Weight-only quantisation of a model's projections for CPU inference (native block kernels).
+"""Weight-only quantisation of a model's projections.
 
-Modes: 'int4' (q4 blocks for the layer projections, q8 for the output head, as GGUF files keep
-their embeddings at 8 bits) and 'int8' (q8 everywhere). `linear.py` has the formats; the
-kernels are in `tristream/engine/cpu/`.
+CPU modes (native block kernels): 'int4' (q4 blocks for the layer projections, q8 for the
+output head, as GGUF files keep their embeddings at 8 bits) and 'int8' (q8 everywhere).
+`linear.py` has the formats; the kernels are in `tristream/engine/cpu/`.
+
+GPU mode 'fp8': every projection and the output head as e4m3 codes with a float32 scale per
+output row (`linear.quantize_fp8`), run by `kernels/fp8_gemv.py`; activations stay bf16. It is
+quantised at load on the device (no disk cache: a few milliseconds per layer there). FP8
+checkpoints (float8_e4m3fn weights with `weight_scale` / `weight_scale_inv` tensors) load
+without re-quantising where their scales are per tensor or per row (`fp8_checkpoint_weights`).
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import torch
 from tristream.engine.linear import Linear
 from tristream.engine.models.llama import LlamaModel
 
-MODES = ("int8", "int4")
+MODES = ("int8", "int4", "fp8")
 _CACHE_FORMAT = "blocks-v3"
 
 
@@ -49,9 +55,30 @@ def keep_prefill_copies(model: LlamaModel, dtype: torch.dtype = torch.bfloat16) 
             lin.keep_prefill_copy(dtype)
 
 
+def is_fp8(model: LlamaModel) -> bool:
+    """Whether the model's layer projections hold e4m3 weights."""
+    return bool(model.layers) and model.layers[0].qkv.qformat == "fp8"
+
+
+def quantize_model_fp8(model: LlamaModel, head: bool = True) -> None:
+    """Every layer projection (and the output head unless head=False) to e4m3 with row scales, in
+    place. A tied head keeps the dense embedding for lookups."""
+    for name, lin in _projections(model).items():
+        if name == "head" and not head:
+            continue
+        if lin.qformat == "fp8":
+            continue
+        lin.quantize_fp8(keep_dense=lin is model.head() and model.lm_head is None)
+    if model.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def quantize_model(model: LlamaModel, mode: str) -> None:
     """Quantise every projection and the output head in place (`MODES`)."""
     check_mode(mode)
+    if mode == "fp8":
+        quantize_model_fp8(model)
+        return
     for lin, fmt in _formats(model, mode).values():
         lin.quantize(fmt, keep_dense=lin is model.head() and model.lm_head is None)
 
@@ -84,6 +111,9 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     from tristream.engine.disk_cache import cache_root, content_key, prune, touch
 
     check_mode(mode)
+    if mode == "fp8":
+        quantize_model_fp8(model)  # fast on the device; nothing cached
+        return
     if source.parent == cache_root() / "gguf":  # a converted GGUF: its folder is named by the file's contents
         key = content_key([], source.name, mode, _CACHE_FORMAT)
     else:
@@ -116,3 +146,80 @@ def quantize_model_cached(model: LlamaModel, mode: str, source: Path) -> None:
     tmp.replace(path)
     prune(path.parent, keep=path)
     pack_weights(model)
+
+
+_FP8_SUFFIXES = ("weight_scale", "weight_scale_inv")
+
+
+def fp8_checkpoint(tensors: dict[str, torch.Tensor]) -> bool:
+    """Whether a checkpoint's tensors hold float8_e4m3fn weights."""
+    return any(v.dtype == torch.float8_e4m3fn for v in tensors.values())
+
+
+def fp8_row_scales(name: str, q: torch.Tensor, tensors: dict[str, torch.Tensor]) -> torch.Tensor | None:
+    """The float32 scale per output row of the e4m3 weight `name` [N, K] from its scale tensor
+    (`<prefix>.weight_scale` or `.weight_scale_inv`: w = code · scale either way): a scalar or
+    one per row ([N] or [N, 1]) gives rows exactly; blocks ([ceil(N/b), ceil(K/b)]) give None."""
+    prefix = name.removesuffix(".weight")
+    s = next((tensors[f"{prefix}.{x}"] for x in _FP8_SUFFIXES if f"{prefix}.{x}" in tensors), None)
+    if s is None:
+        raise KeyError(f"fp8 weight {name!r} has no {prefix}.weight_scale in the checkpoint")
+    n = q.shape[0]
+    s = s.float()
+    if s.numel() == 1:
+        return s.reshape(1).expand(n).contiguous()
+    if s.numel() == n and (s.dim() == 1 or s.shape[-1] == 1):
+        return s.reshape(n).contiguous()
+    return None
+
+
+def fp8_dequantize_tensor(name: str, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The float32 value of checkpoint tensor `name`: e4m3 weights times their scales (per
+    tensor, per row or per block), anything else as stored."""
+    t = tensors[name]
+    if t.dtype != torch.float8_e4m3fn:
+        return t
+    rows = fp8_row_scales(name, t, tensors)
+    if rows is not None:
+        return t.float() * rows[:, None]
+    prefix = name.removesuffix(".weight")
+    s = next(tensors[f"{prefix}.{x}"] for x in _FP8_SUFFIXES if f"{prefix}.{x}" in tensors).float()
+    n, k = t.shape
+    bn, bk = -(-n // s.shape[0]), -(-k // s.shape[1])
+    full = s.repeat_interleave(bn, 0)[:n].repeat_interleave(bk, 1)[:, :k]
+    return t.float() * full
+
+
+def install_fp8_checkpoint(model: LlamaModel, tensors: dict[str, torch.Tensor]) -> int:
+    """Give every projection whose checkpoint weights are e4m3 with per-tensor or per-row scales
+    those codes exactly (q|k|v and gate|up concatenated as the model fuses them); projections
+    with block scales are re-quantised per row from their dequantised values (already loaded
+    into the model). Returns how many projections took the checkpoint's codes."""
+    def parts(p: str, names: tuple[str, ...]) -> list[str]:
+        return [f"{p}{n}.weight" for n in names]
+
+    groups: dict[str, list[str]] = {}
+    for i in range(len(model.layers)):
+        p = f"model.layers.{i}."
+        groups[f"{i}.qkv"] = parts(p + "self_attn.", ("q_proj", "k_proj", "v_proj"))
+        groups[f"{i}.o"] = parts(p + "self_attn.", ("o_proj",))
+        groups[f"{i}.gate_up"] = parts(p + "mlp.", ("gate_proj", "up_proj"))
+        groups[f"{i}.down"] = parts(p + "mlp.", ("down_proj",))
+    if model.lm_head is not None:
+        groups["head"] = ["lm_head.weight"]
+    lins = _projections(model)
+    exact = 0
+    for key, names in groups.items():
+        lin = lins[key]
+        if not all(n in tensors and tensors[n].dtype == torch.float8_e4m3fn for n in names):
+            continue
+        scales = [fp8_row_scales(n, tensors[n], tensors) for n in names]
+        if all(s is not None for s in scales):
+            dev = model.device
+            q = torch.cat([tensors[n].to(dev) for n in names])
+            s = torch.cat([x.to(dev) for x in scales if x is not None])
+            lin.set_fp8(q, s)
+            exact += 1
+        else:
+            lin.quantize_fp8()
+    return exact

@@ -159,7 +159,7 @@ class NativeDecoder:
     def applies(model: LlamaModel, cache: KVCache) -> bool:
         """Whether every layer projection is quantised and the cache holds float32."""
         return cache.k.dtype == torch.float32 and model.dtype == torch.float32 and all(
-            lin.qformat is not None for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
+            lin.qformat in ("q4", "q8") for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
     def forward(self, h: torch.Tensor, meta: AttnMetadata, ops: NativeOps) -> torch.Tensor:
         """Final-norm hidden states [T, hidden] of a decode step (embeddings `h` in)."""
