@@ -47,19 +47,19 @@ from bench._common import RESULTS_DIR, host_speed, kernel_profile, write_results
 from tristream.engine.engine import LLMEngine  # noqa: E402
 from tristream.engine.engine_types import EngineConfig  # noqa: E402
 from tristream.engine.sequence import SamplingParams  # noqa: E402
-from tristream.engine.speech.audio_store import AudioStore  # noqa: E402
-from tristream.engine.speech.config import WhisperDims, WhisperTokens, preset  # noqa: E402
-from tristream.engine.speech.mel import LogMel  # noqa: E402
-from tristream.engine.speech.runner import WhisperRunner  # noqa: E402
-from tristream.engine.speech.streaming import StreamingWhisper  # noqa: E402
-from tristream.engine.speech.timing import dtw_token_starts  # noqa: E402
-from tristream.engine.speech.whisper import load_whisper  # noqa: E402
-from tristream.engine.vision.graphs import VisionGraphBank  # noqa: E402
-from tristream.engine.vision.inject import load_language_model  # noqa: E402
-from tristream.engine.vision.preprocess import FramePreprocessor  # noqa: E402
-from tristream.engine.vision.vit import VisionTowerConfig, load_vision_tower  # noqa: E402
-from tristream.engine.vision.vlm import VisionLanguageModel  # noqa: E402
 from tristream.observe.gcpause import settle_heap  # noqa: E402
+from tristream.speech.audio_store import AudioStore  # noqa: E402
+from tristream.speech.config import WhisperDims, WhisperTokens, preset  # noqa: E402
+from tristream.speech.mel import LogMel  # noqa: E402
+from tristream.speech.runner import WhisperRunner  # noqa: E402
+from tristream.speech.streaming import StreamingWhisper  # noqa: E402
+from tristream.speech.timing import dtw_token_starts  # noqa: E402
+from tristream.speech.whisper import load_whisper  # noqa: E402
+from tristream.vision.graphs import VisionGraphBank  # noqa: E402
+from tristream.vision.inject import load_language_model  # noqa: E402
+from tristream.vision.preprocess import FramePreprocessor  # noqa: E402
+from tristream.vision.vit import VisionTowerConfig, load_vision_tower  # noqa: E402
+from tristream.vision.vlm import VisionLanguageModel  # noqa: E402
 
 
 def _sync(dev: torch.device) -> None:
@@ -387,9 +387,9 @@ def bench_real_speech(dev: torch.device, update_s: float = 0.5, variants: list[s
     import difflib
     import re
 
-    from tests.engine.speech.truth import continuous_speech
-    from tristream.engine.speech.ct2 import load_ct2_whisper
-    from tristream.engine.speech.streaming import NS, hf_token_text
+    from tests.speech.truth import continuous_speech
+    from tristream.speech.ct2 import load_ct2_whisper
+    from tristream.speech.streaming import NS, hf_token_text
     from tristream.stages.asr_whisper import whisper_base_dir
     from tristream.stages.base import ModelUnavailable
 
@@ -455,9 +455,9 @@ def bench_real_speech_streams(dev: torch.device, n: int = 16, update_s: float = 
     so their updates interleave like live sessions), one batched pass per update: per-update time and
     alignment work, aligning every update vs only updates that commit. CUDA only (eager base on a
     CPU takes minutes)."""
-    from tests.engine.speech.truth import continuous_speech
-    from tristream.engine.speech.ct2 import load_ct2_whisper
-    from tristream.engine.speech.streaming import NS, hf_token_text
+    from tests.speech.truth import continuous_speech
+    from tristream.speech.ct2 import load_ct2_whisper
+    from tristream.speech.streaming import NS, hf_token_text
     from tristream.stages.asr_whisper import whisper_base_dir
     from tristream.stages.base import ModelUnavailable
 

@@ -46,13 +46,13 @@ class EncoderLoad:
         """tiny: small random configs (CPU smoke tests)."""
         import torch
 
-        from tristream.engine.speech.audio_store import AudioStore
-        from tristream.engine.speech.config import WhisperDims, WhisperTokens
-        from tristream.engine.speech.config import preset as whisper_preset
-        from tristream.engine.speech.runner import WhisperRunner
-        from tristream.engine.speech.whisper import Whisper
-        from tristream.engine.vision.graphs import VisionGraphBank
-        from tristream.engine.vision.vit import VisionTower, VisionTowerConfig
+        from tristream.speech.audio_store import AudioStore
+        from tristream.speech.config import WhisperDims, WhisperTokens
+        from tristream.speech.config import preset as whisper_preset
+        from tristream.speech.runner import WhisperRunner
+        from tristream.speech.whisper import Whisper
+        from tristream.vision.graphs import VisionGraphBank
+        from tristream.vision.vit import VisionTower, VisionTowerConfig
 
         torch.manual_seed(0)
         dt = torch.float16 if device.startswith("cuda") else torch.float32

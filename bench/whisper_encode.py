@@ -22,10 +22,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import capture_graph, cuda_graph_ms, kernel_profile, write_results  # noqa: E402
-from tristream.engine.speech import kernels  # noqa: E402
-from tristream.engine.speech.config import PRESETS, SAMPLE_RATE  # noqa: E402
-from tristream.engine.speech.mel import LogMel  # noqa: E402
-from tristream.engine.speech.whisper import Whisper  # noqa: E402
+from tristream.speech import kernels  # noqa: E402
+from tristream.speech.config import PRESETS, SAMPLE_RATE  # noqa: E402
+from tristream.speech.mel import LogMel  # noqa: E402
+from tristream.speech.whisper import Whisper  # noqa: E402
 
 
 def graph_ms(fn: Callable[[], object]) -> float:

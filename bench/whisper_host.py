@@ -28,7 +28,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_rev(rev: str, path: str = "tristream/engine/speech/timing.py") -> ModuleType:
+def load_rev(rev: str, path: str = "tristream/speech/timing.py") -> ModuleType:
     """A module loaded from `path` as of git revision `rev`."""
     src = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     f = Path(tempfile.mkdtemp()) / "timing_before.py"
@@ -81,8 +81,8 @@ def inputs(streams: int, capacity: int, frames: int, seed: int = 0) -> dict[str,
 
 def bench_host(before_rev: str, streams: int = 16, capacity: int = 32, frames: int = 500, iters: int = 300
                ) -> dict[str, Any]:
-    from tristream.engine.speech import timing as after
-    from tristream.engine.speech.streaming import tokens_to_words
+    from tristream.speech import timing as after
+    from tristream.speech.streaming import tokens_to_words
 
     before = load_rev(before_rev)
     x = inputs(streams, capacity, frames)
@@ -148,8 +148,8 @@ class _HostOnlyRunner:
 
     def __init__(self, words: dict[str, list[tuple[int, int]]], capacity: int, frames: int,
                  speech_mask: bool = False) -> None:
-        from tristream.engine.speech.config import WhisperTokens
-        from tristream.engine.speech.pass_io import RunnerStats
+        from tristream.speech.config import WhisperTokens
+        from tristream.speech.pass_io import RunnerStats
 
         self.words, self.k, self.frames = words, capacity, frames
         self.speech_mask = speech_mask  # voiced = inside a scripted word (pauses snap edges); else all voiced
@@ -174,7 +174,7 @@ class _HostOnlyRunner:
         return toks, fr + [tail], -(-s.length // 320)
 
     def _dtw(self, toks: np.ndarray, acc: np.ndarray, valid: list[int], dfr: Any) -> None:
-        from tristream.engine.speech.timing import anchored_token_starts
+        from tristream.speech.timing import anchored_token_starts
 
         anchored_token_starts(self.align, toks, self.tokens.eot, np.asarray(valid), acc, dfr, 4)
 
@@ -199,7 +199,7 @@ class _HostOnlyRunner:
             self.cpu_s += time.thread_time() - t
 
     def _run_store(self, slots: list[int], drafts: Any, draft_frames: Any, word_times: bool | None) -> Any:
-        from tristream.engine.speech.pass_io import PassResult
+        from tristream.speech.pass_io import PassResult
 
         self.slots = slots
         n, eot = len(slots), self.tokens.eot
@@ -242,7 +242,7 @@ def bench_policies(streams: int = 16, seconds: float = 20.0, capacity: int = 32,
     scripted hearing); `median_step_host_ms` leaves the runner's calls out: what the real path pays
     on the host besides the runner. `speech_mask`: voiced only inside scripted words (edges snap onto
     the pauses), else every frame voiced."""
-    from tristream.engine.speech.streaming import StreamingWhisper
+    from tristream.speech.streaming import StreamingWhisper
 
     rng = np.random.default_rng(0)
     script: dict[str, list[tuple[int, int]]] = {}
@@ -294,9 +294,9 @@ def bench_set_inputs(streams: int = 16, capacity: int = 32, iters: int = 2000) -
     """`WhisperRunner._set_inputs` host time (median µs of thread CPU) for one 16-stream pass: drafts of
     20-29 tokens (`max_draft` = capacity - 1), their frames, store slots; on a CPU runner (a small
     random model: the table's size depends only on `max_draft`), so no pinned copy or CUDA event."""
-    from tristream.engine.speech.config import WhisperDims, WhisperTokens
-    from tristream.engine.speech.runner import WhisperRunner
-    from tristream.engine.speech.whisper import Whisper
+    from tristream.speech.config import WhisperDims, WhisperTokens
+    from tristream.speech.runner import WhisperRunner
+    from tristream.speech.whisper import Whisper
 
     dims = WhisperDims(d_model=64, encoder_layers=1, decoder_layers=1, heads=4, ffn=128, max_source_positions=250,
                        max_target_positions=64)
@@ -360,7 +360,7 @@ def compare_policies(before_rev: str, rounds: int = 5) -> dict[str, Any]:
 def bench_medfilt(device: str = "cpu", iters: int = 10) -> dict[str, Any]:
     """The alignment matrix's 7-tap median filter at 16 streams × 6 heads × 33 rows × 500 frames:
     `unfold().median()` (before) vs the compare-exchange network `median7` (after); identical output."""
-    from tristream.engine.speech.timing import median7
+    from tristream.speech.timing import median7
 
     x = torch.randn(96, 33, 506, device=device)
     t = 500

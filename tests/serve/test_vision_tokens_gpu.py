@@ -5,7 +5,7 @@ the scheduled engine while the user speaks → the answer of the real SmolLM2-13
 `test_vision_tokens_reach_the_context_and_the_answer_comes` drives one session's `ScheduledChat` as
 the pipeline does (partial prompts while the user speaks, then the answer's prompt) with a real
 frame ring; `test_default_server.py` checks the same path through ``tristream serve`` on CUDA.
-The CPU twin (tiny shapes) is `tests/engine/vision/test_frame_tokens.py`.
+The CPU twin (tiny shapes) is `tests/vision/test_frame_tokens.py`.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 
-from tests.engine.vision.test_frame_tokens import FrameSession  # noqa: E402  (after the CUDA skip)
+from tests.vision.test_frame_tokens import FrameSession  # noqa: E402  (after the CUDA skip)
 
 
 def frame(seed: int) -> np.ndarray:

@@ -14,12 +14,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tristream.engine.speech.commit import Word
-from tristream.engine.speech.config import WhisperDims, WhisperTokens
-from tristream.engine.speech.runner import WhisperRunner
-from tristream.engine.speech.streaming import StreamingWhisper
-from tristream.engine.speech.whisper import Whisper
 from tristream.observe.events import SpeechEvent, SpeechEventKind
+from tristream.speech.commit import Word
+from tristream.speech.config import WhisperDims, WhisperTokens
+from tristream.speech.runner import WhisperRunner
+from tristream.speech.streaming import StreamingWhisper
+from tristream.speech.whisper import Whisper
 from tristream.stages.asr_batched import BatchedWhisperASR, drop_loops
 from tristream.stages.asr_batched_stream import TimedTranscript
 

@@ -38,7 +38,7 @@ from tristream.engine.kv_cache import KVCache
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.retention_probe import attention_probe
 from tristream.engine.sequence import Sequence
-from tristream.engine.vision.retention import (
+from tristream.vision.retention import (
     VISION,
     AttentionMass,
     KVBlockInfo,

@@ -3,7 +3,7 @@
 | stage | model | device |
 |---|---|---|
 | VAD | silero (ONNX Runtime) | CPU, per session (sub-ms per 32 ms window) |
-| ASR | our Whisper base (`tristream.engine.speech`, the shipped CTranslate2 weights loaded into our module) behind `BatchedWhisperASR`: one batcher thread, one `WhisperRunner` pass for every session with new audio | the engine's ``device``: CUDA graphs on a GPU, the same code eagerly on a CPU |
+| ASR | our Whisper base (`tristream.speech`, the shipped CTranslate2 weights loaded into our module) behind `BatchedWhisperASR`: one batcher thread, one `WhisperRunner` pass for every session with new audio | the engine's ``device``: CUDA graphs on a GPU, the same code eagerly on a CPU |
 | LLM | the scheduled engine (`ScheduledChat` per session) | ``device`` |
 | TTS | piper (ONNX Runtime) | CPU |
 | vision | CUDA: tokens of the aligned frames (`serve.vision_tokens`; random SigLIP weights); else OpenCV | ``device`` |

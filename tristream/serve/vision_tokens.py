@@ -20,7 +20,7 @@ the shared `FrameTokenizer` and prefilled into the session's LLM context while t
 The encoder thread batches: the frames every session asked for while it was busy go through the
 tower as one forward (at most ``max_batch``), so the per-call cost (kernel launches, the copy, the
 synchronisation; ~20 ms of a 25 ms call for one frame when the event loop holds the GIL) is paid once
-per batch rather than per frame. ``TRISTREAM_SERVE_LEGACY=1``: one forward per frame, as before.
+per batch rather than per frame.
 
 The tokens enter the prompt as a user message of their own before the user's words
 (`ScheduledEngine.encode_with_images`); the OpenCV scene text is not used on this path.
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from tristream.observe.events import SpeechStarted
-from tristream.serve.pipeline_backend import LEGACY, PipelineBackend
+from tristream.serve.pipeline_backend import PipelineBackend
 
 Span = tuple[Any, str]
 
@@ -67,8 +67,6 @@ class VisionTokens:
 
     def submit(self, img: np.ndarray) -> concurrent.futures.Future[Any]:
         """The future (token tensor, cache key) of one frame, encoded in the next batch."""
-        if LEGACY:
-            return self.pool.submit(lambda: self._one_batch([img])[0])
         fut: concurrent.futures.Future[Any] = concurrent.futures.Future()
         with self._cv:
             self._queue.append((img, fut))
@@ -220,7 +218,7 @@ def build_vision_tokens(engine: Any, device: str, keep_ratio: float = 0.25,
     hidden size, with random weights (no VLM weights are available offline), bf16 on CUDA."""
     import torch
 
-    from tristream.engine.vision.frames import FrameTokenizer, embedding_rms
+    from tristream.vision.frames import FrameTokenizer, embedding_rms
 
     model = engine.model
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

