@@ -165,3 +165,37 @@ def test_object_ring_matches_brute_force(times: list[int], cap: int, q: int) -> 
     hit = r.latest_at_or_before(q)
     assert (hit[0] if hit else None) == (before[-1] if before else None)
     assert set(got) <= set(held) | set(times)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    chunks=st.lists(st.tuples(st.integers(1, 30), st.sampled_from(["float32", "float64", "int16", ">f4"]),
+                              st.sampled_from(["contiguous", "strided", "fortran"])), min_size=1, max_size=40),
+    cap=st.integers(8, 120),
+    channels=st.sampled_from([1, 3]),
+)
+def test_chunks_of_any_dtype_and_layout_land_in_both_halves(chunks: list[tuple[int, str, str]], cap: int,
+                                                             channels: int) -> None:
+    # The hot path copies a chunk of the ring's dtype through a flat memoryview; any other dtype,
+    # byte order or memory layout goes the numpy way. Both must store the same values in both halves.
+    ring = TimeIndexedRing(16000, cap, channels=channels, dtype=np.float32)
+    i = 0
+    for n, dtype, layout in chunks:
+        vals = np.arange(i * channels, (i + n) * channels, dtype=np.float64).reshape(n, channels) % 30000
+        if layout == "strided":
+            wide = np.zeros((2 * n, channels), dtype)
+            wide[::2] = vals
+            chunk = wide[::2]
+        elif layout == "fortran":
+            chunk = np.asfortranarray(vals.astype(dtype))
+        else:
+            chunk = vals.astype(dtype)
+        if channels == 1:
+            chunk = chunk[:, 0]
+        assert ring.append(T0 + i * P, chunk) == i
+        i += n
+        np.testing.assert_array_equal(ring._buf[:cap], ring._buf[cap:])
+    held = np.arange(max(0, i - cap), i)
+    w = ring.window(T0 + int(held[0]) * P, T0 + i * P)
+    expect = (np.arange(held[0] * channels, i * channels, dtype=np.float64).reshape(-1, channels) % 30000)
+    np.testing.assert_array_equal(w.data, expect[:, 0] if channels == 1 else expect)

@@ -166,12 +166,14 @@ class SourceClock:
         self._packets = 0
         self._last_src: int | None = None
         self._last_u: int | None = None  # newest unwrapped end (anchor of the unwrapping)
-        # end -> start, ref and arrival of the last 512 packets (three dicts: no tuple per packet
-        # for the collector to count and trace)
-        self._recent_start: dict[int, int] = {}
-        self._recent_ref: dict[int, int] = {}
-        self._recent_arr: dict[int, int] = {}
-        self._recent_keys: list[int | None] = [None] * 512  # the last 512 ends, oldest at _recent_at
+        # The last 512 packets, for duplicates: end -> slot, and per slot its start, ref and
+        # arrival (one dict and three preallocated lists: no tuple per packet for the collector
+        # to count and trace, one hashed store per packet)
+        self._recent: dict[int, int] = {}
+        self._recent_start: list[int] = [0] * 512
+        self._recent_ref: list[int] = [0] * 512
+        self._recent_arr: list[int] = [0] * 512
+        self._recent_keys: list[int | None] = [None] * 512  # the ends by slot, oldest at _recent_at
         self._recent_at = 0
         self.last_epoch: _Epoch | None = None  # epoch (or reset candidate) the last packet was mapped with
         self.epoch_history: list[_Epoch] = []  # every epoch ever confirmed, oldest first
@@ -272,9 +274,13 @@ class SourceClock:
             self._cycle = cycle
         if end < start:
             raise InvalidPacket(f"{self.source_id}: span ends ({end}) before it starts ({start})")
-        if self._recent_start.get(end) == start and 0 <= arrival - self._recent_arr[end] <= self.duplicate_window_ns:
+        recent = self._recent
+        slot = recent.get(end)
+        if slot is not None and self._recent_start[slot] == start and (
+            0 <= arrival - self._recent_arr[slot] <= self.duplicate_window_ns
+        ):
             self.counts.add("duplicate")
-            return self._recent_ref[end]
+            return self._recent_ref[slot]
         eps = self._epochs
         ep = eps[-1] if eps else None
         if ep is not None and self._cand is None and end >= ep.max_src - self.reset_back_ns:
@@ -290,22 +296,21 @@ class SourceClock:
             ep = self._update(start, end, arrival)
         self.last_epoch = ep
         ref = ep.a0 + round(ep.c + (1.0 + self._d) * float(start - ep.s0)) - self.latency_ns
-        if self.wrap_ns and ep is self._epochs[-1] and cycle > ep.cycle:
+        if w and cycle > ep.cycle and ep is self._epochs[-1]:
             if ep.packets > 1:
                 self.counts.add("wrap", cycle - ep.cycle)
             ep.cycle = cycle
-        rs, rr, ra = self._recent_start, self._recent_ref, self._recent_arr
-        rs[end] = start
-        rr[end] = ref
-        ra[end] = arrival
-        keys, at = self._recent_keys, self._recent_at
+        at = self._recent_at
+        recent[end] = at
+        self._recent_start[at] = start
+        self._recent_ref[at] = ref
+        self._recent_arr[at] = arrival
+        keys = self._recent_keys
         old = keys[at]
         keys[at] = end
         self._recent_at = (at + 1) & 511
-        if old is not None and old in rs:
-            del rs[old]
-            del rr[old]
-            del ra[old]
+        if old is not None and old in recent:  # (the slot's previous packet leaves, even when
+            del recent[old]  # its end came again since: the window is 512 packets either way)
         return ref
 
     def map_packet(self, pkt: Packet) -> int:
@@ -653,9 +658,14 @@ class SourceClock:
             self._d = d
             ep.c = c0 - d * x_end
             ep.fitted = True
-            a = sorted([abs(r) for r in (y - c0 - d * x for x, y in zip(xc[-16:], ys[-16:], strict=True))
-                        if r <= self.congestion_ns])
+            cn = self.congestion_ns
+            a = []
+            for x, y in zip(xc[-16:], ys[-16:], strict=True):
+                r = y - c0 - d * x
+                if r <= cn:
+                    a.append(abs(r))
             if a:
+                a.sort()
                 ep.spread = a[len(a) // 2]
         else:
             z = sorted([y - d * x for x, y in zip(xs, ys, strict=True)])

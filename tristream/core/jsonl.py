@@ -81,6 +81,9 @@ _SUF_FLAG = b', "ref_ns": %d%s}\n'
 _FLAG_TEXT = (b"", b', "ref_flag": "outlier"', b', "ref_flag": "duplicate"')
 _SUFFIX = np.array([len(f % (b"", 0)) - 1 for f in _FMT], np.int64)  # bytes besides the body and the digits
 _POW10 = np.array([10**k for k in range(1, 19)], np.int64)
+# Lines formatted by one bytes `%` (about 2 MB of text): blocks of 65,536 lines cost 15 % more CPU
+# in the writing (each 9 MB template and output is fresh memory from the kernel; smaller ones reuse it)
+_RUN = 1 << 14
 
 
 @dataclass(slots=True)
@@ -287,8 +290,8 @@ def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dic
     slow = (np.flatnonzero(sc.kind[a:b] != 1) + a).tolist()
     i = a
     for k in [*slow, b]:
-        for j0 in range(i, k, 1 << 16):  # a run of fast lines, formatted in one go
-            j1 = min(k, j0 + (1 << 16))
+        for j0 in range(i, k, _RUN):  # a run of fast lines, formatted in one go
+            j1 = min(k, j0 + _RUN)
             c = sc.close[j0:j1]
             f = flag[j0:j1]
             if np.array_equal(c, sc.ends[j0:j1] - 1) and np.array_equal(sc.starts[j0 + 1 : j1], sc.ends[j0 : j1 - 1] + 1):

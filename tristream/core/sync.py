@@ -52,25 +52,37 @@ class ApproximateTimeSync(_QueuedJoin):
         # cannot make any set final (the horizon, the heads and the active set are unchanged),
         # so it returns at once: most pushes take this path.
         self._bh: int | None = None
-        self._bmin: list[str] = []
-        self._bactive: list[str] = []
+        self._bmin: tuple[str, ...] = ()
+        self._bactive: tuple[str, ...] = ()
         self._bdeadline = 0
         self._last_h: int | None = None
         self._unknown: str | None = None  # a stream with messages, all beyond the last pass's horizon
+        self._cols = [(s, self.q.t[s], self.q.v[s]) for s in self.streams]  # (the lists are updated in place)
+        # Streams as bits of a mask for `_scan`: the names of every mask are built once (a
+        # scan allocates nothing), and the other streams of each pivot for `_best2`.
+        self._wms = [(1 << i, st) for i, st in enumerate(self.q.wm.streams.values())]
+        names = list(self.q.wm.streams)
+        self._names = [tuple(n for i, n in enumerate(names) if m >> i & 1) for m in range(1 << len(names))] \
+            if len(names) <= 8 else None
+        self._others = {s: tuple(o for o in self.streams if o != s) for s in self.streams}
+        self._two = len(self.streams) == 3  # two streams besides each pivot: `_best2`
+        self._col_of = {s: (self.q.t[s], self.q.v[s], self.q.wm.streams[s]) for s in self.streams}
+        self._late = {s: f"late:{s}" for s in self.streams}
+        self._unmatched = {s: f"unmatched:{s}" for s in self.streams}
 
     def push(self, stream: str, ref_ns: int, item: Any, now_ns: int) -> list[AlignedWindow]:
         """Add a message; returns the sets that became final."""
-        q = self.q
-        ts = q.t.get(stream)
-        if ts is None:
+        col = self._col_of.get(stream)
+        if col is None:
             raise KeyError(f"unknown stream {stream!r}; this join was built for {self.streams}")
+        ts, vs, st = col
+        q = self.q
         # `_Queues.push` and `WatermarkTracker.observe`, inlined: this runs for every packet
         wm = q.wm
         if wm._unstarted:
             wm._start(now_ns)
         if now_ns > q.now:
             q.now = now_ns
-        st = wm.streams[stream]
         if now_ns > st.last_active_ns:
             st.last_active_ns = now_ns
         st.closed = False
@@ -78,168 +90,297 @@ class ApproximateTimeSync(_QueuedJoin):
         if ref_ns > seen:
             st.max_seen_ns = ref_ns
         if (seen > NEG_INF and ref_ns < seen - st.lateness_ns) or ref_ns < wm._combined:
-            wm.counts.add(f"late:{stream}")
-            q.counts.add(f"late:{stream}")
+            wm.counts.add(self._late[stream])
+            q.counts.add(self._late[stream])
         else:
             if not ts or ref_ns >= ts[-1]:
                 ts.append(ref_ns)
-                q.v[stream].append(item)
+                vs.append(item)
             else:
                 k = bisect.bisect_right(ts, ref_ns)
                 ts.insert(k, ref_ns)
-                q.v[stream].insert(k, item)
+                vs.insert(k, item)
             if len(ts) > self.queue_size:
                 ts.pop(0)
-                q.v[stream].pop(0)
+                vs.pop(0)
                 self.counts.add(f"overflow:{stream}")
                 self._bh = None
         bh = self._bh
-        if bh is not None and ref_ns > bh and stream in self._bactive and q.now <= self._bdeadline and not q.flushed:
-            if stream not in self._bmin or self._still_unknown(stream):
+        if bh is not None and ref_ns > bh and q.now <= self._bdeadline and stream in self._bactive and not q.flushed:
+            if stream not in self._bmin:
                 return []
+            u = self._unknown
+            if u is not None and u != stream:
+                # The pusher held the watermark, so the horizon may move; if the stream that
+                # blocked the last pass still has nothing at or before it, a pass would only prune.
+                h, act = self._scan()
+                tu = q.t[u]
+                if not tu or tu[0] > h:
+                    self._last_h = h
+                    floor = h - self.max_interval_ns
+                    for s, ts, vs in self._cols:
+                        if ts and ts[0] <= floor:
+                            self._drop(s, ts, vs, floor)
+                    self._bh = h if act else None
+                    return []
+                return self._pass(h, act)
         return self._emit()
 
     def _emit(self) -> list[AlignedWindow]:
-        out = self._emit_sets()
-        self._record_block()
+        if self.q.flushed:
+            self._bh = None
+            return self._emit_sets(POS_INF, (), True)
+        h, act = self._scan()
+        return self._pass(h, act)
+
+    def _pass(self, h: int, act: tuple[str, ...]) -> list[AlignedWindow]:
+        out = self._emit_sets(h, act, False)
+        self._bh = self._last_h if act else None
         return out
 
-    def _record_block(self) -> None:
+    def _scan(self) -> tuple[int, tuple[str, ...]]:
+        """One look at the watermarks (not flushed): the combined watermark (`WatermarkTracker.combined`,
+        which it updates), the active streams, and - kept for the next push - the streams holding
+        the combined minimum and when the first active one turns idle."""
         q = self.q
-        if q.flushed:
-            self._bh = None
-            return
+        wm = q.wm
         now = q.now
+        if wm._unstarted:
+            wm._start(now)
         low = POS_INF
-        mins: list[str] = []
-        act: list[str] = []
+        mins = act = 0
         deadline = POS_INF
-        for n, st in q.wm.streams.items():
-            if st.closed or (st.last_active_ns > NEG_INF and now - st.last_active_ns > st.idle_timeout_ns):
+        for bit, st in self._wms:
+            la = st.last_active_ns
+            if st.closed or (la > NEG_INF and now - la > st.idle_timeout_ns):
                 continue
-            act.append(n)
-            m = st.max_seen_ns - st.lateness_ns if st.max_seen_ns > NEG_INF else NEG_INF
+            act |= bit
+            ms = st.max_seen_ns
+            m = ms - st.lateness_ns if ms > NEG_INF else NEG_INF
             if m < low:
-                low, mins = m, [n]
+                low, mins = m, bit
             elif m == low:
-                mins.append(n)
-            d = st.last_active_ns + st.idle_timeout_ns
+                mins |= bit
+            d = la + st.idle_timeout_ns
             if d < deadline:
                 deadline = d
-        if not act or self._last_h is None:
-            self._bh = None
-            return
-        self._bh = self._last_h
-        self._bmin = mins  # (a few streams: a list's membership test is cheaper than a set's build)
-        self._bactive = act
+        if low == POS_INF:
+            low = max(s.watermark_ns if s.closed else s.max_seen_ns for s in wm.streams.values())
+        if low > wm._combined:
+            wm._combined = low
+        names = self._names
+        if names is not None:
+            self._bmin, active = names[mins], names[act]
+        else:
+            every = list(wm.streams)
+            self._bmin = tuple(n for i, n in enumerate(every) if mins >> i & 1)
+            active = tuple(n for i, n in enumerate(every) if act >> i & 1)
+        self._bactive = active
         self._bdeadline = deadline
+        return wm._combined, active
 
-    def _still_unknown(self, stream: str) -> bool:
-        """After a push by the stream holding the watermark: if the stream that blocked the last
-        pass still has nothing at or before the new horizon, that pass would only prune again."""
-        u = self._unknown
-        if u is None or u == stream:
-            return False
-        q = self.q
-        h = q.horizon()
-        tu = q.t[u]
-        if tu and tu[0] <= h:
-            return False
-        self._last_h = h
-        floor = h - self.max_interval_ns
-        for s in self.streams:
-            ts = q.t[s]
-            if ts and ts[0] <= floor:
-                q.pop_until(s, floor, "unmatched")
-        self._record_block()
-        return True
+    def _drop(self, s: str, ts: list[int], vs: list[Any], t_ns: int) -> int:
+        """Remove the messages of `s` at or before `t_ns` (its head is), counted as unmatched."""
+        k = bisect.bisect_right(ts, t_ns)
+        del ts[:k]
+        del vs[:k]
+        self.counts.add(self._unmatched[s], k)
+        return k
 
     def pending(self) -> dict[str, int]:
         """Messages waiting per stream."""
         return {s: len(ts) for s, ts in self.q.t.items()}
 
-    def _emit_sets(self) -> list[AlignedWindow]:
-        out: list[AlignedWindow] = []
-        q = self.q
-        qt = q.t
+    def _emit_sets(self, h: int, active: tuple[str, ...], flushed: bool) -> list[AlignedWindow]:
         # Taking sets changes neither the watermarks nor processing time: one horizon and one
         # set of active streams hold for the whole pass.
-        h = q.horizon()
+        out: list[AlignedWindow] = []
         self._last_h = h
-        flushed = q.flushed
-        active = () if flushed else q.wm.active(q.now)
         mi = self.max_interval_ns
+        cols = self._cols
+        counts = self.counts
         while True:
             p_t = 0
             pivot: str | None = None
-            absent: set[str] = set()
-            unknown = False
+            absent: list[str] | None = None
             blocker: str | None = None
-            for s in self.streams:
-                ts = qt[s]
-                if ts and ts[0] <= h:
-                    if pivot is None or ts[0] > p_t:  # the latest head; the first stream of equal ones
-                        p_t, pivot = ts[0], s
-                elif ts or (not flushed and s in active):
-                    unknown = True  # its next message is later than h but not known yet
+            low = POS_INF  # the oldest head
+            for s, ts, _ in cols:
+                if ts:
+                    t = ts[0]
+                    if t < low:
+                        low = t
+                    if t <= h:
+                        if pivot is None or t > p_t:  # the latest head; the first stream of equal ones
+                            p_t, pivot = t, s
+                    elif blocker is None:  # its next message is later than h but not known yet
+                        blocker = s
+                elif not flushed and s in active:
                     if blocker is None:
                         blocker = s
+                elif absent is None:  # empty and idle (or ended): it cannot hold a set back
+                    absent = [s]
                 else:
-                    absent.add(s)  # empty and idle (or ended): it cannot hold a set back
+                    absent.append(s)
             if pivot is None:
                 self._unknown = blocker
                 return out
-            if unknown:
+            if blocker is not None:
                 # The pivot (latest head) is > h, so nothing at or before h - max_interval can be used.
-                for s in self.streams:
-                    ts = qt[s]
-                    if ts and ts[0] <= h - mi:
-                        q.pop_until(s, h - mi, "unmatched")
+                floor = h - mi
+                if low <= floor:
+                    for s, ts, vs in cols:
+                        if ts and ts[0] <= floor:
+                            self._drop(s, ts, vs, floor)
                 self._unknown = blocker
                 return out
-            dropped = 0
             floor = p_t - mi - 1
-            for s in self.streams:  # too old for any set containing this (or a later) pivot
-                ts = qt[s]
-                if ts and ts[0] <= floor:
-                    dropped += len(q.pop_until(s, floor, "unmatched"))
-            if dropped:
+            if low <= floor:
+                for s, ts, vs in cols:  # too old for any set containing this (or a later) pivot
+                    if ts and ts[0] <= floor:
+                        self._drop(s, ts, vs, floor)
                 continue
-            choice = self._best(pivot, p_t, h, absent)
+            choice = self._best2(pivot, p_t, h, absent) if self._two else self._best(pivot, p_t, h, absent or ())
             if choice is None:
                 self._unknown = None
                 return out
             win = AlignedWindow(anchor_ns=p_t)
+            members = win.members
             missing = []
-            for s in self.streams:
+            t_min = t_max = p_t
+            for s, ts, vs in cols:
                 t_c = p_t if s == pivot else choice.get(s)
                 if t_c is None:
                     missing.append(s)
                     continue
-                ts, vs = qt[s], q.v[s]
                 if ts[0] == t_c and (len(ts) == 1 or ts[1] > t_c):  # the member heads its queue
-                    win.members[s] = [(ts.pop(0), vs.pop(0))]
-                    continue
-                taken = q.pop_until(s, t_c, None)
-                if len(taken) > 1:
-                    self.counts.add(f"unmatched:{s}", len(taken) - 1)
-                win.members[s] = [taken[-1]]
+                    members[s] = [(ts.pop(0), vs.pop(0))]
+                else:
+                    k = bisect.bisect_right(ts, t_c)
+                    members[s] = [(ts[k - 1], vs[k - 1])]
+                    if k > 1:
+                        counts.add(self._unmatched[s], k - 1)
+                    del ts[:k]
+                    del vs[:k]
+                t = members[s][0][0]
+                if t < t_min:
+                    t_min = t
+                elif t > t_max:
+                    t_max = t
             win.missing = tuple(missing)
-            out.append(win.finish())
+            win.skew_ns = t_max - t_min
+            out.append(win)
 
-    def _best(self, pivot: str, p_t: int, h: int, absent: set[str]) -> dict[str, int | None] | None:
+    def _best2(self, pivot: str, p_t: int, h: int, absent: list[str] | None) -> dict[str, int | None] | None:
+        """`_best` for three streams (two besides the pivot), with the same result: the same
+        candidates in the same order, without building lists and sets for them."""
+        o1, o2 = self._others[pivot]
+        qt = self.q.t
+        far = _FAR
+        if absent is not None and o1 in absent:
+            b1 = a1 = None
+            db1 = da1 = far
+            u1 = False
+        else:
+            ts = qt[o1]
+            k = bisect.bisect_right(ts, p_t)
+            b1 = ts[k - 1] if k else None
+            a1 = ts[k] if k < len(ts) else None
+            u1 = False
+            if a1 is None or a1 > h:
+                if h < POS_INF:
+                    a1, u1 = max(h, p_t + 1), True  # earliest a future message could have
+            db1 = far if b1 is None else p_t - b1
+            da1 = far if a1 is None else a1 - p_t
+        if absent is not None and o2 in absent:
+            b2 = a2 = None
+            db2 = da2 = far
+            u2 = False
+        else:
+            ts = qt[o2]
+            k = bisect.bisect_right(ts, p_t)
+            b2 = ts[k - 1] if k else None
+            a2 = ts[k] if k < len(ts) else None
+            u2 = False
+            if a2 is None or a2 > h:
+                if h < POS_INF:
+                    a2, u2 = max(h, p_t + 1), True
+            db2 = far if b2 is None else p_t - b2
+            da2 = far if a2 is None else a2 - p_t
+        # the candidate distances, ascending and distinct: 0 and those of existing members
+        # (before: >= 0, after: > 0)
+        x = 0 if b1 is None else db1
+        y = 0 if b2 is None else db2
+        if x > y:
+            x, y = y, x
+        los: tuple[int, ...] = (0,) if not y else (0, y) if not x or x == y else (0, x, y)
+        x = 0 if a1 is None else da1
+        y = 0 if a2 is None else da2
+        if x > y:
+            x, y = y, x
+        his: tuple[int, ...] = (0,) if not y else (0, y) if not x or x == y else (0, x, y)
+        mi = self.max_interval_ns
+        f = 1.0 + self.age_penalty
+        found = False
+        b_missing = b_unc = 0
+        b_cost = 0.0
+        best_lo = best_hi = 0
+        for lo in los:
+            if lo > mi or (found and not b_missing and (lo > b_cost or (lo == b_cost and not b_unc))):
+                break
+            before1 = db1 <= lo
+            before2 = db2 <= lo
+            for hi in his:
+                if lo + hi > mi:
+                    break
+                cost = lo + hi * f
+                if found and not b_missing and (cost > b_cost or (cost == b_cost and not b_unc)):
+                    break
+                n_missing = n_uncertain = 0
+                if not (before1 and (da1 > hi or db1 <= da1)):
+                    if da1 <= hi:
+                        n_uncertain += u1
+                    else:
+                        n_missing += 1
+                if not (before2 and (da2 > hi or db2 <= da2)):
+                    if da2 <= hi:
+                        n_uncertain += u2
+                    else:
+                        n_missing += 1
+                if not found or n_missing < b_missing or (n_missing == b_missing and (
+                        cost < b_cost or (cost == b_cost and n_uncertain < b_unc))):
+                    found = True
+                    b_missing, b_cost, b_unc = n_missing, cost, n_uncertain
+                    best_lo, best_hi = lo, hi
+        if not found or b_unc > 0:
+            return None
+        lo, hi = best_lo, best_hi
+        return {o1: b1 if db1 <= lo and (da1 > hi or db1 <= da1) else a1 if da1 <= hi else None,
+                o2: b2 if db2 <= lo and (da2 > hi or db2 <= da2) else a2 if da2 <= hi else None}
+
+    def _best(self, pivot: str, p_t: int, h: int, absent: list[str] | tuple[()]) -> dict[str, int | None] | None:
         """Members minimising (missing, lo + hi * (1 + age_penalty)); None if not final yet."""
         qt = self.q.t
         far = _FAR  # the distance of a member that does not exist: never within any bound
-        # per other stream: (name, distance before, time before, distance after, time after, uncertain)
-        opts: list[tuple[str, int, int | None, int, int | None, bool]] = []
+        # per other stream: name, distance and time before, distance and time after, uncertain
+        names: list[str] = []
+        dbs: list[int] = []
+        bs: list[int | None] = []
+        das: list[int] = []
+        avs: list[int | None] = []
+        uncs: list[bool] = []
         lo_set = {0}
         hi_set = {0}
         for s in self.streams:
             if s == pivot:
                 continue
+            names.append(s)
             if s in absent:
-                opts.append((s, far, None, far, None, False))
+                dbs.append(far)
+                bs.append(None)
+                das.append(far)
+                avs.append(None)
+                uncs.append(False)
                 continue
             ts = qt[s]
             k = bisect.bisect_right(ts, p_t)
@@ -252,39 +393,110 @@ class ApproximateTimeSync(_QueuedJoin):
                 a, unc = max(h, p_t + 1), True  # earliest a future message could have
             else:
                 a = nxt
-            db = far if b is None else p_t - b
-            da = far if a is None else a - p_t
-            if b is not None:
+            if b is None:
+                dbs.append(far)
+            else:
+                db = p_t - b
+                dbs.append(db)
                 lo_set.add(db)
-            if a is not None:
+            if a is None:
+                das.append(far)
+            else:
+                da = a - p_t
+                das.append(da)
                 hi_set.add(da)
-            opts.append((s, db, b, da, a, unc))
+            bs.append(b)
+            avs.append(a)
+            uncs.append(unc)
         mi = self.max_interval_ns
         f = 1.0 + self.age_penalty
         his = sorted(hi_set)
-        best_key: tuple[int, float, int] | None = None
-        best_lh = (0, 0)
-        for lo in sorted(lo_set):
-            if lo > mi:
-                break
-            for hi in his:
-                if lo + hi > mi:
-                    break
-                n_missing = n_uncertain = 0
-                for _, db, _, da, _, unc in opts:
-                    if db <= lo and (da > hi or db <= da):
-                        continue
-                    if da <= hi:
-                        n_uncertain += unc
-                    else:
-                        n_missing += 1
-                key = (n_missing, lo + hi * f, n_uncertain)
-                if best_key is None or key < best_key:
-                    best_key, best_lh = key, (lo, hi)
-        if best_key is None or best_key[2] > 0:
+        los = sorted(lo_set)
+        if len(dbs) == 2:  # three streams (camera, microphone, IMU): the same search, unrolled
+            found, b_missing, b_cost, b_unc, best_lh = _search2(los, his, mi, f, dbs, das, uncs)
+        else:
+            found, b_missing, b_cost, b_unc, best_lh = _search(los, his, mi, f, dbs, das, uncs)
+        if not found or b_unc > 0:
             return None
         lo, hi = best_lh
         best: dict[str, int | None] = {}
-        for s, db, b, da, a, _ in opts:
+        for s, db, b, da, a in zip(names, dbs, bs, das, avs, strict=True):
             best[s] = b if db <= lo and (da > hi or db <= da) else a if da <= hi else None
         return best
+
+
+# The search of `_best`: candidates in order (lo, then hi, ascending); the first smallest key
+# (missing members, lo + hi * f, uncertain members) wins. Once a set with every member is known,
+# a costlier (lo, hi) cannot win, so such tails are skipped.
+_Found = tuple[bool, int, float, int, tuple[int, int]]
+
+
+def _search(los: list[int], his: list[int], mi: int, f: float, dbs: list[int], das: list[int],
+            uncs: list[bool]) -> _Found:
+    opts = list(zip(dbs, das, uncs, strict=True))
+    found = False
+    b_missing = b_unc = 0
+    b_cost = 0.0
+    best_lh = (0, 0)
+    for lo in los:
+        if lo > mi or (found and not b_missing and lo > b_cost):
+            break
+        for hi in his:
+            if lo + hi > mi:
+                break
+            cost = lo + hi * f
+            if found and not b_missing and cost > b_cost:
+                break
+            n_missing = n_uncertain = 0
+            for db, da, unc in opts:
+                if db <= lo and (da > hi or db <= da):
+                    continue
+                if da <= hi:
+                    n_uncertain += unc
+                else:
+                    n_missing += 1
+            if not found or (n_missing, cost, n_uncertain) < (b_missing, b_cost, b_unc):
+                found = True
+                b_missing, b_cost, b_unc = n_missing, cost, n_uncertain
+                best_lh = (lo, hi)
+    return found, b_missing, b_cost, b_unc, best_lh
+
+
+def _search2(los: list[int], his: list[int], mi: int, f: float, dbs: list[int], das: list[int],
+             uncs: list[bool]) -> _Found:
+    """`_search` for two streams besides the pivot."""
+    b1, b2 = dbs
+    a1, a2 = das
+    u1, u2 = uncs
+    found = False
+    b_missing = b_unc = 0
+    b_cost = 0.0
+    best_lh = (0, 0)
+    for lo in los:
+        if lo > mi or (found and not b_missing and (lo > b_cost or (lo == b_cost and not b_unc))):
+            break
+        before1 = b1 <= lo
+        before2 = b2 <= lo
+        for hi in his:
+            if lo + hi > mi:
+                break
+            cost = lo + hi * f
+            if found and not b_missing and (cost > b_cost or (cost == b_cost and not b_unc)):
+                break
+            n_missing = n_uncertain = 0
+            if not (before1 and (a1 > hi or b1 <= a1)):
+                if a1 <= hi:
+                    n_uncertain += u1
+                else:
+                    n_missing += 1
+            if not (before2 and (a2 > hi or b2 <= a2)):
+                if a2 <= hi:
+                    n_uncertain += u2
+                else:
+                    n_missing += 1
+            if not found or n_missing < b_missing or (n_missing == b_missing and (
+                    cost < b_cost or (cost == b_cost and n_uncertain < b_unc))):
+                found = True
+                b_missing, b_cost, b_unc = n_missing, cost, n_uncertain
+                best_lh = (lo, hi)
+    return found, b_missing, b_cost, b_unc, best_lh
