@@ -8,7 +8,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tristream.pipeline.prompt import Conversation, scene_relevant
-from tristream.pipeline.turns import HeardText, LexicalEndOfTurn, SilenceEndOfTurn, TurnTaker
+from tristream.pipeline.turns import (
+    EAGERNESS_HOLD_MS,
+    HeardText,
+    LexicalEndOfTurn,
+    SemanticEndOfTurn,
+    SilenceEndOfTurn,
+    TurnTaker,
+)
 from tristream.sched.clock import VirtualClock
 
 MS = 1_000_000
@@ -22,6 +29,75 @@ def test_silence_detector_ends_turn_at_final() -> None:
     assert (turn.text, turn.speech_start_ns, turn.speech_end_ns, turn.asr_final_ns) == (
         "what time is it", 100 * MS, 900 * MS, 1300 * MS)
     assert not tt.pending
+
+
+def test_a_longer_silence_holds_every_turn_and_speech_within_it_continues_the_turn() -> None:
+    tt = TurnTaker(SilenceEndOfTurn(), extra_silence_ms=500)
+    tt.on_speech_start(0)
+    assert tt.on_final("what time is it", 0, 900 * MS, 1000 * MS) is None
+    assert tt.on_tick(1499 * MS) is None
+    tt.on_speech_start(1400 * MS)  # the user spoke again inside the client's silence
+    turn = tt.on_final("in Tokyo", 1400 * MS, 2000 * MS, 2100 * MS)
+    assert turn is None and tt.on_tick(2599 * MS) is None
+    turn = tt.on_tick(2600 * MS)
+    assert turn is not None and turn.text == "what time is it in Tokyo"
+
+
+class _Voice:
+    """A turn model that says what it is told (the real Smart Turn is tested below)."""
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def probability(self, audio: object) -> float:
+        return self.p
+
+
+def test_semantic_detector_holds_on_an_unfinished_voice_or_dangling_words() -> None:
+    import numpy as np
+
+    audio = np.zeros(16_000, np.float32)
+    low = SemanticEndOfTurn.for_eagerness("low", _Voice(0.2))
+    assert low.uses_audio and low.extra_wait_ms("", audio) == EAGERNESS_HOLD_MS["low"]
+    assert SemanticEndOfTurn.for_eagerness("high", _Voice(0.9)).extra_wait_ms("", audio) == 0.0
+    words = SemanticEndOfTurn.for_eagerness("auto")  # no turn model installed: the words alone
+    assert not words.uses_audio
+    assert words.extra_wait_ms("I want to go to the") == EAGERNESS_HOLD_MS["auto"]
+    assert words.extra_wait_ms("I want to go home.") == 0.0
+    # the voice said finished, the words did not: the turn taker holds for the longer wait
+    tt = TurnTaker(SemanticEndOfTurn.for_eagerness("medium", _Voice(0.9)))
+    tt.on_speech_start(0)
+    assert tt.on_final("a coffee and", 0, 900 * MS, 1000 * MS, wait_ms=0.0) is None
+    assert tt.on_tick(1000 * MS + int(EAGERNESS_HOLD_MS["medium"] * MS)) is not None
+    try:
+        SemanticEndOfTurn.for_eagerness("eager")
+    except ValueError as err:
+        assert "eager" in str(err)
+    else:
+        raise AssertionError("an unknown eagerness must be refused")
+
+
+def test_semantic_detector_with_the_real_turn_model_judges_real_speech() -> None:
+    import pytest
+
+    from tristream.pipeline.models import _turn_model
+
+    model = _turn_model()
+    if model is None:
+        pytest.skip("Smart Turn is not installed (pipecat-ai wheel)")
+    from tristream.stages.tts import PiperTTS
+
+    tts = PiperTTS(deterministic=True)
+    import numpy as np
+
+    from tristream.stages.base import resample
+
+    pcm = resample(tts.synthesize("Could you tell me what the weather will be like tomorrow?"), tts.sample_rate, 16_000)
+    audio = np.concatenate([pcm.astype(np.float32), np.zeros(3200, np.float32)])
+    det = SemanticEndOfTurn.for_eagerness("low", model)
+    wait = det.extra_wait_ms("", audio)
+    assert wait in (0.0, EAGERNESS_HOLD_MS["low"])
+    assert wait == (0.0 if model.probability(audio) >= det.threshold else EAGERNESS_HOLD_MS["low"])
 
 
 def test_lexical_detector_holds_then_speech_continues_the_turn() -> None:

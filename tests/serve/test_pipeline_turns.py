@@ -136,6 +136,48 @@ def test_server_vad_create_response_false_waits_for_response_create(pipeline_mod
     run(go(), timeout=120)
 
 
+def test_turn_detection_updates_apply_to_the_running_session(pipeline_models: Any) -> None:
+    """A client's ``silence_duration_ms`` and ``semantic_vad`` change the live session's turn
+    taking (the session starts before the client's first update): a longer silence holds the
+    answer back by the difference; ``semantic_vad`` is echoed with its eagerness."""
+    import time
+
+    from tristream.pipeline.turns import EAGERNESS_HOLD_MS, SemanticEndOfTurn
+
+    pcm = speech(pipeline_models, SENTENCES[3])
+
+    async def go() -> None:
+        async with pipeline_server(pipeline_models) as srv:
+            c = await RealtimeClient.connect(url(srv), TOKEN)
+            await c.send({"type": "session.update", "session": {
+                "turn_detection": {"type": "semantic_vad", "eagerness": "low"}}})
+            evs = await until(c, is_type("session.updated"))
+            assert evs[-1]["session"]["turn_detection"] == {"type": "semantic_vad", "eagerness": "low",
+                                                            "create_response": True, "interrupt_response": True}
+            det = backend_of(srv).session.turns.detector
+            assert isinstance(det, SemanticEndOfTurn) and det.hold_ms == EAGERNESS_HOLD_MS["low"]
+            await c.send({"type": "session.update", "session": {
+                "turn_detection": {"type": "server_vad", "silence_duration_ms": 1300}}})
+            await until(c, is_type("session.updated"))
+            turns = backend_of(srv).session.turns
+            assert turns.extra_silence_ms == 1300 - backend_of(srv).session.config.hangover_ms
+            await send_audio(c, pcm)
+            await send_audio(c, np.zeros(24_000, np.int16))
+            stopped = created = None
+            while created is None:
+                ev = await c.recv(60)
+                assert ev["type"] != "error", ev
+                if ev["type"] == "input_audio_buffer.speech_stopped":
+                    stopped = time.monotonic()
+                elif ev["type"] == "response.created":
+                    created = time.monotonic()
+            assert stopped is not None and created - stopped >= 0.9 * turns.extra_silence_ms / 1000
+            evs = await until(c, is_type("response.done"))
+            assert evs[-1]["response"]["status"] == "completed"
+            await c.close()
+    run(go(), timeout=120)
+
+
 def _jpeg_url() -> str:
     import cv2
 

@@ -37,8 +37,10 @@ def test_audio_append_roundtrip() -> None:
         ('{"type": "session.update", "session": {"bogus": 1}}', P.E_UNKNOWN_PARAM, "session.bogus"),
         ('{"type": "session.update", "session": {"input_audio_format": "g711_ulaw"}}', P.E_INVALID_VALUE,
          "session.input_audio_format"),
-        ('{"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad"}}}', P.E_INVALID_VALUE,
+        ('{"type": "session.update", "session": {"turn_detection": {"type": "push_to_talk"}}}', P.E_INVALID_VALUE,
          "session.turn_detection.type"),
+        ('{"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad", "eagerness": "eager"}}}',
+         P.E_INVALID_VALUE, "session.turn_detection.eagerness"),
         ('{"type": "session.update", "session": {"modalities": ["smell"]}}', P.E_INVALID_VALUE, "session.modalities"),
         ('{"type": "conversation.item.create", "item": {"type": "message", "role": "assistant", '
          '"content": [{"type": "input_text", "text": "x"}]}}', P.E_INVALID_VALUE, "item.role"),
@@ -90,6 +92,12 @@ def test_session_update_turn_detection() -> None:
     assert isinstance(td, P.TurnDetection) and td.silence_duration_ms == 300 and td.threshold == 0.5
     ev = parse({"type": "session.update", "session": {"turn_detection": None}})
     assert isinstance(ev, P.SessionUpdate) and ev.changes["turn_detection"] is None
+    ev = parse({"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad", "eagerness": "low"}}})
+    assert isinstance(ev, P.SessionUpdate)
+    td = ev.changes["turn_detection"]
+    assert (td.type, td.eagerness, td.create_response) == ("semantic_vad", "low", True)
+    ev = parse({"type": "session.update", "session": {"turn_detection": {"type": "semantic_vad"}}})
+    assert ev.changes["turn_detection"].eagerness == "auto"  # type: ignore[attr-defined]
 
 
 @settings(max_examples=150, deadline=None)

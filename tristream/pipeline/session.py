@@ -200,6 +200,7 @@ class Session:
             from tristream.stages.turn_model import SmartTurnEndOfTurn
 
             detector = SmartTurnEndOfTurn(models.turn)
+        self._base_detector = detector
         self.turns = TurnTaker(detector)
         self.conversation = Conversation(cfg.system_prompt, cfg.max_history_turns, scene_when=cfg.scene_when)
         self.drops = DropCounter(f"{self.id}.session")
@@ -336,6 +337,24 @@ class Session:
             return  # the user went silent and the final is being decoded: the answer's prompt comes next
         prefill(self.id, self.conversation.prompt(self.turns.text_with(text), None))
         self.prefills += 1
+
+    def set_turn_detection(self, silence_ms: float, eagerness: str | None = None) -> None:
+        """Change how turns end while the session runs (a client's ``turn_detection``).
+
+        `silence_ms`: silence after speech before the turn ends; beyond the hangover the VAD
+        started with (`SessionConfig.hangover_ms`) the turn taker waits the rest, and speech
+        within it continues the turn; shorter values act as that hangover. `eagerness`: None for
+        the silence rule alone (``server_vad``), or ``low``/``medium``/``high``/``auto`` for
+        ``semantic_vad`` (`turns.SemanticEndOfTurn`: the turn model and the words may hold it)."""
+        from tristream.pipeline.turns import SemanticEndOfTurn
+
+        if silence_ms < 0:
+            raise ValueError(f"silence_ms {silence_ms}; expected >= 0")
+        self.turns.extra_silence_ms = max(0.0, silence_ms - self.config.hangover_ms)
+        if eagerness is None:
+            self.turns.detector = self._base_detector
+        else:
+            self.turns.detector = SemanticEndOfTurn.for_eagerness(eagerness, getattr(self.models, "turn", None))
 
     def close_prefill(self) -> None:
         """Close this session's open prefill context (its cached blocks stay reusable)."""

@@ -205,6 +205,25 @@ class AsrStage(Stage):
                 self._send(turn)
             elif not tr.text.strip():
                 s.drops.add("empty_transcript")
+            else:
+                self._arm_hold()
+
+    def _arm_hold(self, tries: int = 50) -> None:
+        """A held turn ends at its deadline even when no more audio comes (a client that stops
+        sending after speech): a timer ticks the turn taker then."""
+        deadline = self.s.turns.deadline_ns
+        if deadline is None or tries <= 0:
+            return
+        delay = max(0.0, (deadline - self.s.clock.now_ns()) / 1e9) + 0.002
+
+        def tick() -> None:
+            turn = self.s.turns.on_tick(self.s.clock.now_ns())
+            if turn is not None:
+                self._send(turn)
+            else:
+                self._arm_hold(tries - 1)  # not yet (a clock that audio advances), or held again
+
+        asyncio.get_running_loop().call_later(delay, tick)
 
     def _send(self, turn: UserTurn) -> None:
         turn.scene = self.s.pending_scene

@@ -35,6 +35,8 @@ class BackendConfig:
     vad_threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
+    eagerness: str | None = None
+    """``semantic_vad``'s eagerness (None: ``server_vad``, the silence rule alone)."""
     create_response: bool = True
     interrupt_response: bool = True
     tier: str = "silver"

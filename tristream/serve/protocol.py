@@ -307,11 +307,17 @@ def validate_session_changes(sess: dict[str, Any], eid: str | None) -> dict[str,
                 raise ProtocolError(E_INVALID_VALUE, "session.turn_detection must be an object or null",
                                     "session.turn_detection", eid)
             _no_extra(td, _TURN_KEYS, "session.turn_detection.", eid)
-            if td.get("type", "server_vad") != "server_vad":
-                raise ProtocolError(E_INVALID_VALUE, f"turn_detection.type {td.get('type')!r} is not supported: "
-                                    "this server ends turns with its VAD, use {'type': 'server_vad'}",
-                                    "session.turn_detection.type", eid)
-            t = TurnDetection()
+            kind = td.get("type", "server_vad")
+            if kind not in ("server_vad", "semantic_vad"):
+                raise ProtocolError(E_INVALID_VALUE, f"turn_detection.type {kind!r} is not supported: "
+                                    "use 'server_vad' or 'semantic_vad'", "session.turn_detection.type", eid)
+            t = TurnDetection(type=kind)
+            if kind == "semantic_vad" and "eagerness" in td:
+                eager = td["eagerness"]
+                if eager not in ("low", "medium", "high", "auto"):
+                    raise ProtocolError(E_INVALID_VALUE, f"turn_detection.eagerness {eager!r}: expected "
+                                        "'low', 'medium', 'high' or 'auto'", "session.turn_detection.eagerness", eid)
+                t.eagerness = eager
             if "threshold" in td:
                 t.threshold = float(_require(td, "threshold", (int, float), eid))
                 if not 0.0 <= t.threshold <= 1.0:

@@ -190,6 +190,7 @@ class RealtimeSession:
             vad_threshold=td.threshold if td else 0.5,
             prefix_padding_ms=td.prefix_padding_ms if td else 300,
             silence_duration_ms=td.silence_duration_ms if td else 500,
+            eagerness=td.eagerness if td is not None and td.type == "semantic_vad" else None,
             create_response=td.create_response if td else False,
             interrupt_response=td.interrupt_response if td else False,
             tier=s.tier,

@@ -17,8 +17,14 @@ DEFAULT_SAMPLE_RATE = 24_000
 
 @dataclass(slots=True)
 class TurnDetection:
-    """Server VAD settings (``session.turn_detection``); ``None`` on the session means manual commit."""
+    """Server VAD settings (``session.turn_detection``); ``None`` on the session means manual commit.
 
+    ``semantic_vad``: the same VAD, and the turn is held `EAGERNESS_HOLD_MS[eagerness]` more
+    when the voice (Smart Turn) or the words say it is unfinished (`pipeline.turns.SemanticEndOfTurn`)."""
+
+    type: str = "server_vad"
+    eagerness: str = "auto"
+    """``semantic_vad`` only: ``low`` waits longest, ``high`` least; ``auto`` is ``medium``."""
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = int(DEFAULT_HANGOVER_MS)  # the pipeline's measured hangover (OpenAI: 500)
@@ -57,14 +63,13 @@ class SessionSettings:
         td = None
         if self.turn_detection is not None:
             t = self.turn_detection
-            td = {
+            td = {"type": t.type, "eagerness": t.eagerness} if t.type == "semantic_vad" else {
                 "type": "server_vad",
                 "threshold": t.threshold,
                 "prefix_padding_ms": t.prefix_padding_ms,
                 "silence_duration_ms": t.silence_duration_ms,
-                "create_response": t.create_response,
-                "interrupt_response": t.interrupt_response,
             }
+            td = {**td, "create_response": t.create_response, "interrupt_response": t.interrupt_response}
         return {
             "id": self.id,
             "object": "realtime.session",
