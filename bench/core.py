@@ -25,7 +25,12 @@ Measures, in one run on one core:
    10 s, events more than 5 ms off, the online clock's uncertainty coverage, the counters
    against the truth, and CPU per packet;
 8. `tristream align` throughput (events/s, thread CPU time, best of 2) on a one-hour recording
-   of the whole family.
+   of the whole family;
+9. the online CPU per packet split into clock, ring and synchroniser, alone and in context.
+
+The JSON records lscpu (model, flags), the load average at the start and end of each section and
+every 5 s over the run, and the machine's busy and steal fractions from /proc/stat per section:
+the two cores are shared, so these say how loaded the machine was while the figures were taken.
 """
 
 from __future__ import annotations
@@ -404,8 +409,11 @@ def bench_family(seeds_per_fault: int, all_seeds: int, seconds: float, warmup: f
 
 
 def bench_online_split(seed: int = 2, seconds: float = 300.0, repeats: int = 3) -> dict[str, Any]:
-    """CPU per packet of each online part alone on one all-faults recording (thread CPU, best of
-    `repeats`): the clocks, then the rings and the synchroniser fed the clocks' reference times."""
+    """CPU per packet of the online parts on one all-faults recording (thread CPU, best of
+    `repeats`): each part alone (the clocks; the rings and the synchroniser fed the clocks'
+    reference times), and in context: the replay loop with all three, and without each one (the
+    part's reference times then come precomputed), whose difference is that part's share of the
+    whole (the parts evict each other's working set, so together they cost more than alone)."""
     from tristream.core.clock import SourceClock
     from tristream.core.sync import ApproximateTimeSync
     from tristream.core.synth import arrival_order
@@ -415,17 +423,9 @@ def bench_online_split(seed: int = 2, seconds: float = 300.0, repeats: int = 3) 
     order = arrival_order(streams)
     n = len(order)
 
-    def clocks() -> float:
+    def loop(use_clock: bool, use_ring: bool, use_sync: bool) -> float:
         cl = {sid: SourceClock(sid, latency_ns=s.spec.latency_ns, wrap_ns=parse_unit(s.spec.unit).wrap_ns)
               for sid, s in streams.items()}
-        plan = [(cl[sid].observe_span, int(streams[sid].src_ns[i]), int(streams[sid].src_ns[i] + streams[sid].dur_ns[i]),
-                 int(streams[sid].arrival_ns[i])) for sid, i in order]
-        t0 = time.thread_time()
-        for f, a, b, c in plan:
-            f(a, b, c)
-        return (time.thread_time() - t0) * 1e6 / n
-
-    def rings() -> float:
         rg: dict[str, Any] = {}
         blocks: dict[str, Any] = {}
         for sid, s in streams.items():
@@ -437,26 +437,44 @@ def bench_online_split(seed: int = 2, seconds: float = 300.0, repeats: int = 3) 
             rg[sid] = TimeIndexedRing(rate, int(rate * 10), channels=ch, lateness_ns=100_000_000, name=sid)
             blk = np.zeros((s.spec.samples, ch), np.float32)
             blocks[sid] = blk[:, 0] if ch == 1 else blk
-        plan = [(rg[sid].append, int(refs[sid][i]), blocks.get(sid, i)) for sid, i in order]
-        t0 = time.thread_time()
-        for f, a, b in plan:
-            f(a, b)
-        return (time.thread_time() - t0) * 1e6 / n
-
-    def sync() -> float:
         sy = ApproximateTimeSync(list(streams), max_interval_ns=40_000_000, lateness_ns=100_000_000,
                                  idle_timeout_ns=500_000_000)
-        plan = [(sid, int(refs[sid][i]), (sid, i), int(streams[sid].arrival_ns[i])) for sid, i in order]
+        plan = []
+        for sid, i in order:
+            s = streams[sid]
+            start = int(s.src_ns[i])
+            plan.append((sid, i, cl[sid].observe_span, rg[sid].append, blocks.get(sid, i), start,
+                         start + int(s.dur_ns[i]), int(s.arrival_ns[i]), int(refs[sid][i])))
         push = sy.push
+        sets: list[Any] = []
         t0 = time.thread_time()
-        for a, b, c, d in plan:
-            push(a, b, c, d)
-        sy.flush()
+        if use_clock and use_ring and use_sync:
+            for sid, i, observe, append, payload, start, end, arr, _ in plan:
+                ref = observe(start, end, arr)
+                append(ref, payload)
+                sets += push(sid, ref, (sid, i), arr)
+        else:
+            for sid, i, observe, append, payload, start, end, arr, ref in plan:
+                if use_clock:
+                    ref = observe(start, end, arr)
+                if use_ring:
+                    append(ref, payload)
+                if use_sync:
+                    sets += push(sid, ref, (sid, i), arr)
+        if use_sync:
+            sets += sy.flush()
         return (time.thread_time() - t0) * 1e6 / n
 
-    return {"seed": seed, "packets": n, "repeats": repeats,
-            **{k: round(min(f() for _ in range(repeats)), 2) for k, f in
-               (("clock_us", clocks), ("ring_us", rings), ("sync_us", sync))}}
+    def best(*parts: bool) -> float:
+        return round(min(loop(*parts) for _ in range(repeats)), 2)
+
+    alone = {"clock_us": best(True, False, False), "ring_us": best(False, True, False),
+             "sync_us": best(False, False, True)}
+    together = best(True, True, True)
+    without = {"clock": best(False, True, True), "ring": best(True, False, True), "sync": best(True, True, False)}
+    return {"seed": seed, "packets": n, "repeats": repeats, **alone,
+            "in_context": {"all_us": together, **{f"without_{k}_us": v for k, v in without.items()},
+                           **{f"{k}_share_us": round(together - v, 2) for k, v in without.items()}}}
 
 
 def _cpu_s() -> float:
@@ -536,6 +554,54 @@ def _lscpu() -> dict[str, str]:
     return out
 
 
+def _proc_stat() -> list[int]:
+    """The machine's CPU time counters (USER_HZ ticks): user nice system idle iowait irq softirq steal."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            return [int(x) for x in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return []
+
+
+def _stat_since(before: list[int], load_before: list[float]) -> dict[str, Any]:
+    """What the whole machine did since `before`: busy and steal fractions of its CPU time, and
+    the load average then and now."""
+    now = _proc_stat()
+    out: dict[str, Any] = {"load_average_before": load_before,
+                           "load_average_after": [round(x, 2) for x in os.getloadavg()]}
+    if before and now:
+        d = [b - a for a, b in zip(before, now, strict=True)]
+        total = sum(d)
+        if total > 0:
+            out["busy_fraction"] = round((total - d[3] - d[4]) / total, 4)
+            out["steal_fraction"] = round(d[7] / total, 5)
+            out["steal_s"] = round(d[7] / os.sysconf("SC_CLK_TCK"), 2)
+            out["cpu_s_all_processes"] = round((total - d[3] - d[4]) / os.sysconf("SC_CLK_TCK"), 2)
+    return out
+
+
+class _LoadSampler:
+    """The 1-minute load average every `every_s` seconds while a run goes on (a sleeping thread)."""
+
+    def __init__(self, every_s: float = 5.0) -> None:
+        import threading
+
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            self.samples.append(round(os.getloadavg()[0], 2))
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        self._thread.join()
+        xs = self.samples or [round(os.getloadavg()[0], 2)]
+        return {"samples_1min": xs, "min": min(xs), "max": max(xs), "mean": round(sum(xs) / len(xs), 2)}
+
+
 def _print_family(fam: dict[str, Any], thr: dict[str, Any]) -> None:
     sm = fam["summary"]
     print(f"scenario family, {fam['seconds']:.0f} s recordings, error after {fam['warmup_s']:.0f} s "
@@ -581,17 +647,34 @@ def main() -> None:
     seeds = [1, 2] if args.quick else [1, 2, 3, 4, 5]
     res: dict[str, Any] = {"lscpu": _lscpu(), "cpu": cpu_info(),
                            "load_average_at_start": [round(x, 2) for x in os.getloadavg()]}
+    sampler = _LoadSampler()
+    stat0, load0 = _proc_stat(), res["load_average_at_start"]
+    machine: dict[str, Any] = {}
+    res["machine_during"] = machine  # per section: busy and steal fractions of the machine, load
     res["family"] = bench_family(1 if args.quick else args.family_seeds, 1 if args.quick else args.all_seeds,
                                  60.0 if args.quick else 300.0, 10.0, args.baseline_commit, args.cpu_baseline_commit,
                                  1 if args.quick else 3)
+    machine["family"] = _stat_since(stat0, load0)
+    stat1, load1 = _proc_stat(), [round(x, 2) for x in os.getloadavg()]
     res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0, 2 if args.quick else 3,
                                                      args.cpu_baseline_commit)
+    machine["align_throughput"] = _stat_since(stat1, load1)
+    stat2, load2 = _proc_stat(), [round(x, 2) for x in os.getloadavg()]
     res["online_split"] = bench_online_split(seconds=60.0 if args.quick else 300.0)
+    machine["online_split"] = _stat_since(stat2, load2)
     _print_family(res["family"], res["align_throughput"])
     sp = res["online_split"]
+    ic = sp["in_context"]
     print(f"  parts alone (all faults, seed {sp['seed']}, best of {sp['repeats']}): clock {sp['clock_us']} µs, "
-          f"ring {sp['ring_us']} µs, sync {sp['sync_us']} µs per packet")
+          f"ring {sp['ring_us']} µs, sync {sp['sync_us']} µs per packet; in context (all three {ic['all_us']} µs, "
+          f"less the loop without each): clock {ic['clock_share_us']}, ring {ic['ring_share_us']}, sync "
+          f"{ic['sync_share_us']} µs")
+    for sec, m in machine.items():
+        print(f"  machine during {sec}: busy {m.get('busy_fraction')}, steal {m.get('steal_fraction')}, load "
+              f"{m['load_average_before']} -> {m['load_average_after']}")
     if args.only_family:
+        machine["whole_run"] = _stat_since(stat0, load0)
+        res["load_average_samples"] = sampler.stop()
         res["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
         print(f"load average during the run: {res['load_average_1_5_15']} on {os.cpu_count()} CPUs")
         if not args.no_write:
@@ -623,8 +706,12 @@ def main() -> None:
               f"{v['max_ms_worst']:9.3f}  {target}")
     print(f"online clock+ring+sync CPU cost: {al['online_clock_us_per_packet']} µs/packet; worst online drift error "
           f"{al['online_drift_abs_error_ppm_max']} ppm; tristream align: {al['align_events_per_s']:,d} events/s")
+    machine["whole_run"] = _stat_since(stat0, load0)
+    res["load_average_samples"] = sampler.stop()
     res["load_average_1_5_15"] = [round(x, 2) for x in os.getloadavg()]
-    print(f"load average during the run: {res['load_average_1_5_15']} on {os.cpu_count()} CPUs")
+    print(f"load average during the run: {res['load_average_1_5_15']} on {os.cpu_count()} CPUs (sampled every 5 s: "
+          f"{res['load_average_samples']['min']}-{res['load_average_samples']['max']}); machine busy "
+          f"{machine['whole_run'].get('busy_fraction')}, steal {machine['whole_run'].get('steal_fraction')}")
     if not args.no_write:
         print("wrote", write_results("core", res))
 

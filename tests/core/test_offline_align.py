@@ -198,3 +198,25 @@ def test_bulk_reader_blocks_and_parts_agree_with_json(recording: tuple[Path, dic
         assert [json.loads(x) for x in (tmp_path / f"w{workers}.jsonl").read_text(encoding="utf-8").splitlines()] \
             == want
     assert ref["invalid_lines"] == 4  # missing fields, "not json", samples -3, two objects on a line
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_flagged_lines_and_percent_signs_written_as_the_json_path(tmp_path: Path, workers: int) -> None:
+    """Duplicates and outliers (flagged lines) amid runs of plain lines, some lines holding `%`:
+    the bulk writer's output is the line-by-line path's, byte for byte."""
+    from tristream.core.family import generate_family
+    from tristream.core.offline import _align_text
+
+    events = to_events(generate_family("loss", 11, 60.0))
+    for k in range(0, len(events), 97):
+        events[k]["note"] = "50% of %d"
+    for k in range(5, len(events), 131):  # stamped impossibly early: outliers
+        events[k]["arrival_ns"] = max(0, events[k]["arrival_ns"] - 300_000_000)
+    p = tmp_path / "in.jsonl"
+    _write(p, events)
+    fast = align_file(p, tmp_path / "a.jsonl", workers=workers)
+    ref = _align_text(p, tmp_path / "b.jsonl")
+    assert (tmp_path / "a.jsonl").read_bytes() == (tmp_path / "b.jsonl").read_bytes()
+    assert fast["sources"] == ref["sources"]
+    text = (tmp_path / "a.jsonl").read_text()
+    assert text.count('"ref_flag": "duplicate"') >= 3 and '"ref_flag": "outlier"' in text and "50% of %d" in text

@@ -77,8 +77,6 @@ _PLACEHOLDER = _Event("", 0, "ns", 0)  # stands in for a refused line (its empty
 _FMT = (b'%s, "ref_ns": %d}\n', b'%s, "ref_ns": %d, "ref_flag": "outlier"}\n',
         b'%s, "ref_ns": %d, "ref_flag": "duplicate"}\n')
 _SUF = b', "ref_ns": %d}\n'
-_SUF_FLAG = b', "ref_ns": %d%s}\n'
-_FLAG_TEXT = (b"", b', "ref_flag": "outlier"', b', "ref_flag": "duplicate"')
 _SUFFIX = np.array([len(f % (b"", 0)) - 1 for f in _FMT], np.int64)  # bytes besides the body and the digits
 _POW10 = np.array([10**k for k in range(1, 19)], np.int64)
 # Lines formatted by one bytes `%` (about 2 MB of text): blocks of 65,536 lines cost 15 % more CPU
@@ -156,7 +154,11 @@ def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarra
 def _scan_part(data: bytes, lo: int, hi: int) -> dict[str, Any]:
     """Decode the lines of data[lo:hi] (lo at a line start, hi after a newline or at the end)."""
     buf = np.frombuffer(data, np.uint8, count=hi - lo, offset=lo)
-    nl = np.flatnonzero(buf == 10) + lo
+    # newlines a MB at a time: one comparison over the whole part would take a fresh bool array
+    # of its size from the kernel, page by page (5x the time of the search itself on a fresh process)
+    step = 1 << 20
+    nl = np.concatenate([np.flatnonzero(buf[a : a + step] == 10) + (a + lo) for a in range(0, buf.size, step)]
+                        or [np.zeros(0, np.int64)])
     starts = np.r_[lo, nl + 1].astype(np.int64)
     ends = np.r_[nl, hi].astype(np.int64)
     if starts[-1] == hi:
@@ -304,10 +306,20 @@ def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dic
                 if not f.any():
                     yield text.replace(b"}\n", _SUF) % tuple(ref[j0:j1].tolist())
                     continue
-                targs: list[Any] = [None] * (2 * (j1 - j0))
-                targs[0::2] = ref[j0:j1].tolist()
-                targs[1::2] = map(_FLAG_TEXT.__getitem__, f.tolist())
-                yield text.replace(b"}\n", _SUF_FLAG) % tuple(targs)
+                # Flagged lines (duplicates, outliers) are few: the lines between them go as above,
+                # each flagged one on its own (one template with a flag field per line costs 3x).
+                refs = ref[j0:j1].tolist()
+                p = j0
+                for q in [*(np.flatnonzero(f) + j0).tolist(), j1]:
+                    if q > p:
+                        s_lo, s_hi = int(sc.starts[p]), int(sc.ends[q - 1])
+                        seg = data[s_lo : s_hi + 1] if s_hi < len(data) else data[s_lo:s_hi] + b"\n"
+                        if b"%" in seg:
+                            seg = seg.replace(b"%", b"%%")
+                        yield seg.replace(b"}\n", _SUF) % tuple(refs[p - j0 : q - j0])
+                    if q < j1:
+                        yield _FMT[int(f[q - j0])] % (data[int(sc.starts[q]) : int(c[q - j0])], refs[q - j0])
+                    p = q + 1
                 continue
             bodies = list(map(data.__getitem__, map(slice, sc.starts[j0:j1].tolist(), c.tolist())))
             tmpl = _FMT[0] * (j1 - j0) if not f.any() else b"".join(map(_FMT.__getitem__, f.tolist()))
