@@ -36,6 +36,12 @@ class ChatBackend(Protocol):
         ...
 
 
+PREFILL_PRIORITY = -1
+"""Engine priority of the contexts `EngineChatBackend.prefill` opens while users speak: lower than
+the answers' (0), so that a step's prefill budget goes to a prompt whose user waits first, and
+KV pressure preempts a speaking user's context before an answer."""
+
+
 class EngineChatBackend:
     """Our `LLMEngine`, shared by every session, stepped by one dedicated thread.
 
@@ -180,8 +186,8 @@ class EngineChatBackend:
             if old is not None:
                 self.engine.cancel(old)
             if messages is not None:
-                try:
-                    self._warm[key] = self.engine.add_request(chat=messages, generate=False)
+                try:  # below every answer: an answer's prompt is prefilled first in each step
+                    self._warm[key] = self.engine.add_request(chat=messages, generate=False, priority=PREFILL_PRIORITY)
                     self.prefills += 1
                 except Exception:  # ContextTooLong, a tokenizer refusal: no warm context
                     self.errors += 1
