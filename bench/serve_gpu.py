@@ -19,8 +19,9 @@ sampler) over the run's wall time, the GPU's utilisation (NVML, sampled every 0.
 ``--profile`` the server started through `bench/serve_sampled.py`: the main thread's Python stack
 sampled at 50 Hz, the top leaf and inclusive frames of the run. Sessions are spread over client
 processes (``--sessions-per-client``, 32), so the clients' event loops are not the limit.
-``--server-env K=V`` sets the server's environment (``TRISTREAM_SERVE_LEGACY=1``: the event-loop
-work as before the coalescing); above 64 sessions ``--max-sessions`` is passed.
+``--server-env K=V`` sets the server's environment; above 64 sessions ``--max-sessions`` is passed.
+``--more-if-holds N``: after the listed counts, N sessions too if the last count completed at
+least 90 % of its turns.
 """
 
 from __future__ import annotations
@@ -405,19 +406,28 @@ def main() -> None:
     ap.add_argument("--server-env", nargs="*", default=[], help="K=V for the server's environment")
     ap.add_argument("--sessions-per-client", type=int, default=32)
     ap.add_argument("--label", default="")
+    ap.add_argument("--more-if-holds", type=int, nargs="*", default=[],
+                    help="session counts run after --sessions while the last run completed >= 90 %% of its turns")
     args = ap.parse_args()
     turns = make_turns(sentence_counts=(1, 2, 3), per_count=1)
     JPEGS.extend(scene_frames())
     print(f"{len(turns)} turns, {min(t.seconds for t in turns):.1f}-{max(t.seconds for t in turns):.1f} s", flush=True)
     env = dict(kv.split("=", 1) for kv in args.server_env)
-    extra = ["--max-sessions", str(max(args.sessions) + 8)] if max(args.sessions) > 64 else []
+    most = max(args.sessions + args.more_if_holds)
+    extra = ["--max-sessions", str(most + 8)] if most > 64 else []
     sample_path = f"/tmp/serve_gpu_stacks_{os.getpid()}.json" if args.profile else None
     proc, port, start_s = start_default_server(extra, env, sample_path)
     runs = []
     ctx = multiprocessing.get_context("fork")
     try:
         url = f"ws://127.0.0.1:{port}/v1/realtime"
-        for n in args.sessions:
+        counts = list(args.sessions) + list(args.more_if_holds)
+        for idx, n in enumerate(counts):
+            if idx >= len(args.sessions):
+                last = runs[-1]["summary"] if runs else {"completed": 0, "turns": 1}
+                if last["completed"] < 0.9 * last["turns"]:
+                    print(f"n={n}: not run ({last['completed']}/{last['turns']} completed at the last count)", flush=True)
+                    break
             before = scrape(port)
             per = [[turns[(k + i) % len(turns)] for i in range(args.turns_per_session)] for k in range(n)]
             spc = max(1, args.sessions_per_client)

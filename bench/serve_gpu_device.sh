@@ -11,8 +11,9 @@
 # One part a call, carried as .stageK (STAGE_DIR=.stageK): calls 1..N-1 `bash bench/serve_gpu_device.sh stage`,
 # the last `bash bench/serve_gpu_device.sh run` (back to back: a machine idle 30 s goes back, and the
 # parts with it). TRISTREAM_GIT_COMMIT set to the commit that runs (the device copy's .git is stale).
-# RUN_TESTS=1: the GPU tests first. BEFORE_ARGS (if set): a first bench (the event loop as before,
-# profiled) written to serve_gpu_before.json; BENCH_ARGS: the bench written to serve_gpu.json.
+# RUN_TESTS=1: the GPU tests first. MICRO=1: the per-call costs of the event loop's audio work
+# (bench/serve_gpu_appends.py --micro-only, to serve_gpu_appends_h200.json). BEFORE_ARGS (if set): a
+# first bench written to serve_gpu_before.json; BENCH_ARGS: the bench written to serve_gpu.json.
 set -u
 mode=${1:-run}
 mkdir -p /tmp/stage
@@ -31,6 +32,10 @@ nproc | tee -a $OUT/nvidia.txt
 set -o pipefail
 if [ "${RUN_TESTS:-0}" = 1 ]; then
   python3 -m pytest -q -s -p no:cacheprovider -m gpu tests/serve/test_vision_tokens_gpu.py 2>&1 | tee $OUT/pytest_vision_gpu.log
+fi
+if [ "${MICRO:-0}" = 1 ]; then
+  python3 bench/serve_gpu_appends.py --micro-only --out serve_gpu_appends_h200 2>&1 | tee $OUT/micro.log
+  cp bench/results/serve_gpu_appends_h200.json $OUT/ 2>/dev/null
 fi
 if [ -n "${BEFORE_ARGS:-}" ]; then
   python3 bench/serve_gpu.py $BEFORE_ARGS --out serve_gpu_before 2>&1 | tee $OUT/serve_gpu_before.log

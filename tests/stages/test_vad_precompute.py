@@ -3,8 +3,6 @@ consumed by each stream's own `push`; events equal those of per-session calls.""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 
@@ -44,6 +42,16 @@ def _pcms(track):
     return [track.pcm[o:] for o in (0, 3_000, 11_111, 20_000)]
 
 
+def _precompute(vad, pairs):
+    """What the server's VAD job does: plan on the loop, infer (here inline), hand the results back."""
+    planned = [(s, *s.plan(True), pcm) for s, pcm in pairs]
+    planned = [(s, plan, gen, pcm) for s, plan, gen, pcm in planned if plan is not None]
+    results, calls = vad.precompute([(plan, pcm) for _, plan, _, pcm in planned])
+    for (s, _, gen, _), (windows, plan) in zip(planned, results, strict=True):
+        assert s.take_precomputed(gen, windows, plan)
+    return calls
+
+
 def test_precompute_equals_per_session(vad, track):
     pcms = _pcms(track)
     pre = [vad.stream(f"p{i}") for i in range(len(pcms))]
@@ -52,17 +60,21 @@ def test_precompute_equals_per_session(vad, track):
         s.keep_probabilities = True
     n = 3 * 320  # three 20 ms chunks coalesced: 0-2 windows per push
     calls = 0
-    for i in range(0, max(p.shape[0] for p in pcms), n):
-        pairs = [(pre[k], p[i:i + n]) for k, p in enumerate(pcms) if i < p.shape[0]]
+    for i in range(0, max(p.shape[0] for p in pcms), 2 * n):
+        # two jobs planned before either is pushed: the second goes on from the first's plan
+        for h in (0, n):
+            pairs = [(pre[k], p[i + h:i + h + n]) for k, p in enumerate(pcms) if i + h < p.shape[0]]
+            calls += _precompute(vad, pairs)
         before = vad.calls
-        made = vad.precompute(pairs)
-        calls += made
-        for s, c in pairs:
-            s.push(c, i * 62_500)
-        assert vad.calls - before == made  # the pushes used the precomputed windows: no call of their own
-        for k, p in enumerate(pcms):
-            if i < p.shape[0]:
-                own[k].push(p[i:i + n], i * 62_500)
+        for h in (0, n):
+            for k, p in enumerate(pcms):
+                if i + h < p.shape[0]:
+                    pre[k].push(p[i + h:i + h + n], (i + h) * 62_500)
+        assert vad.calls == before  # the pushes used the precomputed windows: no call of their own
+        for h in (0, n):
+            for k, p in enumerate(pcms):
+                if i + h < p.shape[0]:
+                    own[k].push(p[i + h:i + h + n], (i + h) * 62_500)
     diffs = []
     for a, b in zip(pre, own, strict=True):
         a.flush()
@@ -77,56 +89,46 @@ def test_precompute_equals_per_session(vad, track):
     assert calls < windows / 3
 
 
-def test_a_stale_lookahead_is_recomputed(vad, track):
-    """Audio pushed that the precompute did not see: the stream's own call, counted, same events."""
+def test_pushes_use_the_precomputed_windows(vad, track):
+    """A precomputed stream's pushes run no model call of their own."""
+    s = vad.stream("x")
+    pcm = track.pcm[:16000 * 2]
+    for i in range(0, pcm.shape[0], 960):
+        _precompute(vad, [(s, pcm[i:i + 960])])
+        before = vad.calls
+        s.push(pcm[i:i + 960], i * 62_500)
+        assert vad.calls == before
+    assert s.precomputed == pcm.shape[0] // 512
+
+
+def test_a_stale_lookahead_is_recomputed_and_the_plan_starts_again(vad, track):
+    """Audio pushed that the precompute did not see: the stream's own call, counted, same events;
+    the next plan starts from the stream's own state (once caught up) and is used again."""
     pcm = track.pcm[:16000 * 4]
     a, b = vad.stream("a"), vad.stream("b")
+    late = 0
     for i, c in chunks(pcm, 960):
         if i % (960 * 5) == 0:
-            vad.precompute([(a, np.zeros(960, np.float32))])  # not what comes: a mismatch
+            _precompute(vad, [(a, np.zeros(960, np.float32))])  # not what comes: a mismatch
+        elif i % (960 * 5) == 960 * 2:
+            got = a.precomputed
+            _precompute(vad, [(a, c)])
+            late += 1
         a.push(c, i * 62_500)
         b.push(c, i * 62_500)
+        if i % (960 * 5) == 960 * 2:
+            assert a.precomputed > got
     a.flush()
     b.flush()
-    assert a.counters.get("lookahead_mismatch", 0) > 0
+    assert late and a.counters.get("lookahead_mismatch", 0) > 0
     assert [(e.kind, e.t_ns) for e in a.poll()] == [(e.kind, e.t_ns) for e in b.poll()]
 
 
-def test_backend_batch_runs_one_call_per_round(vad, track):
-    """`_VADBatch`: the loop turn's coalesced audio of several backends, one VAD call per round."""
-    from tristream.serve.pipeline_backend import PipelineBackend, _vad_batch
-
-    class _Session:  # the part of the pipeline `Session` the batch touches: its VAD and its input
-        def __init__(self, name):
-            self.vad = vad.stream(name)
-            self.pushed = 0
-
-        def push_audio(self, pcm, ref):
-            self.vad.push(pcm, ref)
-            self.vad.poll()
-            self.pushed += pcm.shape[0]
-            return True
-
-    async def main():
-        backs = []
-        for k in range(8):
-            b = PipelineBackend.__new__(PipelineBackend)
-            b._session, b._audio_pending, b._audio_flush, b._in_vad_batch = _Session(f"s{k}"), [], None, False
-            b._counters = {}
-            backs.append(b)
-        loop = asyncio.get_running_loop()
-        before = vad.calls
-        for j in range(3):  # three 20 ms chunks each, in one loop turn
-            for b in backs:
-                b._audio_pending.append((track.pcm[j * 320:(j + 1) * 320] + 0.0, j * 20_000_000,
-                                         (j + 1) * 20_000_000))
-                if not b._in_vad_batch:
-                    b._in_vad_batch = True
-                    _vad_batch(loop).add(b)
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
-        assert all(b._session.pushed == 960 for b in backs)
-        assert vad.calls - before == 1  # 8 sessions x 1 window: one call
-        assert all(b._session.vad.precomputed == 1 for b in backs)
-
-    asyncio.run(main())
+def test_a_dropped_plan_refuses_results_planned_before(vad, track):
+    s = vad.stream("d")
+    plan, gen = s.plan(True)
+    results, _ = vad.precompute([(plan, track.pcm[:1024])])
+    s.reset()  # the plan is dropped meanwhile
+    assert not s.take_precomputed(gen, *results[0])
+    plan2, gen2 = s.plan(False)
+    assert plan2 is None and gen2 != gen  # not caught up: nothing to plan from

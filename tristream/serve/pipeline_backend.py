@@ -19,14 +19,21 @@ Still not honoured (counted): ``input_audio_buffer.clear`` while the pipeline's 
 audio (server VAD mode).
 
 Per-packet work on the event loop (one loop thread serves every session): with ``coalesce_audio``
-(the GPU server) the microphone's 20 ms appends are coalesced, so the chunks a session's client
-sent while the loop was busy go down the session's stages as one push (`_flush_audio`, scheduled
-with ``call_soon``: at light load each chunk still goes alone, with no added delay; a gap in
-capture time starts a new push). Every other input first flushes what is pending, so the order
-of inputs is kept. With ``decode_frames_off_loop`` (the GPU server too) camera JPEGs are decoded
-in a shared pool of threads (OpenCV lets go of the GIL) and filed in arrival order when decoded;
-a corrupt one is counted and refused with `MediaError` at the session's next frame (one frame
-late). ``TRISTREAM_SERVE_LEGACY=1`` turns both off (the before-and-after measurement of bench/serve_gpu.py).
+(the GPU server) the microphone's 20 ms appends are coalesced, and the VAD windows they complete
+are inferred off the loop, for all sessions at once: `_VADWorker` (one per loop) hands the chunks
+that every session's client sent since its last job to one thread (`vad_pool`), which runs them
+through `SileroVAD.precompute` (one batched ONNX call per round of windows; ONNX Runtime lets go of
+the GIL meanwhile), and, once done, pushes each session's chunks down its stages, in order; the
+session's VAD stage then finds its windows' results ready and runs no model on the loop. One job
+is in flight at a time, so the chunks that come meanwhile make the next job (at light load each
+chunk goes alone, delayed by its own job, about 0.1 ms a window). A gap in capture time splits a
+session's chunks into pushes of their own within a job. Frames do not wait for audio (the frame
+ring is ordered by capture time, not arrival); every other input (text, commit, clear, response
+calls, close) first waits for the session's audio in flight and pushes what is pending, so their
+order with the audio is kept. With ``decode_frames_off_loop`` (the GPU server too) camera JPEGs
+are decoded in a shared pool of threads (OpenCV lets go of the GIL) and filed in arrival order when
+decoded; a corrupt one is counted and refused with `MediaError` at the session's next frame (one
+frame late).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ import itertools
 import os
 import threading
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import numpy as np
@@ -61,9 +69,6 @@ __all__ = ["STAGE_TOTALS", "PipelineBackend", "StageTotals", "pipeline_factory"]
 
 _text_turn_ids = itertools.count(1_000_000)
 
-LEGACY = os.environ.get("TRISTREAM_SERVE_LEGACY", "") == "1"
-"""Per-packet audio pushes and JPEG decodes on the event loop, as before the coalescing (benchmarks)."""
-
 _decode_pool: concurrent.futures.ThreadPoolExecutor | None = None
 _decode_pool_lock = threading.Lock()
 
@@ -85,66 +90,150 @@ def _decode_jpeg(data: bytes) -> np.ndarray | None:
     return None if bgr is None else np.ascontiguousarray(bgr[:, :, ::-1])
 
 
-class _VADBatch:
-    """One per event loop: the sessions with coalesced audio this loop turn. One callback takes
-    every session's pending chunks, infers the VAD windows they complete for all sessions in one
-    batched call per round (`SileroVAD.precompute`, each session's own context and state), then
-    pushes each session's audio; its VAD stage then finds its windows' results ready. A session
-    whose audio was flushed meanwhile (another input came first) is skipped; one whose VAD state
-    moved in between recomputes its own windows (equal inputs are checked), so the events are those
-    of per-session calls."""
+_vad_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def vad_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's VAD thread (one: jobs of a loop run one at a time, in order)."""
+    global _vad_pool
+    with _decode_pool_lock:
+        if _vad_pool is None:
+            _vad_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="vad-batch")
+        return _vad_pool
+
+
+Segment = tuple[np.ndarray, int, int]
+"""Coalesced microphone audio: float32 samples, its reference start, and the chunks it holds."""
+
+
+@dataclass(slots=True, eq=False)
+class _Chunk:
+    """One session's audio in a `_VADJob`: its pushes (split at gaps in capture time), in order."""
+
+    backend: PipelineBackend
+    segments: list[Segment]
+    job: _VADJob | None = None
+    pushed: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class _VADJob:
+    worker: _VADWorker
+    chunks: list[_Chunk] = field(default_factory=list)
+    planned: list[tuple[Any, int, Any, np.ndarray]] = field(default_factory=list)
+    """Per VAD to run: the stream, its plan's generation, the plan, the samples."""
+    future: concurrent.futures.Future[Any] | None = None
+    applied: bool = False
+
+    def run(self) -> tuple[list[Any], int]:
+        """`SileroVAD.precompute` of the planned streams, one call per model (any thread): the results
+        in the order of ``planned``, and the ONNX calls made."""
+        out: list[Any] = [None] * len(self.planned)
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        for i, (vad, _, _, _) in enumerate(self.planned):
+            groups.setdefault(id(vad.model), (vad.model, []))[1].append(i)
+        calls = 0
+        for model, idx in groups.values():
+            res, c = model.precompute([(self.planned[i][2], self.planned[i][3]) for i in idx])
+            calls += c
+            for i, r in zip(idx, res, strict=True):
+                out[i] = r
+        return out, calls
+
+
+class _VADWorker:
+    """One per event loop: the sessions' coalesced audio, its VAD windows inferred in `vad_pool`
+    before it is pushed (see the module docstring). Sessions whose VAD has no plan (its lookahead
+    failed, and audio of it is still queued in its stages) go with the job unplanned: their VAD
+    stage runs its own windows."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.pending: list[PipelineBackend] = []
         self.handle: asyncio.Handle | None = None
-        self.runs = 0
+        self.job: _VADJob | None = None  # in flight
+        self.jobs = 0
         self.calls = 0
-        self.sessions = 0
+        self.chunks = 0
+        self.unplanned = 0
 
     def add(self, backend: PipelineBackend) -> None:
         self.pending.append(backend)
-        if self.handle is None:
-            self.handle = self.loop.call_soon(self.run)
+        if self.handle is None and self.job is None:
+            self.handle = self.loop.call_soon(self.submit)
 
-    def run(self) -> None:
+    def submit(self) -> None:
+        """Take every pending session's audio into one job (none while one is in flight)."""
         self.handle = None
+        if self.job is not None:
+            return
         backs, self.pending = self.pending, []
-        items: list[tuple[PipelineBackend, np.ndarray, int, int]] = []
+        job = _VADJob(self)
         for b in backs:
             b._in_vad_batch = False
-            got = b._take_pending()
-            if got is not None:
-                items.append((b, *got))
-        if not items:
-            return
-        by_model: dict[int, tuple[Any, list[tuple[Any, np.ndarray]]]] = {}
-        for b, f32, _, _ in items:
+            segs = b._take_pending()
+            if not segs:
+                continue
+            c = _Chunk(b, segs, job)
+            b._in_flight.append(c)
+            job.chunks.append(c)
             vad = getattr(b._session, "vad", None)
-            model = getattr(vad, "model", None)
-            if model is not None and hasattr(model, "precompute"):
-                by_model.setdefault(id(model), (model, []))[1].append((vad, f32))
+            if vad is None or not hasattr(vad, "plan"):
+                continue
+            plan, gen = vad.plan(len(b._in_flight) == 1 and b._stages_drained())
+            if plan is None:
+                self.unplanned += 1
+                continue
+            job.planned.append((vad, gen, plan, segs[0][0] if len(segs) == 1 else
+                                np.concatenate([f for f, _, _ in segs])))
+        if not job.chunks:
+            return
+        self.jobs += 1
+        self.chunks += len(job.chunks)
+        self.job = job
+        if job.planned:
+            job.future = vad_pool().submit(job.run)
+        else:
+            job.future = concurrent.futures.Future()
+            job.future.set_result(([], 0))
+        loop = self.loop
+        job.future.add_done_callback(lambda _f: loop.call_soon_threadsafe(self._finish, job))
+
+    def apply(self, job: _VADJob) -> None:
+        """Hand the job's windows to the sessions' VADs and push its audio (once; the loop thread)."""
+        if job.applied:
+            return
+        job.applied = True
+        assert job.future is not None
         try:
-            for model, pairs in by_model.values():
-                self.calls += model.precompute(pairs)
+            results, calls = job.future.result()
+            self.calls += calls
         except Exception:  # each session computes its own windows then
             import logging
 
             logging.getLogger(__name__).exception("batched VAD failed; sessions run their own")
-        self.runs += 1
-        self.sessions += len(items)
-        for b, f32, ref, n in items:
-            b._push_coalesced(f32, ref, n)
+            results = []
+        for (vad, gen, _, _), (windows, plan) in zip(job.planned, results, strict=False):
+            vad.take_precomputed(gen, windows, plan)
+        for c in job.chunks:
+            c.backend._push_chunk(c)
+
+    def _finish(self, job: _VADJob) -> None:
+        self.apply(job)
+        if self.job is job:
+            self.job = None
+        if self.pending and self.handle is None:
+            self.submit()
 
 
-_vad_batches: dict[int, _VADBatch] = {}
+_vad_workers: dict[int, _VADWorker] = {}
 
 
-def _vad_batch(loop: asyncio.AbstractEventLoop) -> _VADBatch:
-    vb = _vad_batches.get(id(loop))
-    if vb is None or vb.loop is not loop:
-        vb = _vad_batches[id(loop)] = _VADBatch(loop)
-    return vb
+def _vad_worker(loop: asyncio.AbstractEventLoop) -> _VADWorker:
+    w = _vad_workers.get(id(loop))
+    if w is None or w.loop is not loop:
+        w = _vad_workers[id(loop)] = _VADWorker(loop)
+    return w
 
 
 class PipelineBackend:
@@ -153,12 +242,9 @@ class PipelineBackend:
     decode_frames_off_loop = False
     """JPEG frames decoded in `decode_pool` (refusal one frame late) rather than on the event loop."""
     coalesce_audio = False
-    """Microphone appends coalesced per loop turn (the GPU server; on the CPU pipeline the 20-client
-    test's transcripts missed words in 2 of 5 runs with it, 0 of 4 without, so it stays off there)."""
-
-    batch_vad = True
-    """With ``coalesce_audio``: the loop turn's pushes of all sessions go together, their VAD
-    windows inferred in one batched call first (`_VADBatch`)."""
+    """Microphone appends coalesced, their VAD windows inferred off the loop for all sessions at
+    once (`_VADWorker`; the GPU server; on the CPU pipeline the 20-client test's transcripts missed
+    words in 2 of 5 runs with coalescing, 0 of 4 without, so it stays off there)."""
 
     def __init__(self, models: Any, clock: Any | None = None, chat_for_session: Any = None,
                  session_config: Any = None) -> None:
@@ -187,8 +273,8 @@ class PipelineBackend:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._out_rate: Resampler | None = None  # answer audio -> the client's output rate
         self._audio_pending: list[tuple[np.ndarray, int, int]] = []  # (f32, ref start, ref end) not yet pushed
-        self._audio_flush: asyncio.Handle | None = None
-        self._in_vad_batch = False  # registered with the loop's `_VADBatch` for its next run
+        self._in_vad_batch = False  # registered with the loop's `_VADWorker` for its next job
+        self._in_flight: deque[_Chunk] = deque()  # audio in a VAD job, not yet pushed
         self._frames_decoding: deque[tuple[concurrent.futures.Future[Any], int, int]] = deque()
         self._frame_error: str | None = None
 
@@ -297,59 +383,79 @@ class PipelineBackend:
             if not self._manual.add(f32, ref):
                 self._count("manual_audio_dropped_full")
             return
-        if LEGACY or not self.coalesce_audio:
+        if not self.coalesce_audio:
             if not self._session.push_audio(f32, ref):
                 self._count("audio_chunks_dropped_input_full")
             return
-        pend = self._audio_pending
-        if pend and abs(ref - pend[-1][2]) > 2_000_000:  # a gap (or overlap) in capture time: its own push
-            self._flush_audio()
-        pend.append((f32, ref, ref + dur_ns))
-        if self._audio_flush is None and not self._in_vad_batch:
+        self._audio_pending.append((f32, ref, ref + dur_ns))
+        if not self._in_vad_batch:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:  # no loop (a synchronous caller): at once
                 self._flush_audio()
                 return
-            if self.batch_vad:
-                self._in_vad_batch = True
-                _vad_batch(loop).add(self)
-            else:
-                self._audio_flush = loop.call_soon(self._flush_audio)
+            self._in_vad_batch = True
+            _vad_worker(loop).add(self)
 
-    def _take_pending(self) -> tuple[np.ndarray, int, int] | None:
-        """The coalesced chunks as one float32 array, its reference start, and the count."""
+    def _take_pending(self) -> list[Segment]:
+        """The chunks not yet pushed, coalesced into segments (a new one at each gap or overlap in
+        capture time of more than 2 ms)."""
         pend = self._audio_pending
         if not pend or self._session is None:
-            return None
+            return []
         self._audio_pending = []
-        f32 = pend[0][0] if len(pend) == 1 else np.concatenate([c for c, _, _ in pend])
-        return f32, pend[0][1], len(pend)
+        segs: list[Segment] = []
+        i = 0
+        for j in range(1, len(pend) + 1):
+            if j == len(pend) or abs(pend[j][1] - pend[j - 1][2]) > 2_000_000:
+                part = pend[i:j]
+                f32 = part[0][0] if len(part) == 1 else np.concatenate([c for c, _, _ in part])
+                segs.append((f32, part[0][1], len(part)))
+                i = j
+        return segs
 
-    def _push_coalesced(self, f32: np.ndarray, ref: int, n: int) -> None:
-        if n > 1:
-            self._count("audio_chunks_coalesced", n - 1)
-        if not self._session.push_audio(f32, ref):
-            self._count("audio_chunks_dropped_input_full", n)
+    def _stages_drained(self) -> bool:
+        """Whether the session's input stage has handled every audio chunk pushed to it."""
+        inp = getattr(self._session, "input", None)
+        return inp is None or (not inp.inbox.data and not inp.busy)
+
+    def _push_segments(self, segs: list[Segment]) -> None:
+        for f32, ref, n in segs:
+            if n > 1:
+                self._count("audio_chunks_coalesced", n - 1)
+            if not self._session.push_audio(f32, ref):
+                self._count("audio_chunks_dropped_input_full", n)
+
+    def _push_chunk(self, c: _Chunk) -> None:
+        """Push a VAD job's chunk of this session (in order: the oldest in flight is it)."""
+        if c.pushed:
+            return
+        c.pushed = True
+        if self._in_flight and self._in_flight[0] is c:
+            self._in_flight.popleft()
+        if self._session is not None:
+            self._push_segments(c.segments)
 
     def _flush_audio(self) -> None:
-        """The chunks coalesced since the last push, as one push (see the module docstring)."""
-        if self._audio_flush is not None:
-            self._audio_flush.cancel()
-            self._audio_flush = None
-        got = self._take_pending()
-        if got is not None:
-            self._push_coalesced(*got)
+        """Push this session's audio now: the VAD job it is in waited for, then what is pending
+        (its windows run by the session's own VAD stage); see the module docstring."""
+        while self._in_flight:
+            job = self._in_flight[0].job
+            assert job is not None and job.future is not None
+            concurrent.futures.wait([job.future])
+            job.worker.apply(job)
+        segs = self._take_pending()
+        if segs:
+            self._push_segments(segs)
 
     def push_frame(self, frame: EncodedFrame) -> None:
         """Decode to RGB and file it in the session's frame ring at its capture time."""
         import cv2
 
-        self._flush_audio()
         if self._frame_error is not None:
             err, self._frame_error = self._frame_error, None
             raise MediaError(err)
-        if frame.format == "jpeg" and self.decode_frames_off_loop and not LEGACY:
+        if frame.format == "jpeg" and self.decode_frames_off_loop:
             ref = self._frame_clock.observe(frame.capture_ts_us * 1000, frame.ref_ns)
             fut = decode_pool().submit(_decode_jpeg, frame.data)
             self._frames_decoding.append((fut, ref, len(frame.data)))

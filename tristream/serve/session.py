@@ -30,7 +30,7 @@ from tristream.observe.events import (
     TranscriptDone,
 )
 from tristream.serve import protocol as P
-from tristream.serve.audio import decode_pcm16, encode_pcm16_b64
+from tristream.serve.audio import decode_pcm16, encode_pcm16_b64, input_resampler
 from tristream.serve.backend import BackendConfig, SessionBackend
 from tristream.serve.ga import API_GA, to_ga
 from tristream.serve.limits import ServerLimits, TokenBucket
@@ -38,7 +38,6 @@ from tristream.serve.media import MediaError
 from tristream.serve.metrics import ServeMetrics
 from tristream.serve.session_calls import ResponseCalls, check_tool_changes, function_item, tool_choice
 from tristream.serve.tools import FunctionCallDelta, FunctionCallDone
-from tristream.stages.base import Resampler
 
 log = logging.getLogger("tristream.serve")
 BACKEND_RATE = SPEECH_RATE
@@ -155,7 +154,7 @@ class RealtimeSession:
         self._last_ts: dict[str, int] = {}  # newest capture_ts_us per media stream
         self._in_item = False
         self._next_modalities: list[str] | None = None  # of the answer a response.create asked for
-        self._in_rate: Resampler | None = None  # client audio -> the session's speech rate
+        self._in_rate: Any = None  # client audio -> the session's speech rate (`input_resampler`)
         self._next_metadata: dict[str, str] | None = None  # of the answer a response.create asked for
         self._items: OrderedDict[str, _Said | None] = OrderedDict()  # recent item ids; assistant messages: what was said
 
@@ -243,7 +242,7 @@ class RealtimeSession:
         if self.closed:
             return
         if self._in_rate is None or self._in_rate.rate_in != rate:
-            self._in_rate = Resampler(rate, BACKEND_RATE)
+            self._in_rate = input_resampler(rate, BACKEND_RATE)
         self.backend.push_audio(self._in_rate.push(pcm), self.clock_ns(), capture_ts_us)
         self._uncommitted_ms += pcm.size * 1000 / rate
 
@@ -274,7 +273,7 @@ class RealtimeSession:
             pcm = decode_pcm16(ev.pcm)
             rate = self.settings.input_audio_sample_rate
             if self._in_rate is None or self._in_rate.rate_in != rate:  # the client may change its rate
-                self._in_rate = Resampler(rate, BACKEND_RATE)
+                self._in_rate = input_resampler(rate, BACKEND_RATE)
             self.backend.push_audio(self._in_rate.push(pcm), now, ev.capture_ts_us)
             self._uncommitted_ms += pcm.size * 1000 / rate
         elif isinstance(ev, P.VideoFrameAppend):

@@ -10,11 +10,15 @@ next state (2, batch, 128).
 Batching: the model takes a batch axis on both input and state, so N sessions' windows go
 through one `InferenceSession.run` (`SileroVAD.run(streams)`); results equal per-session calls
 (tested). A stream that runs its own windows (``batched=False``, the pipeline's way: push, then
-poll at once) can still be batched: `SileroVAD.precompute` runs, in one call per round for all
-streams, the windows that the samples about to be pushed will complete, from each stream's own
-context and state; the stream keeps each result with the input and state it came from and uses it
-in `push` only when both equal its own then (anything else pushed first: computed afresh, counted
-``lookahead_mismatch``). Hysteresis follows silero's `get_speech_timestamps`: enter speech at
+poll at once) can still be batched, ahead of its pushes: `SileroVAD.precompute` infers, in one call
+per round for all streams, the windows that the samples about to be pushed will complete, from each
+stream's `VADPlan` (its buffer, context and state once the audio precomputed before is pushed). It
+reads only its arguments, so it runs in a worker thread (ONNX Runtime lets go of the GIL while it
+runs); the caller hands each result back with `VADStream.take_precomputed` and pushes the samples
+after it. The stream keeps each result with the input and state it came from and uses it in `push`
+only when both equal its own then (anything else pushed first, or audio dropped before it: computed
+afresh, counted ``lookahead_mismatch``, and the plan starts again from the stream's own state).
+Hysteresis follows silero's `get_speech_timestamps`: enter speech at
 ``p >= threshold`` once ``min_speech_ms`` of speech windows accumulated, leave below
 ``threshold - 0.15`` after ``min_silence_ms`` of silence (the hangover). Edges are placed on
 the reference clock from the sample index (`SampleClock`), shifted by ``start_pad_ms`` /
@@ -27,14 +31,13 @@ import importlib.util
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from tristream.observe.events import SpeechEvent, SpeechEventKind
 from tristream.stages.base import BadAudio, ModelUnavailable, SampleClock, Stream, as_float_mono
 
-__all__ = ["SileroVAD", "VADOptions", "VADStream", "silero_onnx_path"]
+__all__ = ["SileroVAD", "VADOptions", "VADPlan", "VADStream", "silero_onnx_path"]
 
 SAMPLE_RATE = 16_000
 WINDOW = 512
@@ -84,6 +87,21 @@ class VADOptions:
         return self.neg_threshold if self.neg_threshold is not None else max(self.threshold - 0.15, 0.01)
 
 
+@dataclass(slots=True, frozen=True)
+class VADPlan:
+    """Where a stream's precomputed windows go on from: the samples short of a window, the model's
+    64-sample context and state, once the audio precomputed so far has been pushed (arrays are
+    never written in place, so the stream's own may be shared)."""
+
+    buf: np.ndarray
+    context: np.ndarray
+    state: np.ndarray
+
+
+Lookahead = tuple[np.ndarray, np.ndarray, float, np.ndarray]
+"""One precomputed window: its input (context + window), the state before, the probability, the state after."""
+
+
 class SileroVAD:
     """The shared silero model; one per process, any number of `VADStream`s."""
 
@@ -113,43 +131,37 @@ class SileroVAD:
         self.windows += x.shape[0]
         return np.asarray(out, dtype=np.float32).reshape(-1), np.asarray(new_state, dtype=np.float32)
 
-    def precompute(self, pending: list[tuple[VADStream, np.ndarray]]) -> int:
-        """Infer now, batched across streams, the windows that pushing each ``(stream, float32
-        samples)`` will complete; each stream keeps the results for its next `push` (see the module
-        docstring). Returns the number of ONNX calls made (one per round of windows)."""
-        plans: list[list[Any]] = []
-        for s, pcm in pending:
-            s._lookahead.clear()
-            if s.closed or s.batched:
-                continue
-            buf = np.concatenate([s._buf, pcm]) if s._buf.size else pcm
-            n = int(buf.shape[0]) // WINDOW
-            if n:
-                plans.append([s, buf, n, s._context, s._state])
+    def precompute(self, jobs: list[tuple[VADPlan, np.ndarray]]) -> tuple[list[tuple[list[Lookahead], VADPlan]], int]:
+        """Infer, batched across jobs, the windows that pushing each job's float32 samples onto its
+        plan completes. Reads only its arguments (any thread). Returns per job the windows
+        (`Lookahead`) and the plan after them, and the number of ONNX calls (one per round)."""
+        bufs = [np.concatenate([p.buf, pcm]) if p.buf.size else pcm for p, pcm in jobs]
+        counts = [int(b.shape[0]) // WINDOW for b in bufs]
+        ctx = [p.context for p, _ in jobs]
+        st = [p.state for p, _ in jobs]
+        out: list[list[Lookahead]] = [[] for _ in jobs]
         calls = 0
         k = 0
         while True:
-            ready = [p for p in plans if int(p[2]) > k]  # type: ignore[call-overload]
+            ready = [j for j, n in enumerate(counts) if n > k]
             if not ready:
-                return calls
+                break
             x = np.empty((len(ready), CONTEXT + WINDOW), dtype=np.float32)
             state = np.empty((2, len(ready), 128), dtype=np.float32)
-            for i, p in enumerate(ready):
-                buf = p[1]
-                assert isinstance(buf, np.ndarray)
-                x[i, :CONTEXT] = p[3]
-                x[i, CONTEXT:] = buf[k * WINDOW:(k + 1) * WINDOW]
-                state[:, i, :] = p[4]
+            for i, j in enumerate(ready):
+                x[i, :CONTEXT] = ctx[j]
+                x[i, CONTEXT:] = bufs[j][k * WINDOW:(k + 1) * WINDOW]
+                state[:, i, :] = st[j]
             probs, new_state = self.infer(x, state)
             calls += 1
-            for i, p in enumerate(ready):
-                s, buf = p[0], p[1]
-                assert isinstance(s, VADStream) and isinstance(buf, np.ndarray)
+            for i, j in enumerate(ready):
                 nxt = np.ascontiguousarray(new_state[:, i, :])
-                s._lookahead.append((x[i].copy(), p[4], float(probs[i]), nxt))  # type: ignore[arg-type]
-                p[3] = buf[(k + 1) * WINDOW - CONTEXT:(k + 1) * WINDOW]
-                p[4] = nxt
+                out[j].append((x[i].copy(), st[j], float(probs[i]), nxt))
+                ctx[j] = bufs[j][(k + 1) * WINDOW - CONTEXT:(k + 1) * WINDOW]
+                st[j] = nxt
             k += 1
+        return [(la, VADPlan(b[n * WINDOW:], c, s_)) for la, b, n, c, s_ in zip(out, bufs, counts, ctx, st,
+                                                                                 strict=True)], calls
 
     def run(self, streams: list[VADStream]) -> int:
         """Process every full window buffered in `streams`, one ONNX call per round of N.
@@ -187,7 +199,9 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         self._context = np.zeros(CONTEXT, dtype=np.float32)
         self._state = np.zeros((2, 128), dtype=np.float32)
         self._x1 = np.zeros((1, CONTEXT + WINDOW), dtype=np.float32)
-        self._lookahead: deque[tuple[np.ndarray, np.ndarray, float, np.ndarray]] = deque()
+        self._lookahead: deque[Lookahead] = deque()
+        self._plan: VADPlan | None = None
+        self._plan_gen = 0  # moves when the plan is dropped: results planned before it are stale
         self.precomputed = 0
         """Windows whose result came from `SileroVAD.precompute` (a batch across streams)."""
         self._speaking = False
@@ -219,6 +233,30 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         """Whether the stream is inside a speech segment."""
         return self._speaking
 
+    def plan(self, caught_up: bool) -> tuple[VADPlan | None, int]:
+        """Where the next `SileroVAD.precompute` for this stream starts, and the plan's generation
+        (for `take_precomputed`): the plan after the audio precomputed so far; without one (a new
+        stream, or one whose lookahead failed), the stream's own state if ``caught_up`` (every
+        sample pushed to it before has been pushed), else None (nothing to plan from)."""
+        if self._plan is None and caught_up and not self._closed:
+            self._lookahead.clear()
+            self._plan = VADPlan(self._buf, self._context, self._state)
+        return self._plan, self._plan_gen
+
+    def take_precomputed(self, gen: int, windows: list[Lookahead], plan: VADPlan) -> bool:
+        """Keep the windows that `SileroVAD.precompute` computed from the plan of generation ``gen``
+        for the next pushes; False (dropped) when the plan was dropped since."""
+        if gen != self._plan_gen or self._plan is None:
+            return False
+        self._lookahead.extend(windows)
+        self._plan = plan
+        return True
+
+    def _drop_plan(self) -> None:
+        self._lookahead.clear()
+        self._plan = None
+        self._plan_gen += 1
+
     def push(self, item: np.ndarray, ref_ns: int) -> None:
         """Add 16 kHz mono samples whose first sample was captured at `ref_ns`."""
         self._check_open()
@@ -242,6 +280,7 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         if rest:
             self._count("padded_tail_samples", WINDOW - rest)
             self._buf = np.concatenate([self._buf, np.zeros(WINDOW - rest, dtype=np.float32)])
+        self._drop_plan()
         self._run_own()
         if self._speaking:
             self._emit_end(min(self._speech_end(), self.clock.total), self._buf_start)
@@ -254,7 +293,7 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
         self._cand_start = None
         self._cand_speech = 0
         self._temp_end = None
-        self._lookahead.clear()
+        self._drop_plan()
 
     def _run_own(self) -> None:
         x = self._x1
@@ -264,11 +303,11 @@ class VADStream(Stream[np.ndarray, SpeechEvent]):
             x[0, CONTEXT:] = self._buf[:WINDOW]
             if la:
                 lx, lstate, lp, lnext = la.popleft()
-                if np.array_equal(lx, x[0]) and np.array_equal(lstate, self._state):
+                if (lstate is self._state or np.array_equal(lstate, self._state)) and np.array_equal(lx, x[0]):
                     self.precomputed += 1
                     self._accept(lp, lnext)
                     continue
-                la.clear()
+                self._drop_plan()
                 self._count("lookahead_mismatch")
             probs, state = self.model.infer(x, self._state[:, None, :])
             self._accept(float(probs[0]), state[:, 0, :])
