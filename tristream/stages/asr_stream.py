@@ -440,46 +440,9 @@ class StreamingUtterance:
             self.owner.stats.trims += 1
 
     def _final_job(self) -> _Decode:
-        """The tail decode; its value is (samples covered, transcript). The words ahead of the
-        tail are those committed when the batch formed.
-
-        A speculative final's words are not committed when the user speaks on: commits then
-        end at sentence ends, and Whisper, forced a prefix that ends a sentence, tends to end
-        there for every later update too (a 20 s turn lost its last 12 s that way)."""
-        state: dict[str, Any] = {}
-
-        def prepare() -> DecodeRequest | None:
-            buf, state["n"] = self._take_buffer()
-            with self._lock:
-                state["settled"] = list(self.settled)
-                state["words"] = self.settled + [w for w, _ in self.committed]
-                state["heard"] = len(self._prev)
-                state["quiet"] = self._n - self._committed_at  # samples since the last commit
-            return self._request(buf) if buf.shape[0] else None
-
-        def finish(res: DecodeResult | None) -> tuple[int, str]:
-            tail = self._words(res) if res is not None else []
-            if res is not None and not res.request.prefix and len(state["words"]) > len(state["settled"]):
-                # stalled: the buffer was decoded afresh; it replaces the committed words
-                return state["n"], _join(state["settled"] + [w for w, _ in tail])
-            short = (state["heard"] >= 3 and len(tail) < state["heard"] // 2) or (
-                not tail and state["quiet"] > SAMPLE_RATE)
-            if res is not None and short:
-                # Whisper ended soon after the forced words although the last update heard more
-                # beyond them, or nothing followed them after a second of audio: the buffer is
-                # decoded afresh, without the forced prefix
-                self.owner.stats.tail_redecodes += 1
-                req = res.request
-                t0 = time.perf_counter()
-                again = self.owner.asr.decode_batch([DecodeRequest(
-                    req.pcm, [], req.context, int(req.pcm.shape[0] / SAMPLE_RATE * 7) + 16, req.min_window_s)])[0]
-                self.owner.stats.redecode_s += time.perf_counter() - t0
-                words = [w for w, _ in _cut_loops(self.owner.asr.split_words(again.tokens))]
-                if len(words) > len(state["words"]) - len(state["settled"]) + len(tail):
-                    return state["n"], _join(state["settled"] + words)
-            return state["n"], _join(state["words"] + [w for w, _ in tail])
-
-        return _Decode(id(self), prepare, finish)
+        """The tail decode; its value is (samples covered, transcript) (`_FinalDecode`)."""
+        job = _FinalDecode(self)
+        return _Decode(id(self), job.prepare, job.finish)
 
     # ---- end of the utterance -----------------------------------------------------------
     def speculate(self, pool: Any = None) -> None:
@@ -526,6 +489,61 @@ class StreamingUtterance:
             if self._pending is not None and self._pending is not _PLACEHOLDER:
                 self._pending.cancel()
             self._pending = None
+
+
+class _FinalDecode:
+    """One final (or speculative final) decode of a `StreamingUtterance`: the words ahead of the
+    tail are those committed when the batch formed (`prepare`), and `finish` decides among three
+    cases which text the decode gives.
+
+    A speculative final's words are not committed when the user speaks on: commits then end at
+    sentence ends, and Whisper, forced a prefix that ends a sentence, tends to end there for
+    every later update too (a 20 s turn lost its last 12 s that way)."""
+
+    __slots__ = ("heard", "n", "quiet", "settled", "u", "words")
+
+    def __init__(self, u: StreamingUtterance) -> None:
+        self.u = u
+        self.n = 0  # samples covered
+        self.settled: list[str] = []
+        self.words: list[str] = []  # settled + committed
+        self.heard = 0  # words of the last hypothesis beyond the committed ones
+        self.quiet = 0  # samples since the last commit
+
+    def prepare(self) -> DecodeRequest | None:
+        u = self.u
+        buf, self.n = u._take_buffer()
+        with u._lock:
+            self.settled = list(u.settled)
+            self.words = u.settled + [w for w, _ in u.committed]
+            self.heard = len(u._prev)
+            self.quiet = u._n - u._committed_at
+        return u._request(buf) if buf.shape[0] else None
+
+    def finish(self, res: DecodeResult | None) -> tuple[int, str]:
+        u = self.u
+        tail = u._words(res) if res is not None else []
+        if res is not None and not res.request.prefix and len(self.words) > len(self.settled):
+            # stalled: the buffer was decoded afresh; it replaces the committed words
+            return self.n, _join(self.settled + [w for w, _ in tail])
+        short = (self.heard >= 3 and len(tail) < self.heard // 2) or (not tail and self.quiet > SAMPLE_RATE)
+        if res is not None and short:
+            again = self._afresh(res.request)
+            if len(again) > len(self.words) - len(self.settled) + len(tail):
+                return self.n, _join(self.settled + again)
+        return self.n, _join(self.words + [w for w, _ in tail])
+
+    def _afresh(self, req: DecodeRequest) -> list[str]:
+        """Whisper ended soon after the forced words although the last update heard more beyond
+        them, or nothing followed them after a second of audio: the buffer decoded without the
+        forced prefix (`tail_redecodes`)."""
+        owner = self.u.owner
+        owner.stats.tail_redecodes += 1
+        t0 = time.perf_counter()
+        again = owner.asr.decode_batch([DecodeRequest(
+            req.pcm, [], req.context, int(req.pcm.shape[0] / SAMPLE_RATE * 7) + 16, req.min_window_s)])[0]
+        owner.stats.redecode_s += time.perf_counter() - t0
+        return [w for w, _ in _cut_loops(owner.asr.split_words(again.tokens))]
 
 
 STALL_S = 3.0
