@@ -203,3 +203,13 @@ def test_virtual_clock_wakes_sleepers_in_order() -> None:
         return woke
 
     assert asyncio.run(main()) == [10, 20, 30]
+
+
+def test_a_failed_segment_loses_its_words_and_earlier_segments_still_make_the_turn() -> None:
+    tt = TurnTaker(SilenceEndOfTurn())
+    tt.on_speech_start(0)
+    assert tt.on_failed_segment(0, 900 * MS, 1000 * MS) is None and not tt.pending  # nothing to answer
+    tt.on_speech_start(2000 * MS)
+    assert tt.on_final("book a table", 2000 * MS, 2800 * MS, 2900 * MS, user_speaking=True) is None
+    turn = tt.on_failed_segment(3000 * MS, 3500 * MS, 3600 * MS)
+    assert turn is not None and turn.text == "book a table" and turn.speech_end_ns == 3500 * MS

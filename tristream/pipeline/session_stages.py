@@ -191,7 +191,7 @@ class AsrStage(Stage):
                 self.errors.add("asr_final_failed")
                 s.publish(TranscriptDone("", s.clock.now_ns(), None, tr.error))
                 self._turn_wait = None
-                turn = s.turns.on_final("", tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking, 0.0)
+                turn = s.turns.on_failed_segment(tr.start_ns, tr.end_ns, s.clock.now_ns(), s.vad.speaking)
                 if turn is not None:  # words of the turn's earlier segments still make a turn
                     self._send(turn)
                 continue

@@ -197,6 +197,12 @@ class TurnTaker:
         self._deadline_ns = now_ns + int(wait * 1e6)
         return self.on_tick(now_ns)
 
+    def on_failed_segment(self, start_ns: int, end_ns: int, now_ns: int,
+                          user_speaking: bool = False) -> UserTurn | None:
+        """A segment whose transcription failed: its words are lost, and the turn's earlier
+        segments (if any) still make a turn, ended as `on_final` would end it."""
+        return self.on_final("", start_ns, end_ns, now_ns, user_speaking)
+
     def on_tick(self, now_ns: int) -> UserTurn | None:
         """Time passed without speech; returns the turn once its deadline is reached."""
         if self._deadline_ns is None or now_ns < self._deadline_ns:
