@@ -234,8 +234,9 @@ def main() -> None:
     else:
         rows, startup = run_server(a.serve_arg, a.timeout, SETS[a.set])
     n_ok = sum(r["correct"] for r in rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import cpu_info, git_commit
+
     out = {
         "what": "everyday questions in one conversation, text turns, accepted-answer patterns",
         "mode": "direct (in-process engine)" if a.direct else "server (tristream serve, Realtime over WebSocket)",
@@ -246,7 +247,7 @@ def main() -> None:
         "server_startup_s": startup, "wall_s": time.perf_counter() - t0,
         "load_average_at_end": os.getloadavg(), "cpus": os.cpu_count(),
         "machine": platform.processor() or platform.machine(), "python": platform.python_version(),
-        "commit": commit, "rows": rows,
+        "commit": git_commit(), "cpu": cpu_info(), "rows": rows,
     }
     print(f"\n{n_ok}/{len(rows)} correct ({100 * n_ok / max(1, len(rows)):.0f}%), wall {out['wall_s']:.0f} s, "
           f"load {os.getloadavg()[0]:.1f}")
