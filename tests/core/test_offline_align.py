@@ -220,3 +220,20 @@ def test_flagged_lines_and_percent_signs_written_as_the_json_path(tmp_path: Path
     assert fast["sources"] == ref["sources"]
     text = (tmp_path / "a.jsonl").read_text()
     assert text.count('"ref_flag": "duplicate"') >= 3 and '"ref_flag": "outlier"' in text and "50% of %d" in text
+
+
+@settings(max_examples=80, deadline=None)
+@given(ys=st.lists(st.integers(-(10**12), 10**12), min_size=0, max_size=60), floats=st.booleans(),
+       width=st.sampled_from([3, 5, 7]))
+def test_running_median_is_each_windows_middle_value(ys: list[int], floats: bool, width: int) -> None:
+    from tristream.core.epochs import running_median
+
+    y = np.array(ys, np.float64 if floats else np.int64)
+    got = running_median(y, width)
+    n, h = y.size, width // 2
+    if n <= width:
+        assert np.array_equal(got, np.full(n, np.median(y) if n else 0, dtype=y.dtype))
+        return
+    mids = [sorted(ys[k - h : k + h + 1])[h] for k in range(h, n - h)]
+    want = [mids[0]] * h + mids + [mids[-1]] * h
+    assert got.dtype == y.dtype and got.tolist() == np.array(want, y.dtype).tolist()

@@ -51,13 +51,28 @@ def duplicates(start: np.ndarray, end: np.ndarray, arrival: np.ndarray, window_n
     return out
 
 
+# A sorting network for 7 values (16 compare-exchanges; it sorts every 0/1 input, hence every input)
+_NET7 = ((0, 6), (2, 3), (4, 5), (0, 2), (1, 4), (3, 6), (0, 1), (2, 5), (3, 4), (1, 2), (4, 6), (2, 3), (4, 5),
+         (1, 2), (3, 4), (5, 6))
+
+
 def running_median(y: np.ndarray, width: int = 7) -> np.ndarray:
     """Centred running median (edges use the nearest full window)."""
     n = y.size
     if n <= width:
         return np.full(n, np.median(y) if n else 0, dtype=y.dtype)
-    win = np.lib.stride_tricks.sliding_window_view(y, width)
-    med = np.partition(win, width // 2, axis=1)[:, width // 2]
+    if width == 7 and not (y.dtype.kind == "f" and np.isnan(y).any()):
+        # the windows' middle values by the network over 7 shifted views, elementwise: the same
+        # values as a partition of every window, in a quarter of the time
+        c = [y[k : n - 6 + k] for k in range(7)]
+        for a, b in _NET7:
+            lo = np.minimum(c[a], c[b])
+            c[b] = np.maximum(c[a], c[b])
+            c[a] = lo
+        med = c[3]
+    else:
+        win = np.lib.stride_tricks.sliding_window_view(y, width)
+        med = np.partition(win, width // 2, axis=1)[:, width // 2]
     h = width // 2
     return np.r_[np.full(h, med[0]), med, np.full(n - med.size - h, med[-1])]
 

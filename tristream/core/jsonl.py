@@ -77,6 +77,7 @@ _PLACEHOLDER = _Event("", 0, "ns", 0)  # stands in for a refused line (its empty
 _FMT = (b'%s, "ref_ns": %d}\n', b'%s, "ref_ns": %d, "ref_flag": "outlier"}\n',
         b'%s, "ref_ns": %d, "ref_flag": "duplicate"}\n')
 _SUF = b', "ref_ns": %d}\n'
+_SUF_BRACE = b', "ref_ns": %d}'
 _SUFFIX = np.array([len(f % (b"", 0)) - 1 for f in _FMT], np.int64)  # bytes besides the body and the digits
 _POW10 = np.array([10**k for k in range(1, 19)], np.int64)
 # Lines formatted by one bytes `%` (about 2 MB of text): blocks of 65,536 lines cost 15 % more CPU
@@ -114,14 +115,13 @@ def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarra
     m = starts.size
     good = np.ones(m, bool)
     events: list[_Event] = []
-    lo_all, hi_all = starts.tolist(), ends.tolist()
     named: msgspec.json.Decoder[Any] | None = None
     sources: frozenset[str] = frozenset()
     units: frozenset[str] = frozenset()
     for i in range(0, m, _BLOCK):
         j = min(m, i + _BLOCK)
         if shaped[i:j].all():
-            block = mv[lo_all[i] : hi_all[j - 1]]
+            block = mv[int(starts[i]) : int(ends[j - 1])]
             got: list[Any] = []
             if named is not None:
                 try:
@@ -142,9 +142,9 @@ def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarra
             if len(got) == j - i:
                 events.extend(got)
                 continue
-        for k in range(i, j):
+        for k, a, b in zip(range(i, j), starts[i:j].tolist(), ends[i:j].tolist(), strict=True):
             try:
-                events.append(_DECODER.decode(mv[lo_all[k] : hi_all[k]]))
+                events.append(_DECODER.decode(mv[a:b]))
             except msgspec.DecodeError:
                 events.append(_PLACEHOLDER)
                 good[k] = False
@@ -286,6 +286,16 @@ def _digits(v: np.ndarray) -> np.ndarray:
     return 1 + np.searchsorted(_POW10, np.abs(v), side="right") + (v < 0)
 
 
+def _template(text: bytes, lines: int) -> bytes:
+    """The `%` template of `lines` contiguous lines that each end with their brace: "}\n" replaced
+    by the suffix. When each line's closing brace is its only one (no nested object, no brace in a
+    string), replacing the braces alone gives the same bytes in a quarter of the time (a search
+    for one byte instead of two)."""
+    if text.count(b"}") == lines:
+        return text.replace(b"}", _SUF_BRACE)
+    return text.replace(b"}\n", _SUF)
+
+
 def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dict[int, bytes], a: int,
             b: int) -> Iterator[bytes]:
     """The output of lines [a, b), in pieces."""
@@ -304,7 +314,7 @@ def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dic
                 if b"%" in text:
                     text = text.replace(b"%", b"%%")
                 if not f.any():
-                    yield text.replace(b"}\n", _SUF) % tuple(ref[j0:j1].tolist())
+                    yield _template(text, j1 - j0) % tuple(ref[j0:j1].tolist())
                     continue
                 # Flagged lines (duplicates, outliers) are few: the lines between them go as above,
                 # each flagged one on its own (one template with a flag field per line costs 3x).
@@ -316,7 +326,7 @@ def _render(data: bytes, sc: Scan, ref: np.ndarray, flag: np.ndarray, texts: dic
                         seg = data[s_lo : s_hi + 1] if s_hi < len(data) else data[s_lo:s_hi] + b"\n"
                         if b"%" in seg:
                             seg = seg.replace(b"%", b"%%")
-                        yield seg.replace(b"}\n", _SUF) % tuple(refs[p - j0 : q - j0])
+                        yield _template(seg, q - p) % tuple(refs[p - j0 : q - j0])
                     if q < j1:
                         yield _FMT[int(f[q - j0])] % (data[int(sc.starts[q]) : int(c[q - j0])], refs[q - j0])
                     p = q + 1
