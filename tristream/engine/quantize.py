@@ -60,9 +60,10 @@ def is_fp8(model: LlamaModel) -> bool:
     return bool(model.layers) and model.layers[0].qkv.qformat == "fp8"
 
 
-def quantize_model_fp8(model: LlamaModel, head: bool = True) -> None:
+def quantize_model_fp8(model: LlamaModel, head: bool = True, tune: bool = True) -> None:
     """Every layer projection (and the output head unless head=False) to e4m3 with row scales, in
-    place. A tied head keeps the dense embedding for lookups."""
+    place. A tied head keeps the dense embedding for lookups. On CUDA (tune=True) the kernels are
+    then timed per shape (`kernels.fp8_gemv.tune_model`; the report in `model.fp8_tuning`)."""
     for name, lin in _projections(model).items():
         if name == "head" and not head:
             continue
@@ -71,6 +72,10 @@ def quantize_model_fp8(model: LlamaModel, head: bool = True) -> None:
         lin.quantize_fp8(keep_dense=lin is model.head() and model.lm_head is None)
     if model.device.type == "cuda":
         torch.cuda.empty_cache()
+        if tune:
+            from tristream.engine.kernels.fp8_gemv import tune_model
+
+            setattr(model, "fp8_tuning", tune_model(model))  # noqa: B010 (no such field on LlamaModel)
 
 
 def quantize_model(model: LlamaModel, mode: str) -> None:
@@ -222,4 +227,8 @@ def install_fp8_checkpoint(model: LlamaModel, tensors: dict[str, torch.Tensor]) 
             exact += 1
         else:
             lin.quantize_fp8()
+    if model.device.type == "cuda":
+        from tristream.engine.kernels.fp8_gemv import tune_model
+
+        setattr(model, "fp8_tuning", tune_model(model))  # noqa: B010
     return exact

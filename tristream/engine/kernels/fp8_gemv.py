@@ -9,13 +9,14 @@ of two halves the floor of a step; the arithmetic is unchanged (bf16 activations
   gate|up row), residual epilogue and PDL chaining.
 * `fp8_qkv_rope_store1`: `decode_fused.qkv_rope_store1` for e4m3 weights.
 * `decode_logits_b1_fp8`: `decode_fused.decode_logits_b1` over these two (5 kernels per layer).
-* `fp8_gemm` (any number of rows): tiles of x times widened weight tiles on the tensor cores
-  (`tl.dot`, bf16 operands, float32 accumulators), the row scale in the epilogue. Decode batches
-  of 2..64 rows and prefill.
-* `fp8_linear`: what `linear.Linear` runs for an fp8 weight on CUDA: the GEMV at one row, the
-  tiled kernel above; prefill (more than `SMALL_M` rows) through `PREFILL_PATH`: the same Triton
-  kernel ("triton") or cuBLASLt's FP8 GEMM with per-row activation scales ("scaled_mm",
-  `torch._scaled_mm`; the activations are rounded to e4m3 too).
+* `fp8_mm` (any number of rows): tiles of x times widened weight tiles on the tensor cores
+  (`tl.dot`, bf16 operands, float32 accumulators), the row scale in the epilogue, the same
+  prologues and residual epilogue as the GEMV.
+* `fp8_linear`: what `linear.Linear` runs for an fp8 weight on CUDA: per shape and row bucket
+  the `Config` that `tune_model` timed fastest on this device (GEMV tiles at one row,
+  tensor-core tiles, and for prefill also the weight widened to bf16 once and cuBLAS, or
+  cuBLASLt's FP8 GEMM where `PREFILL_PATH` allows it), else `default_config`. The batch-1 fused
+  decode takes the tensor-core kernel too where it was timed faster.
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ from tristream.engine.kernels.triton_ops import paged_decode_attention, rms_norm
 SMALL_M = 128
 """Rows up to which `fp8_linear` uses the decode tiles (the largest decode bucket; larger:
 `PREFILL_PATH`)."""
-PREFILL_PATH = "triton"
-"""'triton' (`fp8_gemm` with prefill tiles) or 'scaled_mm' (`torch._scaled_mm`, activations
-rounded to e4m3 with a scale per row)."""
+PREFILL_PATH = "weight_only"
+"""'weight_only' (prefill candidates keep bf16 activations) or 'scaled_mm' (also time
+`torch._scaled_mm`, which rounds the activations to e4m3 with a scale per row)."""
 FP8_MAX = 448.0
 
 
@@ -220,25 +221,44 @@ def decode_logits_b1_fp8(model: Any, h: torch.Tensor, attention: Any, pdl: bool 
         a = paged_decode_attention(q, kc, vc, attention.block_tables, attention.ctx_lens, attention.cache.block_size,
                                    attention.scale, attention.splits, pdl=pdl,
                                    counters=getattr(attention, "counters", None)).view(1, cfg.q_size)
-        r = fp8_gemv1(a, o["w"], o["s"], residual=r, pdl=pdl, block_n=on, block_k=ok, num_warps=num_warps)
-        gu = fp8_gemv1(r, gu_w["w"], gu_w["s"], norm_weight=layer.post_norm, eps=eps, pdl=pdl, block_n=bn,
-                       block_k=bk, num_warps=num_warps, late_norm=late_norm)
-        r = fp8_gemv1(gu, down["w"], down["s"], residual=r, silu=True, pdl=pdl, block_n=dn, block_k=dk,
-                      num_warps=num_warps)
+        r = _proj1(a, o, (on, ok, num_warps), pdl, residual=r)
+        gu = _proj1(r, gu_w, (bn, bk, num_warps), pdl, norm_weight=layer.post_norm, eps=eps, late_norm=late_norm)
+        r = _proj1(gu, down, (dn, dk, num_warps), pdl, residual=r, silu=True)
     head = model.head()
     if head_cublas or head.qformat != "fp8":
         x = rms_norm(r, model.norm, eps, out_dtype=model.norm.dtype)
         return head(x) if raw_logits else model.logits(x)
-    t = head.qtensors
-    return fp8_gemv1(r, t["w"], t["s"], norm_weight=model.norm, eps=eps, pdl=pdl, block_n=bn, block_k=bk,
-                     num_warps=num_warps, out_dtype=torch.float32, late_norm=late_norm)
+    return _proj1(r, head.qtensors, (bn, bk, num_warps), pdl, norm_weight=model.norm, eps=eps,
+                  out_dtype=torch.float32, late_norm=late_norm)
+
+
+def _proj1(x: torch.Tensor, t: dict[str, torch.Tensor], tile: tuple[int | None, int | None, int], pdl: bool | int,
+           **kw: Any) -> torch.Tensor:
+    """One batch-1 projection of the fused decode: the tensor-core kernel where `tune_model` chose
+    it for this shape (the one-pass norm then runs as the two-pass one), else the GEMV in the
+    variant's tile."""
+    n, k = t["w"].shape
+    cfg = TUNED.get((1, n, k))
+    if cfg is not None and cfg[0] == "mm":
+        kw.pop("late_norm", None)
+        out_dtype = kw.pop("out_dtype", None)
+        y = fp8_mm(x, t["w"], t["s"], config=cfg, pdl=pdl, **kw)
+        return y if out_dtype is None else y.to(out_dtype)
+    return fp8_gemv1(x, t["w"], t["s"], block_n=tile[0], block_k=tile[1], num_warps=tile[2], pdl=pdl, **kw)
 
 
 @triton.jit
-def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
-                     HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr):
-    """out [M, N] = (x [M, K] · widen(w [N, K])ᵀ) · s[n] (+ b[n]); x and out row-major, x's dtype."""
+def _fp8_mm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, M, N, K, eps,
+                   NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+                   USE_PDL: tl.constexpr, EARLY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out [M, N] = prologue(x) · widen(w)ᵀ · s[n] (+ b[n]), rounded to x's dtype (+ residual).
+
+    x row-major [M, K] (SILU: gate|up [M, 2K]); the prologues of `_fp8_gemv1_kernel` per row
+    (NORM: the two-pass RMS norm, rounded as transformers does). EARLY: the first weight tile
+    and the scales load before the PDL wait (decode); off for prefill tiles (a plain loop the
+    compiler pipelines)."""
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -253,49 +273,147 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K,
     mmask = rm < M
     nmask = rn < N
     dt = x_ptr.dtype.element_ty
+    xs = 2 * K if SILU else K
+    xrow = x_ptr + rm[:, None].to(tl.int64) * xs
+    wcol = w_ptr + rn[None, :].to(tl.int64) * K
+    if EARLY:
+        b0 = tl.load(wcol + rk[:, None], mask=nmask[None, :] & (rk < K)[:, None], other=0.0)
+    sc = tl.load(s_ptr + rn, mask=nmask, other=0.0)
+    pdl_wait(USE_PDL)
+    rstd = tl.zeros([BLOCK_M], dtype=tl.float32) + 1.0
+    if NORM:
+        ss = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + rk
+            xv = tl.load(xrow + kk[None, :], mask=mmask[:, None] & (kk < K)[None, :], other=0.0).to(tl.float32)
+            ss += xv * xv
+        rstd = tl.rsqrt(tl.sum(ss, 1) / K + eps)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + rk
         kmask = kk < K
-        a = tl.load(x_ptr + rm[:, None].to(tl.int64) * K + kk[None, :], mask=mmask[:, None] & kmask[None, :],
-                    other=0.0)
-        b = tl.load(w_ptr + rn[None, :].to(tl.int64) * K + kk[:, None], mask=nmask[None, :] & kmask[:, None],
-                    other=0.0)
+        amask = mmask[:, None] & kmask[None, :]
+        if SILU:
+            g = tl.load(xrow + kk[None, :], mask=amask, other=0.0).to(tl.float32)
+            u = tl.load(xrow + K + kk[None, :], mask=amask, other=0.0)
+            a = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
+        else:
+            a = tl.load(xrow + kk[None, :], mask=amask, other=0.0)
+            if NORM:
+                nw = tl.load(nw_ptr + kk, mask=kmask, other=0.0).to(tl.float32)
+                a = ((a.to(tl.float32) * rstd[:, None]).to(dt).to(tl.float32) * nw[None, :]).to(dt)
+        if EARLY:
+            if k0 == 0:
+                b = b0
+            else:
+                b = tl.load(wcol + kk[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
+        else:
+            b = tl.load(wcol + kk[:, None], mask=nmask[None, :] & kmask[:, None], other=0.0)
         acc = tl.dot(a, b.to(dt), acc)
-    acc = acc * tl.load(s_ptr + rn, mask=nmask, other=0.0)[None, :]
+    acc = acc * sc[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=mmask[:, None] & nmask[None, :])
+    omask = mmask[:, None] & nmask[None, :]
+    optr = rm[:, None].to(tl.int64) * N + rn[None, :]
+    y = acc.to(dt)
+    if HAS_RES:
+        r = tl.load(res_ptr + optr, mask=omask, other=0.0)
+        y = (y.to(tl.float32) + r.to(tl.float32)).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + optr, y, mask=omask)
 
 
-def gemm_config(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) of `fp8_gemm` for an [m, k] × [n, k] product:
-    decode batches (m ≤ SMALL_M) take all rows in one tile and narrow weight tiles, so that enough
-    programs stream the weight; prefill takes square tiles."""
+@triton.jit
+def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out [N, K] = widen(w) · s[n], rounded to out's dtype."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rn < N)[:, None] & (rk < K)[None, :]
+    off = rn[:, None].to(tl.int64) * K + rk[None, :]
+    w = tl.load(w_ptr + off, mask=mask, other=0.0).to(tl.float32)
+    sc = tl.load(s_ptr + rn, mask=rn < N, other=0.0)
+    tl.store(out_ptr + off, (w * sc[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+Config = tuple[Any, ...]
+"""A kernel choice for one product: ("gemv", rows, K columns, warps) (one row only), ("mm", BLOCK_M,
+BLOCK_N, BLOCK_K, warps, stages), ("dequant",) (the weight widened to x's dtype, then cuBLAS) or
+("scaled_mm",) (cuBLASLt FP8, activations rounded to e4m3 per row)."""
+
+TUNED: dict[tuple[int, int, int], Config] = {}
+"""(row bucket, N, K) → the fastest `Config` timed on this device (`tune_model`); row bucket: 1,
+a power of two up to SMALL_M, or 0 for prefill (more than SMALL_M rows)."""
+
+
+def row_bucket(m: int) -> int:
+    return 0 if m > SMALL_M else triton.next_power_of_2(m)
+
+
+def default_config(m: int, n: int, k: int) -> Config:
+    """The choice before (or without) tuning."""
+    if m == 1:
+        bk = min(triton.next_power_of_2(k), 512)
+        return ("gemv", 16, bk, 4)
     if m <= SMALL_M:
         bm = max(16, triton.next_power_of_2(m))
-        bn = 16 if n <= 4096 else 32 if n <= 8192 else 64
         if bm <= 32:
-            return bm, bn, 256, 4, 4
-        return bm, bn, 128, 4 if bm <= 64 else 8, 4 if bm <= 64 else 3
-    return 128, 128, 64, 8, 3
+            return ("mm", bm, 32, 128, 4, 4)
+        return ("mm", bm, 64, 128, 4 if bm <= 64 else 8, 4 if bm <= 64 else 3)
+    return ("dequant",)
+
+
+def candidates(m: int, n: int, k: int) -> list[Config]:
+    """The choices `tune_model` times for an [m, k] × [n, k] product."""
+    if m == 1:
+        gemv = [("gemv", bn, min(bk, triton.next_power_of_2(k)), 4)
+                for bn, bk in ((16, 512), (8, 1024), (4, 2048), (16, 256))]
+        return [*dict.fromkeys(gemv), ("mm", 16, 32, 128, 4, 4), ("mm", 16, 64, 128, 4, 4)]
+    if m <= SMALL_M:
+        bm = max(16, triton.next_power_of_2(m))
+        w = 8 if bm >= 128 else 4
+        return [("mm", bm, bn, bk, w, st) for bn, bk, st in ((32, 128, 4), (64, 128, 3), (16, 256, 3), (128, 64, 3))]
+    out: list[Config] = [("dequant",), ("mm", 128, 128, 64, 8, 3), ("mm", 128, 128, 64, 8, 4)]
+    if PREFILL_PATH == "scaled_mm":
+        out.append(("scaled_mm",))
+    return out
+
+
+def fp8_mm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+           residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+           silu: bool = False, config: Config | None = None, pdl: bool | int = False) -> torch.Tensor:
+    """x [M, K] (gate|up [M, 2K] with silu; contiguous) × e4m3 codes `w` [N, K] with row scales →
+    [M, N] in x's dtype (the residual's with one), on the tensor cores (`_fp8_mm_kernel`)."""
+    m = x.shape[0]
+    n, k = w.shape
+    out = torch.empty(m, n, dtype=residual.dtype if residual is not None else x.dtype, device=x.device)
+    if m == 0:
+        return out
+    cfg = config or (default_config(max(m, 2), n, k) if m <= SMALL_M else ("mm", 128, 128, 64, 8, 3))
+    _, bm, bn, bk, warps, stages = cfg
+    dummy = out
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
+    _fp8_mm_kernel[grid](x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy,
+                         norm_weight if norm_weight is not None else dummy, out, m, n, k, eps,
+                         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None,
+                         HAS_RES=residual is not None, USE_PDL=pdl_mode(pdl), EARLY=m <= SMALL_M,
+                         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, num_warps=warps, num_stages=stages,
+                         **_pdl_launch(pdl))
+    return out
 
 
 def fp8_gemm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
              config: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
-    """x [M, K] (contiguous, bf16/fp16/fp32) × e4m3 codes `w` [N, K] with row scales → [M, N] in x's dtype."""
-    m, k = x.shape
-    n = w.shape[0]
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    if m == 0:
-        return out
-    bm, bn, bk, warps, stages = config or gemm_config(m, n, k)
-    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn),)
-    _fp8_gemm_kernel[grid](x, w, scale, bias if bias is not None else out, out, m, n, k,
-                           HAS_BIAS=bias is not None, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8,
-                           num_warps=warps, num_stages=stages)
-    return out
+    """`fp8_mm` without prologue; config (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)."""
+    return fp8_mm(x, w, scale, bias, config=("mm", *config) if config else None)
+
+
+def dequantize_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+    """Prefill: the weight widened to x's dtype (one pass), then cuBLAS."""
+    n, k = w.shape
+    wd = torch.empty(n, k, dtype=x.dtype, device=x.device)
+    _fp8_dequant_kernel[(triton.cdiv(n, 32), triton.cdiv(k, 256))](w, scale, wd, n, k, BLOCK_N=32, BLOCK_K=256,
+                                                                    num_warps=4)
+    return torch.nn.functional.linear(x, wd, bias)
 
 
 def quantize_rows_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -313,14 +431,100 @@ def scaled_mm_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias
     return y if bias is None else y + bias
 
 
+def run_config(cfg: Config, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (contiguous) times an fp8 weight through one `Config`."""
+    if cfg[0] == "gemv":
+        return fp8_gemv1(x, w, scale, bias=bias, block_n=cfg[1], block_k=cfg[2], num_warps=cfg[3])
+    if cfg[0] == "mm":
+        return fp8_mm(x, w, scale, bias, config=cfg)
+    if cfg[0] == "dequant":
+        return dequantize_linear(x, w, scale, bias)
+    return scaled_mm_linear(x, w, scale, bias)
+
+
+def config_for(m: int, n: int, k: int) -> Config:
+    cfg = TUNED.get((row_bucket(m), n, k)) or default_config(m, n, k)
+    if cfg[0] == "gemv" and m != 1:
+        return default_config(m, n, k)
+    return cfg
+
+
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
                ) -> torch.Tensor:
-    """x [M, K] → [M, N] for an fp8 weight (`Linear`'s CUDA path; module docstring)."""
+    """x [M, K] → [M, N] for an fp8 weight (`Linear`'s CUDA path): the tuned kernel for the shape
+    and row bucket (`tune_model`), else `default_config`."""
     if not x.is_contiguous():
         x = x.contiguous()
-    m = x.shape[0]
-    if m == 1:
-        return fp8_gemv1(x, w, scale, bias=bias)
-    if m > SMALL_M and PREFILL_PATH == "scaled_mm":
-        return scaled_mm_linear(x, w, scale, bias)
-    return fp8_gemm(x, w, scale, bias)
+    n, k = w.shape
+    return run_config(config_for(x.shape[0], n, k), x, w, scale, bias)
+
+
+def _graph_ms(fn: Any, reps: int = 5) -> float:
+    """ms per replay (median) of a CUDA graph of `fn` (compiled first, outside the capture)."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    g.replay()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    del g
+    return sorted(ts)[len(ts) // 2]
+
+
+def tune_model(model: Any, buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 0),
+               prefill_rows: int = 512) -> dict[str, Any]:
+    """Time `candidates` for every fp8 projection shape of `model` and row bucket, each as one CUDA
+    graph over that projection of every layer (as a decode step reads them: none from L2), and
+    keep the fastest in `TUNED`; candidates that fail to compile or disagree with the reference
+    (rel err > 2e-2) are skipped. Returns {"ms": {shape/bucket: {config: ms}}, "s": seconds}."""
+    import time
+
+    from tristream.engine.linear import fp8_reference
+
+    t0 = time.perf_counter()
+    groups: dict[tuple[int, int], list[dict[str, torch.Tensor]]] = {}
+    for layer in model.layers:
+        for name in ("qkv", "o", "gate_up", "down"):
+            lin = getattr(layer, name)
+            if lin.qformat == "fp8":
+                groups.setdefault((lin.out_features, lin.in_features), []).append(lin.qtensors)
+    head = model.head()
+    if head.qformat == "fp8":
+        groups.setdefault((head.out_features, head.in_features), []).append(head.qtensors)
+    report: dict[str, Any] = {}
+    gen = torch.Generator(device=model.device).manual_seed(0)
+    for (n, k), ts in groups.items():
+        for b in buckets:
+            m = prefill_rows if b == 0 else b
+            x = torch.randn(m, k, device=model.device, dtype=model.dtype, generator=gen)
+            ref = fp8_reference(x, ts[0]["w"], ts[0]["s"]).float()
+            times: dict[str, float] = {}
+            for cfg in candidates(m, n, k):
+                try:
+                    y = run_config(cfg, x, ts[0]["w"], ts[0]["s"]).float()
+                    if float((y - ref).norm() / ref.norm().clamp(min=1e-30)) > 2e-2:
+                        continue
+
+                    def all_layers(cfg: Config = cfg, x: torch.Tensor = x,
+                                   ts: list[dict[str, torch.Tensor]] = ts) -> None:
+                        for t in ts:
+                            run_config(cfg, x, t["w"], t["s"])
+
+                    times[",".join(map(str, cfg))] = _graph_ms(all_layers) / len(ts)
+                except Exception:  # out of resources for this tile, or no FP8 cuBLASLt kernel
+                    continue
+            if times:
+                best = min(times, key=lambda c: times[c])
+                TUNED[(b, n, k)] = tuple(int(v) if v.isdigit() else v for v in best.split(","))
+                report[f"{n}x{k}/m{b or prefill_rows}"] = times
+    torch.cuda.empty_cache()
+    return {"ms": report, "s": time.perf_counter() - t0}
