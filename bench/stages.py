@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import write_results  # noqa: E402
+from bench._common import RESULTS_DIR, cpu_info, machine_info, write_results  # noqa: E402
 from tristream.stages.asr import transcribe_offline  # noqa: E402
 from tristream.stages.synth import SENTENCES as SYNTH_SENTENCES  # noqa: E402
 from tristream.stages.synth import make_track  # noqa: E402
@@ -236,6 +236,46 @@ def bench_tts(engines: dict) -> dict:
     return out
 
 
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+
+
+def bench_tts_spin(reps: int = 7) -> dict:
+    """Piper with ONNX Runtime's intra-op spinning on (its default) and off (ours), alone and
+    beside one busy core (a process that spins: what Whisper or the LLM is to piper in a
+    session): wall and CPU seconds per sentence (the CPU counts only this process, so threads
+    still spinning after a call are counted while the next call runs), median of `reps`."""
+    import multiprocessing as mp
+
+    text = "Sure, I can help with that. The nearest station is about ten minutes away on foot."
+    voices = {"spin": PiperTTS(deterministic=True, spin=True), "no_spin": PiperTTS(deterministic=True)}
+    out: dict = {}
+    for busy in (False, True):
+        proc = None
+        if busy:
+            proc = mp.get_context("spawn").Process(target=_busy, args=(3600.0,), daemon=True)
+            proc.start()
+            time.sleep(0.5)
+        try:
+            for name, tts in voices.items():
+                tts.synthesize("Warm up.")
+                walls, cpus = [], []
+                for _ in range(reps):
+                    c0, w0 = time.process_time(), time.perf_counter()
+                    tts.synthesize(text)
+                    walls.append(time.perf_counter() - w0)
+                    cpus.append(time.process_time() - c0)
+                out[f"{name}{'_beside_busy_core' if busy else '_alone'}"] = {
+                    "wall_ms_p50": round(pct(walls, 50) * 1e3, 1), "cpu_ms_p50": round(pct(cpus, 50) * 1e3, 1)}
+        finally:
+            if proc is not None:
+                proc.kill()
+    return out
+
+
 def bench_vision() -> dict:
     import cv2
 
@@ -272,6 +312,17 @@ def bench_vision() -> dict:
 
 
 def main() -> None:
+    if "--tts-spin" in sys.argv:  # this section alone, merged into the last results
+        import json
+
+        path = RESULTS_DIR / "stages.json"
+        old = json.loads(path.read_text()) if path.is_file() else {}
+        old["tts_spin"] = {"meta": {**machine_info(("onnxruntime",)), "cpu": cpu_info(),
+                                    "load_avg_1m": os.getloadavg()[0]}, "results": bench_tts_spin()}
+        path.write_text(json.dumps(old, indent=1) + "\n")
+        for k, v in old["tts_spin"]["results"].items():
+            print(f"piper {k:24s} wall {v['wall_ms_p50']:7.1f} ms  cpu {v['cpu_ms_p50']:7.1f} ms")
+        return
     t_start = time.perf_counter()
     piper = PiperTTS(deterministic=True)
     tts_engines: dict = {"piper_joe_medium": PiperTTS()}

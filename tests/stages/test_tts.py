@@ -93,3 +93,15 @@ def test_piper_exact_synthesis_repeats_and_demo_input_is_fixed() -> None:
     first, second = demo_conversation(lively), demo_conversation(lively)
     assert len(first) == len(second) > 0
     assert all(np.array_equal(p, q) for p, q in zip(first, second, strict=True))
+
+
+def test_piper_threads_do_not_spin_between_operators_unless_asked() -> None:
+    try:
+        quiet, spinning = PiperTTS(deterministic=True), PiperTTS(deterministic=True, spin=True)
+    except ModelUnavailable as err:
+        pytest.skip(str(err))
+    opts = quiet._voice.session.get_session_options()
+    assert opts.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    with pytest.raises(Exception, match="allow_spinning"):  # ONNX Runtime's default: spin
+        spinning._voice.session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+    assert quiet.synthesize("Hello there.").size > quiet.sample_rate // 4

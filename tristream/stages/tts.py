@@ -99,7 +99,11 @@ class PiperTTS:
     name = "piper"
 
     def __init__(self, model_path: str | Path | None = None, config_path: str | Path | None = None,
-                 threads: int = 2, deterministic: bool = False, length_scale: float | None = None) -> None:
+                 threads: int = 2, deterministic: bool = False, length_scale: float | None = None,
+                 spin: bool = False) -> None:
+        """``spin``: let ONNX Runtime's intra-op threads spin between operators (its default).
+        Off here: beside Whisper and the LLM on a few cores, a spinning pool takes cycles they
+        need, and synthesis itself gets no faster (`bench/stages.py --tts-spin`)."""
         try:
             import onnxruntime as ort
             from piper import PiperVoice
@@ -122,6 +126,8 @@ class PiperTTS:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
         opts.log_severity_level = 3
+        if not spin:
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         voice.session = ort.InferenceSession(str(model_path), sess_options=opts,
                                              providers=["CPUExecutionProvider"])
         self._voice = voice
