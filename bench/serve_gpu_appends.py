@@ -15,6 +15,10 @@ thread's leaf frames (sampled at 200 Hz), and the VADs' windows precomputed off 
 ``--micro`` first: silero's cost per window in batches of 1, 8, 64 (ONNX Runtime's CPU provider,
 one intra-op thread), and the cost per call on the calling thread of soxr's 20 ms chunk, the
 polyphase one and a one-window VAD call, alone and with one GIL-holding thread beside it.
+``--quality`` first: the bench's speech turns (`speech_turns.make_turns`: piper and espeak voices,
+1-3 sentences) as the clients send them (24 kHz int16), brought to 16 kHz by soxr's `Resampler` and
+by `PolyphaseResampler` in 20 ms chunks: the SNR of the polyphase output against soxr's, and the WER
+of Whisper base (CPU, `WhisperASR.transcribe`) on each, and on the 16 kHz original.
 
     python3 bench/serve_gpu_appends.py --sessions 16 64 --label after
     PYTHONPATH=/tmp/old python3 bench/serve_gpu_appends.py --sessions 16 64 --label before --out serve_gpu_appends_before
@@ -230,6 +234,44 @@ def micro(vad: Any) -> dict[str, Any]:
     return out
 
 
+def quality(turns_per_count: int = 2) -> dict[str, Any]:
+    """SNR of the polyphase 24 → 16 kHz against soxr's on speech, and Whisper's WER on both."""
+    from serve_gpu import _pcm24
+    from speech_turns import make_turns, wer
+
+    from tristream.serve.audio import PolyphaseResampler
+    from tristream.stages.asr_whisper import WhisperASR
+    from tristream.stages.base import Resampler
+
+    def run(r: Any, x: np.ndarray) -> np.ndarray:
+        return np.concatenate([r.push(x[i:i + STEP]) for i in range(0, x.size, STEP)] + [r.flush()])
+
+    asr = WhisperASR(threads=2)
+    turns = make_turns(sentence_counts=(1, 2, 3), per_count=turns_per_count)
+    edits = {"original_16k": 0, "soxr": 0, "polyphase": 0}
+    words = 0
+    snrs = []
+    per_turn = []
+    for t in turns:
+        pcm24 = _pcm24(t.pcm)
+        sox = run(Resampler(RATE, 16_000), pcm24).astype(np.float32) / 32768
+        poly = run(PolyphaseResampler(RATE, 16_000), pcm24).astype(np.float32) / 32768
+        n = min(sox.size, poly.size)
+        snr = 10 * np.log10(np.sum(sox[:n] ** 2) / max(1e-20, float(np.sum((sox[:n] - poly[:n]) ** 2))))
+        snrs.append(float(snr))
+        row: dict[str, Any] = {"voice": t.voice, "seconds": round(t.seconds, 2), "snr_db": round(float(snr), 1)}
+        for name, x in (("original_16k", np.asarray(t.pcm, np.float32)), ("soxr", sox), ("polyphase", poly)):
+            text = asr.transcribe(x)
+            e, w = wer(t.text, text)
+            edits[name] += e
+            row[name] = text
+        words += w
+        per_turn.append(row)
+    return {"turns": len(turns), "words": words, "snr_db_vs_soxr": {"min": round(min(snrs), 1),
+            "median": round(float(np.median(snrs)), 1)},
+            "wer": {k: round(v / max(1, words), 4) for k, v in edits.items()}, "per_turn": per_turn}
+
+
 def gil_load_busy(stop: threading.Event) -> None:
     while not stop.is_set():
         s = 0
@@ -259,6 +301,7 @@ def main() -> None:
     ap.add_argument("--out", default="serve_gpu_appends")
     ap.add_argument("--micro", action="store_true", help="the per-call costs first (see above)")
     ap.add_argument("--micro-only", action="store_true", help="the per-call costs alone (no server, no models but the VAD)")
+    ap.add_argument("--quality", action="store_true", help="the resamplers' SNR and WER on speech first (see above)")
     args = ap.parse_args()
     if args.micro_only:
         from tristream.stages.vad import SileroVAD
@@ -272,6 +315,9 @@ def main() -> None:
     from serve_gpu import JPEGS, scene_frames
 
     JPEGS.extend(scene_frames())
+    qual = quality() if args.quality else None
+    if qual:
+        print(json.dumps({k: v for k, v in qual.items() if k != "per_turn"}), flush=True)
     models = load_models()
     mic = micro(models.vad) if args.micro else None
     if mic:
@@ -299,7 +345,7 @@ def main() -> None:
     out = {"command": " ".join(["python3", "bench/serve_gpu_appends.py", *sys.argv[1:]]), "label": args.label,
            "tristream_from": str(Path(tristream.__file__).resolve().parent), "seconds": args.seconds, "fps": args.fps,
            "gil_threads": args.gil_threads, "loadavg_before": la0, "loadavg_after": os.getloadavg(),
-           "steal_pct": round(100 * d[7] / max(1, sum(d)), 2) if len(d) > 7 else None, "micro": mic, "runs": runs}
+           "steal_pct": round(100 * d[7] / max(1, sum(d)), 2) if len(d) > 7 else None, "micro": mic, "quality": qual, "runs": runs}
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{args.out}.json"
     path.write_text(json.dumps({"meta": machine_info(("onnxruntime", "soxr")), "results": out}, indent=1) + "\n")

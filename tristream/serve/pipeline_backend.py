@@ -216,7 +216,12 @@ class _VADWorker:
         for (vad, gen, _, _), (windows, plan) in zip(job.planned, results, strict=False):
             vad.take_precomputed(gen, windows, plan)
         for c in job.chunks:
-            c.backend._push_chunk(c)
+            try:
+                c.backend._push_chunk(c)
+            except Exception:  # one session's failure leaves the others' audio going
+                import logging
+
+                logging.getLogger(__name__).exception("pushing a session's audio failed")
 
     def _finish(self, job: _VADJob) -> None:
         self.apply(job)
@@ -433,6 +438,8 @@ class PipelineBackend:
         c.pushed = True
         if self._in_flight and self._in_flight[0] is c:
             self._in_flight.popleft()
+        elif c in self._in_flight:
+            self._in_flight.remove(c)
         if self._session is not None:
             self._push_segments(c.segments)
 
@@ -440,10 +447,13 @@ class PipelineBackend:
         """Push this session's audio now: the VAD job it is in waited for, then what is pending
         (its windows run by the session's own VAD stage); see the module docstring."""
         while self._in_flight:
-            job = self._in_flight[0].job
+            c = self._in_flight[0]
+            job = c.job
             assert job is not None and job.future is not None
             concurrent.futures.wait([job.future])
             job.worker.apply(job)
+            if self._in_flight and self._in_flight[0] is c:  # its push failed in the job: not again
+                self._in_flight.popleft()
         segs = self._take_pending()
         if segs:
             self._push_segments(segs)
