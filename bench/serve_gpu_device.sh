@@ -13,7 +13,8 @@
 # parts with it). TRISTREAM_GIT_COMMIT set to the commit that runs (the device copy's .git is stale).
 # RUN_TESTS=1: the GPU tests first. MICRO=1: the per-call costs of the event loop's audio work
 # (bench/serve_gpu_appends.py --micro-only, to serve_gpu_appends_h200.json). BEFORE_ARGS (if set): a
-# first bench written to serve_gpu_before.json; BENCH_ARGS: the bench written to serve_gpu.json.
+# first bench written to serve_gpu_before.json; BENCH_ARGS: the bench written to serve_gpu.json (after
+# each session count), stopped after BENCH_TIMEOUT s so that what it wrote still comes back.
 set -u
 mode=${1:-run}
 mkdir -p /tmp/stage
@@ -41,6 +42,6 @@ if [ -n "${BEFORE_ARGS:-}" ]; then
   python3 bench/serve_gpu.py $BEFORE_ARGS --out serve_gpu_before 2>&1 | tee $OUT/serve_gpu_before.log
   cp bench/results/serve_gpu_before.json $OUT/ 2>/dev/null
 fi
-python3 bench/serve_gpu.py ${BENCH_ARGS:---sessions 1 4} 2>&1 | tee $OUT/serve_gpu.log
+timeout ${BENCH_TIMEOUT:-3600} python3 bench/serve_gpu.py ${BENCH_ARGS:---sessions 1 4} 2>&1 | tee $OUT/serve_gpu.log
 cp bench/results/serve_gpu.json $OUT/ 2>/dev/null
 true
