@@ -228,8 +228,19 @@ def server_counters(port: int) -> dict[str, float]:
     return out
 
 
-def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float) -> dict[str, Any]:
-    proc, port = start_server(asr, n)
+def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float,
+                omp: str = "passive") -> dict[str, Any]:
+    """One server (`asr`, OpenMP wait policy `omp`: the server's default is passive,
+    `core/openmp.py`) and `n` clients speaking `turns` between them."""
+    before = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = omp.upper()
+    try:
+        proc, port = start_server(asr, n)
+    finally:
+        if before is None:
+            os.environ.pop("OMP_WAIT_POLICY", None)
+        else:
+            os.environ["OMP_WAIT_POLICY"] = before
     try:
         url = f"ws://127.0.0.1:{port}/v1/realtime"
         per = [turns[i::n] for i in range(n)]
@@ -247,7 +258,7 @@ def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float
             proc.wait(15)
         except subprocess.TimeoutExpired:
             proc.kill()
-    return {"asr": asr, "sessions": n, "summary": summarise(recs), "server_cpu_s": round(cpu1 - cpu0, 1),
+    return {"asr": asr, "sessions": n, "omp_wait_policy": omp, "summary": summarise(recs), "server_cpu_s": round(cpu1 - cpu0, 1),
             "wall_s": round(w1 - w0, 1), "loadavg_1m": round(os.getloadavg()[0], 2),
             "steal_share": steal_share(t0, t1), "host_speed": host_speed(), "server_counters": counters, "turns": recs}
 
@@ -425,6 +436,8 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="only the first N turns (a smoke run)")
     ap.add_argument("--out", default="e2e_cpu")
     ap.add_argument("--section", nargs="+", default=["e2e", "overlap"], choices=["e2e", "overlap", "turn"])
+    ap.add_argument("--omp", nargs="+", default=["passive"], choices=["passive", "active"],
+                    help="OpenMP wait policies of the server to run the streaming variant at (the peer: the first)")
     args = ap.parse_args()
     path = RESULTS_DIR / f"{args.out}.json"
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
@@ -450,15 +463,17 @@ def main() -> None:
         for n in args.sessions:
             if asr != "whisper" and n > 1 and 1 in args.sessions:
                 continue  # the peer at one session is enough for the comparison
-            r = run_variant(asr, n, turns, args.gap_s, args.wait_s)
-            results["runs"].append(r)
-            s = r["summary"]
-            print(f"{asr:18s} n={n}: transcript P50 {s['stopped_to_transcript_ms']['p50']} ms, first audio "
-                  f"P50 {s['stopped_to_first_audio_ms']['p50']} / P99 {s['stopped_to_first_audio_ms']['p99']} ms, "
-                  f"WER {s['wer']:.3f}, steal {r['steal_share']}, by length {s['p50_by_length']}", flush=True)
+            for omp in args.omp if asr == "whisper" else args.omp[:1]:
+                r = run_variant(asr, n, turns, args.gap_s, args.wait_s, omp)
+                results["runs"].append(r)
+                s = r["summary"]
+                print(f"{asr:18s} n={n} omp={omp}: transcript P50 {s['stopped_to_transcript_ms']['p50']} ms, first audio "
+                      f"P50 {s['stopped_to_first_audio_ms']['p50']} / P99 {s['stopped_to_first_audio_ms']['p99']} ms, "
+                      f"WER {s['wer']:.3f}, steal {r['steal_share']}, by length {s['p50_by_length']}", flush=True)
     results["wer_ratio_stream_vs_whole"] = next(
         (round(r["summary"]["wer"] / max(results["whole_utterance_wer"], 1e-9), 3)
-         for r in results["runs"] if r["asr"] == "whisper" and r["sessions"] == 1), None)
+         for r in results["runs"] if r["asr"] == "whisper" and r["sessions"] == 1 and r["omp_wait_policy"] == args.omp[0]),
+        None)
     old["e2e"] = {"meta": meta, "results": results}
     path.write_text(json.dumps(old, indent=1) + "\n")
     print("wrote", path)

@@ -5,3 +5,8 @@
 - `llm.EngineChatBackend` / `llm.OpenAIChatBackend` (`--llm-url`), `openai_server.OpenAICompatServer`.
 - `demo.run_demo(...)`: `tristream demo`.
 """
+
+from tristream.core.openmp import prefer_passive_waits
+
+prefer_passive_waits()  # before torch loads: the session's stages share a few cores (core/openmp.py)
+
