@@ -163,3 +163,34 @@ def test_long_delayed_packet_is_mapped_by_its_timestamp() -> None:
     assert clock.counts["delayed"] == 1 and clock.counts["outlier"] == 0 and clock.counts["reset"] == 0
     assert clock.counts["gap"] == 0
     assert abs(refs[300] - s.true_ref_ns[300]) < 1e6
+
+
+def _chunks(clock: SourceClock, chunks: list[tuple[int, int]], span: int) -> None:
+    for start, arrival in chunks:
+        clock.observe_span(start, start + span, arrival)
+
+
+@pytest.mark.parametrize("back_chunks", [1, 2, 3, 12])
+def test_a_restart_a_little_behind_is_a_reset_not_reordering(back_chunks: int) -> None:
+    """A source that restarts less than `reset_back_ns` behind where it was (its new chunks cover
+    samples already received) opens an epoch; reordered and very late chunks do not."""
+    span = 10_000_000  # 10 ms chunks, each arriving 3 ms after its end
+    t0 = 10**9
+    before = [(k * span, t0 + k * span + span + 3_000_000) for k in range(600)]
+    restart = before[-1][0] - back_chunks * span + 3_333_333  # 7-117 ms behind, on the reference clock 10 ms on
+    after = [(restart + k * span, before[-1][1] + (k + 1) * span) for k in range(300)]
+    clock = SourceClock("mic")
+    _chunks(clock, before + after, span)
+    assert clock.counts["reset"] == 1 and clock.epoch == 1
+    assert clock.counts["reordered"] == 0 and clock.counts["outlier"] == 0
+
+    clock = SourceClock("mic")
+    chunks = before[:]
+    chunks[300], chunks[301] = chunks[301], chunks[300]  # one chunk held behind its successor
+    late = (chunks[410][0], chunks[410][1] + 1_500_000_000)  # one of 20 lost chunks arrives 1.5 s late, after
+    chunks = chunks[:400] + chunks[420:]  # its gap is counted
+    chunks.insert(next(k for k, c in enumerate(chunks) if c[1] > late[1]), late)
+    _chunks(clock, chunks, span)
+    clock.close()
+    assert clock.counts["reset"] == 0 and clock.epoch == 0
+    assert clock.counts["gap"] == 1 and clock.counts["reordered"] == 1  # (the late one: `delayed`)

@@ -76,6 +76,8 @@ class _Epoch:
     floor_gap: float = 0.0  # running mean gap between the two least delays of a window (ns)
     first_lo: int = -1  # the first step between packets without a span (frames), taken before
     first_hi: int = -1  # any period was known: a hole once the next step shows it held lost frames
+    done: list[list[int]] = field(default_factory=list)  # the last holes confirmed as gaps
+    overlap: bool = False  # a reset candidate opened by a chunk over samples already received
 
     def y_of(self, src_ns: int, arrival_ns: int) -> tuple[float, float]:
         x = float(src_ns - self.s0)
@@ -287,7 +289,9 @@ class SourceClock:
             # the common case, inlined: the packet fits the current epoch's line
             x = float(end - ep.s0)
             y = float(arrival - ep.a0) - x
-            if y - (ep.c + self._d * x) >= -self.reset_ahead_ns:
+            if y - (ep.c + self._d * x) >= -self.reset_ahead_ns and not (
+                end < ep.max_src and start < end and self._overlaps(ep, start, end)
+            ):
                 self._packets += 1
                 self._add_point(ep, start, end, arrival, x, y)
             else:
@@ -362,7 +366,8 @@ class SourceClock:
             self._add_point(ep, start, src_ns, arrival_ns)
             return ep
         ep = self._epochs[-1]
-        if self._fits(ep, src_ns, arrival_ns):
+        overlap = src_ns < ep.max_src and start < src_ns and self._overlaps(ep, start, src_ns)
+        if self._fits(ep, src_ns, arrival_ns) and not overlap and not self._continues(ep, start, src_ns, arrival_ns):
             if self._cand is not None:
                 self._cand_normal += 1
                 if self._cand_normal >= self.reset_confirm:
@@ -387,6 +392,8 @@ class SourceClock:
             self._fill(ep, start, src_ns)
             return ep
         cand = self._candidate(start, src_ns, arrival_ns)
+        if overlap and len(self._cand_pts) == 1:
+            cand.overlap = True  # a candidate that its next chunks continue (see `_continues`)
         if cand is not self._epochs[-1] and 0.0 <= self._gap(ep, src_ns, arrival_ns) <= self.max_delay_ns:
             # Most likely a packet that was merely held up (its source time is consistent with
             # the line, it just arrived late): map it with the current epoch until a reset is
@@ -532,6 +539,32 @@ class SourceClock:
             ep.fit_windows = len(ep.rx)
             self._refit(ep)
 
+    def _continues(self, ep: _Epoch, start: int, end: int, arrival: int) -> bool:
+        """Whether a chunk continues the timeline of a candidate epoch opened by overlapping
+        samples (it starts where the candidate's newest chunk ended, not where the epoch's did):
+        a restart one or two chunks behind has fewer than `reset_confirm` overlapping chunks."""
+        c = self._cand
+        if c is None or not c.overlap or start >= end:
+            return False
+        tol = (end - start) // 4
+        return abs(start - c.max_src) <= tol < abs(start - ep.last_end) and self._fits(c, end, arrival)
+
+    def _overlaps(self, ep: _Epoch, start: int, end: int) -> bool:
+        """Whether a span behind the newest one covers samples already received in this epoch: in
+        no open hole of its timeline and no recently confirmed one. The same samples twice (other
+        than a duplicate) cannot come from one epoch of a clock: its source restarted a little
+        behind where it was (at raw 0 just after a wrap, say), which a step back too short for
+        `reset_back_ns` would otherwise pass as reordering."""
+        if end <= ep.s0 or start < ep.s0 - (end - start):
+            return False
+        if ep.holes and self._in_hole(ep, start, end):
+            return False
+        tol = (end - start) // 2
+        for lo, hi, _ in ep.done:
+            if lo - tol <= start and end <= hi + tol:
+                return False
+        return True
+
     def _in_hole(self, ep: _Epoch, start: int, end: int) -> bool:
         """Whether [start, end] lies in one of the epoch's open holes."""
         for lo, hi, span in ep.holes:
@@ -563,6 +596,9 @@ class SourceClock:
     def _confirm_holes(self, ep: _Epoch, now_src: int) -> None:
         while ep.holes and ep.holes[0][1] < now_src - self.gap_confirm_ns:
             lo, hi, span = ep.holes.pop(0)
+            ep.done.append([lo, hi, span])
+            if len(ep.done) > 8:
+                del ep.done[0]
             self.counts.add("gap")
             if span:
                 self.counts.add("lost", max(1, round((hi - lo) / span)))
