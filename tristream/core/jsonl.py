@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import count
 from operator import attrgetter
@@ -101,10 +101,10 @@ class Scan:
     units: dict[str, str] = field(default_factory=dict)  # first unit seen per source
 
 
-def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Dense codes of `values` in order of first appearance, and the distinct values."""
+def _codes(values: Iterable[str], n: int) -> tuple[np.ndarray, list[str]]:
+    """Dense codes of the `n` `values` in order of first appearance, and the distinct values."""
     table: dict[str, int] = {}
-    raw = np.fromiter(map(table.setdefault, values, count()), np.int64, len(values))
+    raw = np.fromiter(map(table.setdefault, values, count()), np.int64, n)
     first = np.fromiter(table.values(), np.int64, len(table))  # ascending: first-seen line indices
     return np.searchsorted(first, raw), list(table)
 
@@ -173,8 +173,8 @@ def _scan_part(data: bytes, lo: int, hi: int) -> dict[str, Any]:
     for k in np.flatnonzero(good & ~shaped).tolist():  # a valid object with blanks around it
         a, b = int(starts[k]), int(ends[k])
         close[k] = a + len(data[a:b].rstrip(b" \t\r\n")) - 1
-    src, names = _codes(list(map(attrgetter("source"), events)))
-    uc, unit_names = _codes(list(map(attrgetter("unit"), events)))
+    src, names = _codes(map(attrgetter("source"), events), m)
+    uc, unit_names = _codes(map(attrgetter("unit"), events), m)
     units: list[TimeUnit | None] = []
     for u in unit_names:
         try:
