@@ -639,9 +639,11 @@ def main() -> None:
     ap.add_argument("--family-seeds", type=int, default=3)
     ap.add_argument("--all-seeds", type=int, default=5)
     ap.add_argument("--baseline-commit", default="b9c10f6", help="time core to compare with (git commit)")
-    ap.add_argument("--cpu-baseline-commit", default="e522ba1",
+    ap.add_argument("--cpu-baseline-commit", default="c877a37",
                     help="time core whose online CPU and align throughput are measured beside ours (git commit)")
     ap.add_argument("--only-family", action="store_true", help="skip the ring and old-scenario sections")
+    ap.add_argument("--cpu-reps", type=int, default=5,
+                    help="online runs per recording whose least CPU is taken (every run is recorded)")
     args = ap.parse_args()
     n_app = 50_000 if args.quick else 300_000
     seeds = [1, 2] if args.quick else [1, 2, 3, 4, 5]
@@ -653,7 +655,7 @@ def main() -> None:
     res["machine_during"] = machine  # per section: busy and steal fractions of the machine, load
     res["family"] = bench_family(1 if args.quick else args.family_seeds, 1 if args.quick else args.all_seeds,
                                  60.0 if args.quick else 300.0, 10.0, args.baseline_commit, args.cpu_baseline_commit,
-                                 1 if args.quick else 3)
+                                 1 if args.quick else args.cpu_reps)
     machine["family"] = _stat_since(stat0, load0)
     stat1, load1 = _proc_stat(), [round(x, 2) for x in os.getloadavg()]
     res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0, 2 if args.quick else 3,
