@@ -535,7 +535,7 @@ def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens
         m = eng.model
         x = torch.tensor(ids, device=m.device)
         with torch.inference_mode(), prefill_mode():
-            att = TorchAttention(m.cfg, m.cos_sin, AttnMetadata.dense(len(ids)), None, m.dtype)
+            att = TorchAttention(m.cfg, m.cos_sin, AttnMetadata.dense(len(ids), m.device), None, m.dtype)
             return m.logits(m(m.embed(x), att, ops=eng.runner.ops)).float()
 
     out: dict[str, Any] = {"model": str(path.name), "device": device, "gen_tokens": gen_tokens, "load_s": load_s,

@@ -42,19 +42,39 @@ FP8_MAX = 448.0
 
 
 @triton.jit
+def _x_tile(x_ptr, nw_ptr, rk, kmask, K, rstd, ss, dt: tl.constexpr, NORM: tl.constexpr, SILU: tl.constexpr,
+            LATE_NORM: tl.constexpr):
+    """One K tile of the GEMV's input row after its prologue (SiLU of gate|up, or the RMS norm)."""
+    if SILU:
+        g = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
+        u = tl.load(x_ptr + K + rk, mask=kmask, other=0.0)
+        xv = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
+    else:
+        xv = tl.load(x_ptr + rk, mask=kmask, other=0.0)
+        if NORM:
+            xv, ss = norm_x(xv, tl.load(nw_ptr + rk, mask=kmask, other=0.0), rstd, ss, dt, LATE_NORM)
+    return xv, ss
+
+
+@triton.jit
 def _fp8_gemv1_kernel(x_ptr, w_ptr, s_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K, eps,
                       NORM: tl.constexpr, SILU: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
-                      LATE_NORM: tl.constexpr):
+                      LATE_NORM: tl.constexpr, UNROLL: tl.constexpr):
     """`gemv._fused_gemv1_kernel` for e4m3 weights: `dt` (the rounding of the normalised row and of
-    the product) is x's dtype; the first weight tile and the row scales load before the PDL wait."""
+    the product) is x's dtype; the first weight tile(s) and the row scales load before the PDL
+    wait. UNROLL 2: two K tiles per iteration, both loaded before either is used (twice the
+    bytes in flight per thread)."""
     pdl_start(USE_PDL)
     pid = tl.program_id(0)
     rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = rn < N
     dt = x_ptr.dtype.element_ty
     rk0 = tl.arange(0, BLOCK_K)
-    w0 = tl.load(w_ptr + rn[:, None] * K + rk0[None, :], mask=nmask[:, None] & (rk0 < K)[None, :], other=0.0)
+    wrow = w_ptr + rn[:, None].to(tl.int64) * K
+    w0 = tl.load(wrow + rk0[None, :], mask=nmask[:, None] & (rk0 < K)[None, :], other=0.0)
+    if UNROLL == 2:
+        w1 = tl.load(wrow + BLOCK_K + rk0[None, :], mask=nmask[:, None] & (BLOCK_K + rk0 < K)[None, :], other=0.0)
     sc = tl.load(s_ptr + rn, mask=nmask, other=0.0)
     pdl_wait(USE_PDL)
     rstd = 1.0
@@ -62,22 +82,31 @@ def _fp8_gemv1_kernel(x_ptr, w_ptr, s_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K
         rstd = row_rstd(x_ptr, K, eps, BLOCK_K)
     ss = tl.zeros([BLOCK_K], dtype=tl.float32)
     acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        rk = k0 + tl.arange(0, BLOCK_K)
-        kmask = rk < K
-        if SILU:
-            g = tl.load(x_ptr + rk, mask=kmask, other=0.0).to(tl.float32)
-            u = tl.load(x_ptr + K + rk, mask=kmask, other=0.0)
-            xv = ((g / (1.0 + tl.exp(-g))).to(dt).to(tl.float32) * u.to(tl.float32)).to(dt)
-        else:
-            xv = tl.load(x_ptr + rk, mask=kmask, other=0.0)
-            if NORM:
-                xv, ss = norm_x(xv, tl.load(nw_ptr + rk, mask=kmask, other=0.0), rstd, ss, dt, LATE_NORM)
-        if k0 == 0:
-            w = w0
-        else:
-            w = tl.load(w_ptr + rn[:, None] * K + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
-        acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
+    if UNROLL == 2:
+        for k0 in range(0, K, 2 * BLOCK_K):
+            rka = k0 + rk0
+            rkb = rka + BLOCK_K
+            ma = rka < K
+            mb = rkb < K
+            if k0 == 0:
+                wa = w0
+                wb = w1
+            else:
+                wa = tl.load(wrow + rka[None, :], mask=nmask[:, None] & ma[None, :], other=0.0)
+                wb = tl.load(wrow + rkb[None, :], mask=nmask[:, None] & mb[None, :], other=0.0)
+            xa, ss = _x_tile(x_ptr, nw_ptr, rka, ma, K, rstd, ss, dt, NORM, SILU, LATE_NORM)
+            xb, ss = _x_tile(x_ptr, nw_ptr, rkb, mb, K, rstd, ss, dt, NORM, SILU, LATE_NORM)
+            acc += tl.sum(wa.to(tl.float32) * xa.to(tl.float32)[None, :] + wb.to(tl.float32) * xb.to(tl.float32)[None, :], 1)
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            rk = k0 + rk0
+            kmask = rk < K
+            xv, ss = _x_tile(x_ptr, nw_ptr, rk, kmask, K, rstd, ss, dt, NORM, SILU, LATE_NORM)
+            if k0 == 0:
+                w = w0
+            else:
+                w = tl.load(wrow + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0)
+            acc += tl.sum(w.to(tl.float32) * xv.to(tl.float32)[None, :], 1)
     acc = acc * sc
     if NORM and LATE_NORM:
         acc = acc * tl.rsqrt(tl.sum(ss, 0) / K + eps)
@@ -90,13 +119,54 @@ def _fp8_gemv1_kernel(x_ptr, w_ptr, s_ptr, b_ptr, res_ptr, nw_ptr, out_ptr, N, K
     tl.store(out_ptr + rn, y, mask=nmask)
 
 
+@triton.jit
+def _fp8_gemvm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, HAS_BIAS: tl.constexpr, ROWS: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A few rows (M ≤ ROWS ≤ 8) on the CUDA cores: each weight tile is read once and multiplied by
+    every row (x [M, K] row-major, out [M, N] in x's dtype)."""
+    pid = tl.program_id(0)
+    rn = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = rn < N
+    rk0 = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, ROWS)
+    wrow = w_ptr + rn[:, None].to(tl.int64) * K
+    acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        rk = k0 + rk0
+        kmask = rk < K
+        w = tl.load(wrow + rk[None, :], mask=nmask[:, None] & kmask[None, :], other=0.0).to(tl.float32)
+        xv = tl.load(x_ptr + rows[:, None] * K + rk[None, :], mask=(rows < M)[:, None] & kmask[None, :],
+                     other=0.0).to(tl.float32)
+        acc += tl.sum(xv[:, None, :] * w[None, :, :], 2)
+    acc = acc * tl.load(s_ptr + rn, mask=nmask, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nmask, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + rows[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rows < M)[:, None] & nmask[None, :])
+
+
+def fp8_gemvm(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+              block_n: int = 16, block_k: int = 64, num_warps: int = 4) -> torch.Tensor:
+    """x [M, K] (M ≤ 8, contiguous) × e4m3 `w` [N, K] with row scales → [M, N] (`_fp8_gemvm_kernel`)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if m > 8:
+        raise ValueError(f"fp8_gemvm takes at most 8 rows, got {m}")
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    _fp8_gemvm_kernel[(triton.cdiv(n, block_n),)](x, w, scale, bias if bias is not None else out, out, m, n, k,
+                                                  HAS_BIAS=bias is not None, ROWS=max(2, triton.next_power_of_2(m)),
+                                                  BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps)
+    return out
+
+
 def fp8_gemv1(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
               residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
               eps: float = 1e-6, silu: bool = False, block_n: int | None = None, block_k: int | None = None,
               pdl: bool | int = False, num_warps: int | None = None, out_dtype: torch.dtype | None = None,
-              late_norm: bool = False) -> torch.Tensor:
+              late_norm: bool = False, unroll: int = 1) -> torch.Tensor:
     """`gemv.fused_gemv` for e4m3 codes `w` [N, K] and row scales `scale` [N] (float32): x [1, K]
-    (gate|up [1, 2K] with silu) → [1, N] in `out_dtype` (default x's)."""
+    (gate|up [1, 2K] with silu) → [1, N] in `out_dtype` (default x's); unroll 1 or 2 K tiles per
+    iteration."""
     n, k = w.shape
     if x.shape[0] != 1:
         raise ValueError(f"fp8_gemv1 takes one row (batch-1 decode), got {x.shape[0]}")
@@ -108,8 +178,8 @@ def fp8_gemv1(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch
         x, w, scale, bias if bias is not None else dummy, residual if residual is not None else dummy,
         norm_weight if norm_weight is not None else dummy, out, n, k, eps,
         NORM=norm_weight is not None, SILU=silu, HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-        BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), LATE_NORM=late_norm, num_warps=num_warps or 4,
-        **_pdl_launch(pdl),
+        BLOCK_N=bn, BLOCK_K=bk, USE_PDL=pdl_mode(pdl), LATE_NORM=late_norm, UNROLL=unroll,
+        num_warps=num_warps or 4, **_pdl_launch(pdl),
     )
     return out
 
@@ -234,9 +304,9 @@ def decode_logits_b1_fp8(model: Any, h: torch.Tensor, attention: Any, pdl: bool 
 
 def _proj1(x: torch.Tensor, t: dict[str, torch.Tensor], tile: tuple[int | None, int | None, int], pdl: bool | int,
            **kw: Any) -> torch.Tensor:
-    """One batch-1 projection of the fused decode: the tensor-core kernel where `tune_model` chose
-    it for this shape (the one-pass norm then runs as the two-pass one), else the GEMV in the
-    variant's tile."""
+    """One batch-1 projection of the fused decode: the kernel and tile `tune_model` timed fastest
+    for this shape (the tensor-core kernel runs the one-pass norm as the two-pass one), else the
+    GEMV in the variant's tile."""
     n, k = t["w"].shape
     cfg = TUNED.get((1, n, k))
     if cfg is not None and cfg[0] == "mm":
@@ -244,6 +314,9 @@ def _proj1(x: torch.Tensor, t: dict[str, torch.Tensor], tile: tuple[int | None, 
         out_dtype = kw.pop("out_dtype", None)
         y = fp8_mm(x, t["w"], t["s"], config=cfg, pdl=pdl, **kw)
         return y if out_dtype is None else y.to(out_dtype)
+    if cfg is not None and cfg[0] == "gemv":  # the tile timed fastest for this shape
+        return fp8_gemv1(x, t["w"], t["s"], block_n=cfg[1], block_k=cfg[2], num_warps=cfg[3],
+                         unroll=cfg[4] if len(cfg) > 4 else 1, pdl=pdl, **kw)
     return fp8_gemv1(x, t["w"], t["s"], block_n=tile[0], block_k=tile[1], num_warps=tile[2], pdl=pdl, **kw)
 
 
@@ -335,7 +408,8 @@ def _fp8_dequant_kernel(w_ptr, s_ptr, out_ptr, N, K, BLOCK_N: tl.constexpr, BLOC
 
 
 Config = tuple[Any, ...]
-"""A kernel choice for one product: ("gemv", rows, K columns, warps) (one row only), ("mm", BLOCK_M,
+"""A kernel choice for one product: ("gemv", rows, K columns, warps, unroll) (one row), ("gemvm",
+rows, K columns, warps) (up to 8 rows on the CUDA cores), ("mm", BLOCK_M,
 BLOCK_N, BLOCK_K, warps, stages), ("dequant",) (the weight widened to x's dtype, then cuBLAS) or
 ("scaled_mm",) (cuBLASLt FP8, activations rounded to e4m3 per row)."""
 
@@ -364,9 +438,13 @@ def default_config(m: int, n: int, k: int) -> Config:
 def candidates(m: int, n: int, k: int) -> list[Config]:
     """The choices `tune_model` times for an [m, k] × [n, k] product."""
     if m == 1:
-        gemv = [("gemv", bn, min(bk, triton.next_power_of_2(k)), 4)
-                for bn, bk in ((16, 512), (8, 1024), (4, 2048), (16, 256))]
-        return [*dict.fromkeys(gemv), ("mm", 16, 32, 128, 4, 4), ("mm", 16, 64, 128, 4, 4)]
+        gemv = [("gemv", bn, min(bk, triton.next_power_of_2(k)), 4, u)
+                for bn, bk, u in ((16, 512, 1), (8, 1024, 1), (4, 2048, 1), (16, 256, 2), (16, 512, 2), (8, 512, 2),
+                                  (32, 256, 2))]
+        return [*dict.fromkeys(gemv), ("mm", 16, 32, 128, 4, 4)]
+    if m <= 8:
+        return [("gemvm", bn, bk, w) for bn, bk, w in ((16, 64, 4), (8, 128, 4), (32, 64, 8))] + [
+            ("mm", 16, 32, 128, 4, 4), ("mm", 16, 16, 256, 4, 3)]
     if m <= SMALL_M:
         bm = max(16, triton.next_power_of_2(m))
         w = 8 if bm >= 128 else 4
@@ -435,7 +513,10 @@ def run_config(cfg: Config, x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
                bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (contiguous) times an fp8 weight through one `Config`."""
     if cfg[0] == "gemv":
-        return fp8_gemv1(x, w, scale, bias=bias, block_n=cfg[1], block_k=cfg[2], num_warps=cfg[3])
+        return fp8_gemv1(x, w, scale, bias=bias, block_n=cfg[1], block_k=cfg[2], num_warps=cfg[3],
+                         unroll=cfg[4] if len(cfg) > 4 else 1)
+    if cfg[0] == "gemvm":
+        return fp8_gemvm(x, w, scale, bias, block_n=cfg[1], block_k=cfg[2], num_warps=cfg[3])
     if cfg[0] == "mm":
         return fp8_mm(x, w, scale, bias, config=cfg)
     if cfg[0] == "dequant":
@@ -445,7 +526,7 @@ def run_config(cfg: Config, x: torch.Tensor, w: torch.Tensor, scale: torch.Tenso
 
 def config_for(m: int, n: int, k: int) -> Config:
     cfg = TUNED.get((row_bucket(m), n, k)) or default_config(m, n, k)
-    if cfg[0] == "gemv" and m != 1:
+    if (cfg[0] == "gemv" and m != 1) or (cfg[0] == "gemvm" and m > 8):
         return default_config(m, n, k)
     return cfg
 
