@@ -522,6 +522,13 @@ def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens
     t = time.perf_counter()
     engines = {"bf16": LLMEngine.from_path(path, device=device, dtype=torch.bfloat16, config=cfg),
                "fp8": LLMEngine.from_path(path, device=device, dtype=torch.bfloat16, quant="fp8", config=cfg)}
+    from tristream.engine.loader import load_model
+    from tristream.engine.quantize import quantize_model_fp8
+
+    m8 = load_model(path, dtype=torch.bfloat16, device=device, max_positions=cfg.max_model_len)
+    quantize_model_fp8(m8, head=False)  # the layers in fp8, the (tied) head in bf16
+    engines["fp8_head_bf16"] = LLMEngine(m8, engines["bf16"].tokenizer, cfg)
+    engines["fp8_head_bf16"].runner.capture()
     load_s = time.perf_counter() - t
     tok = engines["bf16"].tokenizer
     if tok is None and tokenizer:  # a converted GGUF without its tokenizer: the one given
@@ -540,27 +547,30 @@ def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens
 
     out: dict[str, Any] = {"model": str(path.name), "device": device, "gen_tokens": gen_tokens, "load_s": load_s,
                            "prompts": []}
-    agree_n = agree_d = 0
+    agree: dict[str, list[int]] = {}
     for p in QUALITY_PROMPTS:
         ids = tok.apply_chat_template([{"role": "user", "content": p}])
         params = SamplingParams(max_tokens=gen_tokens, ignore_eos=True)
         ref = engines["bf16"].generate([ids], params)[0]
-        got = engines["fp8"].generate([ids], params)[0]
-        first = next((i for i, (a, b) in enumerate(zip(ref, got, strict=True)) if a != b), len(ref))
-        lf = forward_logits(engines["fp8"], ids + ref)[len(ids) - 1:-1]
         lb = forward_logits(engines["bf16"], ids + ref)[len(ids) - 1:-1]
-        tf = (lf.argmax(-1) == torch.tensor(ref, device=lf.device)).float()
         tb = (lb.argmax(-1) == torch.tensor(ref, device=lb.device)).float()
-        agree_n += int(tf.sum())
-        agree_d += len(ref)
-        row = {"prompt": p, "first_divergence": first, "free_run_equal_share": sum(a == b for a, b in zip(ref, got, strict=True)) / len(ref),
-               "teacher_forced_agreement": float(tf.mean()),
-               "teacher_forced_agreement_bf16_prefill_vs_bf16_decode": float(tb.mean()),
-               "bf16_text_head": tok.decode(ref[:40]), "fp8_text_head": tok.decode(got[:40])}
+        row: dict[str, Any] = {"prompt": p, "bf16_text_head": tok.decode(ref[:40]),
+                               "teacher_forced_agreement_bf16_prefill_vs_bf16_decode": float(tb.mean())}
+        for name in ("fp8", "fp8_head_bf16"):
+            got = engines[name].generate([ids], params)[0]
+            first = next((i for i, (a, b) in enumerate(zip(ref, got, strict=True)) if a != b), len(ref))
+            lf = forward_logits(engines[name], ids + ref)[len(ids) - 1:-1]
+            tf = (lf.argmax(-1) == torch.tensor(ref, device=lf.device)).float()
+            a = agree.setdefault(name, [0, 0])
+            a[0] += int(tf.sum())
+            a[1] += len(ref)
+            row[name] = {"first_divergence": first,
+                         "free_run_equal_share": sum(x == y for x, y in zip(ref, got, strict=True)) / len(ref),
+                         "teacher_forced_agreement": float(tf.mean()), "text_head": tok.decode(got[:40])}
+            log(f"quality {name} '{p[:30]}': first divergence {first}, teacher-forced agreement "
+                f"{row[name]['teacher_forced_agreement']:.4f} (bf16 prefill vs its own decode {float(tb.mean()):.4f})")
         out["prompts"].append(row)
-        log(f"quality '{p[:30]}': first divergence {first}, teacher-forced agreement {row['teacher_forced_agreement']:.4f}"
-            f" (bf16 prefill vs its own decode {row['teacher_forced_agreement_bf16_prefill_vs_bf16_decode']:.4f})")
-    out["teacher_forced_agreement"] = agree_n / agree_d
+    out["teacher_forced_agreement"] = {k: v[0] / v[1] for k, v in agree.items()}
     text_ids = tok.encode(shipped_text())[:ppl_tokens]
     nll: dict[str, float] = {}
     for k, eng in engines.items():
@@ -575,10 +585,10 @@ def fp8_quality(gguf: str | None, device: str, gen_tokens: int = 512, ppl_tokens
         nll[k] = tot / cnt
     out["ppl_text"] = "README.md + docs/*.md"
     out["ppl_tokens"] = len(text_ids)
-    out["ppl_bf16"], out["ppl_fp8"] = math.exp(nll["bf16"]), math.exp(nll["fp8"])
-    out["ppl_rel_change"] = out["ppl_fp8"] / out["ppl_bf16"] - 1
-    log(f"quality: teacher-forced agreement {out['teacher_forced_agreement']:.4f}; perplexity bf16 "
-        f"{out['ppl_bf16']:.3f} fp8 {out['ppl_fp8']:.3f} ({100 * out['ppl_rel_change']:+.2f}%)")
+    out["ppl"] = {k: math.exp(v) for k, v in nll.items()}
+    out["ppl_rel_change"] = {k: out["ppl"][k] / out["ppl"]["bf16"] - 1 for k in nll if k != "bf16"}
+    log(f"quality: teacher-forced agreement {out['teacher_forced_agreement']}; perplexity {out['ppl']} "
+        f"(vs bf16 {out['ppl_rel_change']})")
     return out
 
 
