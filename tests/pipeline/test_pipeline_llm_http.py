@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from tests.pipeline.openai_server import OpenAICompatServer
 from tristream.pipeline.llm import LlmEndpointError, OpenAIChatBackend
-from tristream.pipeline.openai_server import OpenAICompatServer
 
 
 class ScriptedBackend:

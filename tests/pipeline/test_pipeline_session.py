@@ -192,8 +192,8 @@ def test_session_with_llm_url_pointing_at_our_engine_behind_an_openai_endpoint(m
     """--llm-url path: the LLM stage streams over HTTP/SSE from our engine served on loopback."""
     import dataclasses
 
+    from tests.pipeline.openai_server import OpenAICompatServer
     from tristream.pipeline.llm import OpenAIChatBackend
-    from tristream.pipeline.openai_server import OpenAICompatServer
 
     async def main() -> tuple[Session, AudioCollector, int]:
         server = OpenAICompatServer(models.llm)

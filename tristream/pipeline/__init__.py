@@ -2,7 +2,7 @@
 
 - `stage.Stage`, `pipeline.Pipeline`, `inbox.Inbox`: the stage runtime.
 - `session.Session` over `models.load_models()`: VAD → ASR → turns → LLM → TTS → playout.
-- `llm.EngineChatBackend` / `llm.OpenAIChatBackend` (`--llm-url`), `openai_server.OpenAICompatServer`.
+- `llm.EngineChatBackend` / `llm.OpenAIChatBackend` (`--llm-url`).
 - `demo.run_demo(...)`: `tristream demo`.
 """
 

@@ -1,4 +1,6 @@
-"""A minimal OpenAI-compatible streaming chat endpoint in front of any `ChatBackend`.
+"""Test fixture: a minimal OpenAI-compatible streaming chat endpoint in front of any `ChatBackend`
+(the product's own endpoint is `serve/chat_completions.py`; this one serves a scripted backend
+to `OpenAIChatBackend` over real sockets).
 
 `POST /v1/chat/completions` with `"stream": true` answers server-sent events in the
 OpenAI chunk format and ends with `data: [DONE]`; `"stream": false` answers one JSON
