@@ -426,7 +426,71 @@ def turn_section(hold_ms: float = 700.0, pauses_ms: tuple[float, ...] = (350.0, 
             "hold_ms": hold_ms, "examples": examples}
 
 
+def _decode_probe() -> None:
+    """In a fresh process (the policy is read when torch loads): ms and CPU ms per token of a
+    greedy 64-token answer of the embedded LLM, median of 3, printed as JSON."""
+    from tristream.engine.cli_support import load_engine
+    from tristream.engine.sequence import SamplingParams
+
+    eng = load_engine(None, "cpu", "auto")
+    chat = [{"role": "user", "content": "Tell me a long story about a brave little mouse and a cat."}]
+
+    def answer() -> tuple[float, float]:
+        sid = eng.add_request(chat=chat, params=SamplingParams(max_tokens=64, temperature=0.0))
+        n, t_first, c_first = 0, 0.0, 0.0
+        while eng.has_work():
+            for o in eng.step():
+                if o.seq_id == sid:
+                    n += 1
+                    if n == 1:
+                        t_first, c_first = time.perf_counter(), time.process_time()
+        return ((time.perf_counter() - t_first) * 1e3 / max(1, n - 1),
+                (time.process_time() - c_first) * 1e3 / max(1, n - 1))
+
+    answer()
+    runs = sorted(answer() for _ in range(3))
+    print(json.dumps({"ms_per_token": round(runs[1][0], 2), "cpu_ms_per_token": round(runs[1][1], 2)}))
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def omp_section() -> dict[str, Any]:
+    """The embedded LLM's decode (2 OpenMP threads) at libgomp's default wait policy and at
+    PASSIVE (the assistant's, `core/openmp.py`), alone and beside one busy core (a process that
+    spins: what Whisper or piper is to the LLM in a session)."""
+    import multiprocessing as mp
+
+    out: dict[str, Any] = {}
+    for busy in (False, True):
+        proc = None
+        if busy:
+            proc = mp.get_context("spawn").Process(target=_spin, args=(3600.0,), daemon=True)
+            proc.start()
+            time.sleep(0.5)
+        try:
+            for policy in ("default", "PASSIVE"):
+                env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+                if policy != "default":
+                    env["OMP_WAIT_POLICY"] = policy
+                res = subprocess.run([sys.executable, __file__, "--decode-probe"], env=env, capture_output=True,
+                                     text=True, check=True, timeout=600)
+                key = f"{policy.lower()}{'_beside_busy_core' if busy else '_alone'}"
+                out[key] = json.loads(res.stdout.strip().splitlines()[-1])
+                print("omp", key, out[key], flush=True)
+        finally:
+            if proc is not None:
+                proc.kill()
+    return out
+
+
 def main() -> None:
+    if "--decode-probe" in sys.argv:
+        _decode_probe()
+        return
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sessions", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--asr", nargs="+", default=["whisper", "whisper-utterance"])
@@ -435,7 +499,7 @@ def main() -> None:
     ap.add_argument("--wait-s", type=float, default=20.0)
     ap.add_argument("--limit", type=int, default=0, help="only the first N turns (a smoke run)")
     ap.add_argument("--out", default="e2e_cpu")
-    ap.add_argument("--section", nargs="+", default=["e2e", "overlap"], choices=["e2e", "overlap", "turn"])
+    ap.add_argument("--section", nargs="+", default=["e2e", "overlap"], choices=["e2e", "overlap", "turn", "omp"])
     ap.add_argument("--omp", nargs="+", default=["passive"], choices=["passive", "active"],
                     help="OpenMP wait policies of the server to run the streaming variant at (the peer: the first)")
     args = ap.parse_args()
@@ -451,6 +515,9 @@ def main() -> None:
         old["turn_model"] = {"meta": meta, "results": turn_section()}
         path.write_text(json.dumps(old, indent=1) + "\n")
         print({k: v for k, v in old["turn_model"]["results"].items() if k != "examples"}, flush=True)
+    if "omp" in args.section:
+        old["omp"] = {"meta": {**meta, "load_avg_1m": os.getloadavg()[0]}, "results": omp_section()}
+        path.write_text(json.dumps(old, indent=1) + "\n")
     if "e2e" not in args.section:
         return
     turns = make_turns(per_count=args.per_count)

@@ -4,7 +4,7 @@ The engine's CPU kernels run on torch's OpenMP threads (libgomp). By default a l
 that has finished its share spins for a while before it sleeps. Alone on the machine that
 saves a wake-up per parallel region. Beside Whisper, piper and other sessions on two cores, the
 spinning threads hold the cores that the thread the region waits for needs: decode time per
-token grew several-fold in our runs (`bench/e2e_cpu.py --omp`, `docs/assistant.md`).
+token grew several-fold in our runs (`bench/e2e_cpu.py --section omp` and `--omp`, `docs/assistant.md`).
 ``OMP_WAIT_POLICY=PASSIVE`` makes them sleep at once.
 
 libgomp reads the variable once, when it is loaded (at ``import torch``), so it is set before
