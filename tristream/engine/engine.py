@@ -62,6 +62,7 @@ from tristream.engine.sequence import (
     Sequence,
     embedding_keys,
 )
+from tristream.engine.speculative import SpeculativeDecode
 from tristream.engine.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -104,6 +105,9 @@ class LLMEngine(BlockBookkeeping):
         if cfg.overlap is None:
             cfg.overlap = self.model.device.type == "cuda"
         self.overlap: OverlapDecode | None = OverlapDecode(self) if cfg.overlap else None
+        self.spec: SpeculativeDecode | None = None
+        if cfg.speculative is not None:
+            self.spec = SpeculativeDecode(self, cfg.speculative)
 
     @classmethod
     def from_path(cls, path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -349,6 +353,11 @@ class LLMEngine(BlockBookkeeping):
         tm = self.timer
         sampled_seqs: list[Sequence] = []
         logit_parts: list[torch.Tensor] = []
+        spec_out: list[StepOutput] = []
+        if decode and self.spec is not None:  # drafts verified in one forward; the rest decodes as usual
+            if tm is not None:
+                tm.mark("decode")
+            spec_out, decode = self.spec.run(decode)
         if decode:
             if tm is not None:
                 tm.mark("decode")
@@ -357,7 +366,7 @@ class LLMEngine(BlockBookkeeping):
                 if toks is not None:
                     if tm is not None:
                         tm.mark("post")
-                    return self._account(decode, [], decode, toks)
+                    return spec_out + self._account(decode, [], decode, toks)
             logit_parts.append(self.runner.decode(decode))
             sampled_seqs += decode
         if chunks:
@@ -378,7 +387,7 @@ class LLMEngine(BlockBookkeeping):
                 token_list = self._sample(logits, sampled_seqs)
         if tm is not None:
             tm.mark("post")
-        return self._account(decode, chunks, sampled_seqs, token_list)
+        return spec_out + self._account(decode, chunks, sampled_seqs, token_list)
 
     def _account(self, decode: list[Sequence], chunks: list[PrefillChunk], sampled_seqs: list[Sequence],
                  token_list: list[int]) -> list[StepOutput]:

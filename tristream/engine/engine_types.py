@@ -10,6 +10,7 @@ import torch
 
 from tristream.engine.kv_retention import RetentionConfig, RetentionStats
 from tristream.engine.sequence import FinishReason, Sequence
+from tristream.engine.speculative import SpecStats, SpeculativeConfig
 
 
 class UnknownSequence(KeyError):
@@ -45,6 +46,9 @@ class EngineConfig:
     (H200, batch 1: SmolLM2-135M 0.507 -> 0.458 ms per step, Llama-3.2-1B 0.998 -> 0.851 ms, same
     tokens: bench/results/llm_gpu_s7b.json at fdf1e72). None (the default): on for CUDA, off on CPU (nothing
     to hide there); False: off."""
+    speculative: SpeculativeConfig | None = None
+    """N-gram speculative decoding for greedy sequences (`speculative.py`), CPU path only, with
+    overlap off. None (the default): off."""
 
 
 Command = tuple[Callable[[], None], int | None]
@@ -140,6 +144,8 @@ class EngineStats:
     overlap_discarded: int = 0  # tokens of such steps dropped: their sequence finished one step earlier
     retention: RetentionStats = dataclasses.field(default_factory=RetentionStats)
     """KV retention: evicted blocks by reason, eviction events, attention probes."""
+    spec: SpecStats = dataclasses.field(default_factory=SpecStats)
+    """Speculative verify steps: drafts scored and accepted (`EngineConfig.speculative`)."""
     ignored: dict[str, int] = dataclasses.field(default_factory=dict)
     """Commands that found no live sequence, by kind ('append', 'start_generation', 'cancel'):
     a sequence that finished or was cancelled before the command reached the engine thread."""

@@ -40,6 +40,7 @@ class PrefillChunk:
     start: int
     length: int
     want_logits: bool
+    all_logits: bool = False  # logits at every position of the chunk (speculative verify), not only the last
 
 
 def chunk_inputs(seq: Sequence, start: int, end: int, block_size: int
@@ -232,8 +233,10 @@ class ModelRunner:
         rows: list[int] = []
         q = 0
         for c in chunks:
+            if c.all_logits:
+                rows.extend(range(q, q + c.length))
             q += c.length
-            if c.want_logits:
+            if c.want_logits and not c.all_logits:
                 rows.append(q - 1)
         if not rows:
             return None
@@ -278,8 +281,10 @@ class ModelRunner:
                 slots.append(kv[cstart:cend])
                 layouts.append(ChunkLayout(q, c.length, cend, kv))
             splices += [(q + row, emb) for row, emb in c_splices]
+            if c.all_logits:
+                rows.extend(range(q, q + c.length))
             q += c.length
-            if c.want_logits:
+            if c.want_logits and not c.all_logits:
                 rows.append(q - 1)
         g = self.prefill_graphs
         if paged and g is not None and not splices and g.fits(q, len(chunks), max(len(t) for t in tables)):
@@ -319,6 +324,16 @@ class ModelRunner:
         (`DecodeGraphs.run_greedy_host`: its own argmax, read from mapped host memory); else None,
         having run nothing."""
         return self.decoder.run_greedy_host(seqs) if self.decoder is not None else None
+
+    @torch.inference_mode()
+    def verify(self, chunks: list[PrefillChunk]) -> torch.Tensor:
+        """Float32 logits [sum of chunk lengths, vocab] at every position of the chunks, in one
+        forward (speculative verify: each chunk is a decode sequence's pending token and its
+        draft). Runs outside `prefill_mode`, so quantised layers compute with the weights that
+        decode uses."""
+        logits = self._forward([dataclasses.replace(c, all_logits=True) for c in chunks])
+        assert logits is not None
+        return logits
 
     def decode(self, seqs: list[Sequence]) -> torch.Tensor:
         """Float32 logits [B, vocab] for the last (pending) token of each sequence."""
