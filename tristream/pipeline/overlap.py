@@ -123,7 +123,11 @@ class SpeechOverAnswer:
             if mostly_within(text, vocab):
                 self._count("echo_dropped")
                 return True
-            # not words of the answer: the user spoke (quieter than the echo gate expected)
+            if not self._a_turn(text, vocab):  # an acknowledgement over the echo: the answer goes on
+                self._count("echo_with_backchannel")
+                s.turns.discard()
+                return True
+            # words of a turn, not the answer's: the user spoke (quieter than the echo gate expected)
             self._count("echo_was_user_by_final_words")
             self.counts["interruptions"] += 1
             s.barge_in(s.clock.now_ns())
@@ -131,11 +135,7 @@ class SpeechOverAnswer:
         if self.pending_ns is None:
             return False
         began, self.pending_ns = self.pending_ns, None
-        # what the user said beyond an acknowledgement: words of neither the answer (its echo
-        # in the same segment) nor the acknowledgements, nor one- or two-letter fragments
-        content = [w for w in words_of(text)
-                   if w not in vocab and w not in s.config.backchannels and len(w.replace("'", "")) > 2]
-        if len(content) < 2:
+        if not self._a_turn(text, vocab):
             self.counts["backchannels"] += 1
             s.turns.discard()
             s.playout.resume()
@@ -143,3 +143,18 @@ class SpeechOverAnswer:
         self.counts["interruptions"] += 1
         s.barge_in(began)
         return False
+
+    def _a_turn(self, text: str, vocab: set[str]) -> bool:
+        """Whether speech over the answer says more than an acknowledgement: a word that asks the
+        answer to stop ("stop", "wait"), or two words of neither the answer (its echo in the same
+        segment) nor the acknowledgements, nor one- or two-letter fragments."""
+        words = words_of(text)
+        if any(w in STOP_WORDS and w not in vocab for w in words):
+            return True
+        cfg = self.s.config
+        content = [w for w in words if w not in vocab and w not in cfg.backchannels and len(w.replace("'", "")) > 2]
+        return len(content) >= 2
+
+
+STOP_WORDS = frozenset({"stop", "wait", "hold", "pause", "quiet", "enough"})
+"""One of these over the answer interrupts it alone (an acknowledgement needs two other words)."""
