@@ -1,4 +1,4 @@
-"""FP8 (e4m3) kernels (`kernels/fp8_gemv.py`) against the torch reference, and fp8 decode through the
+"""FP8 (e4m3) kernels (`kernels/fp8_gemv.py`, `fp8_decode.py`, `fp8_tune.py`) against the torch reference, and fp8 decode through the
 engine: batch-1 fused variants, the tiled path, CUDA graphs. GPU; the GEMV and batch-1 tests also
 on CPU under TRITON_INTERPRET=1 (the interpreter's bf16 `tl.dot` is unusable, so the tiled kernel
 takes float32 activations there; PDL needs Hopper)."""
@@ -206,8 +206,9 @@ def test_fp8_batch1_variants_equal_the_tiled_path(fp8_model: LlamaModel) -> None
 @pytest.mark.skipif(not CUDA, reason="tuning times CUDA graphs")
 def test_tune_model_keeps_a_choice_per_shape_and_bucket(fp8_model: LlamaModel) -> None:
     from tristream.engine.kernels import fp8_gemv as K8
+    from tristream.engine.kernels.fp8_tune import tune_model
 
-    rep = K8.tune_model(fp8_model, buckets=(1, 4, 0), prefill_rows=200)
+    rep = tune_model(fp8_model, buckets=(1, 4, 0), prefill_rows=200)
     lin = fp8_model.layers[0].gate_up
     for b in (1, 4, 0):
         assert (b, lin.out_features, lin.in_features) in K8.TUNED

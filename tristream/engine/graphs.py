@@ -174,7 +174,7 @@ class DecodeGraphs:
         v = self.variant_for(b) if variant is None else variant
         if v != "cublas" and b == 1:
             if m.layers[0].qkv.qformat == "fp8":  # e4m3 weights (quantize.py 'fp8')
-                from tristream.engine.kernels.fp8_gemv import decode_logits_b1_fp8
+                from tristream.engine.kernels.fp8_decode import decode_logits_b1_fp8
 
                 return decode_logits_b1_fp8(m, h, attn, raw_logits=raw_logits, **b1_options(v))
             return decode_logits_b1(m, h, attn, raw_logits=raw_logits, **b1_options(v))

@@ -63,7 +63,7 @@ def is_fp8(model: LlamaModel) -> bool:
 def quantize_model_fp8(model: LlamaModel, head: bool = True, tune: bool = True) -> None:
     """Every layer projection (and the output head unless head=False) to e4m3 with row scales, in
     place. A tied head keeps the dense embedding for lookups. On CUDA (tune=True) the kernels are
-    then timed per shape (`kernels.fp8_gemv.tune_model`; the report in `model.fp8_tuning`)."""
+    then timed per shape (`kernels.fp8_tune.tune_model`; the report in `model.fp8_tuning`)."""
     for name, lin in _projections(model).items():
         if name == "head" and not head:
             continue
@@ -73,7 +73,7 @@ def quantize_model_fp8(model: LlamaModel, head: bool = True, tune: bool = True) 
     if model.device.type == "cuda":
         torch.cuda.empty_cache()
         if tune:
-            from tristream.engine.kernels.fp8_gemv import tune_model
+            from tristream.engine.kernels.fp8_tune import tune_model
 
             setattr(model, "fp8_tuning", tune_model(model))  # noqa: B010 (no such field on LlamaModel)
 
@@ -228,7 +228,7 @@ def install_fp8_checkpoint(model: LlamaModel, tensors: dict[str, torch.Tensor]) 
         else:
             lin.quantize_fp8()
     if model.device.type == "cuda":
-        from tristream.engine.kernels.fp8_gemv import tune_model
+        from tristream.engine.kernels.fp8_tune import tune_model
 
         setattr(model, "fp8_tuning", tune_model(model))  # noqa: B010
     return exact
