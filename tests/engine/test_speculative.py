@@ -233,6 +233,29 @@ def test_engine_spec_equals_plain_greedy(loopy: LlamaModel, model: LlamaModel) -
     assert eng.stats.steps < 48  # fewer target forwards than tokens
 
 
+def test_engine_spec_packed_path_and_int4(loopy: LlamaModel, tmp_path: Path) -> None:
+    """The packed forward (logits at every position of a chunk) and an int4 model (verify rows
+    through the native all-layers decode step) give the plain engine's tokens."""
+    from tristream.engine.quantize import quantize_model
+
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+    ref = run(engine(loopy, packed_prefill=True), PROMPTS, params)
+    eng = engine(loopy, SpeculativeConfig(), packed_prefill=True)
+    assert run(eng, PROMPTS, params) == ref
+    assert eng.stats.spec.accepted_tokens > 0
+    tiny_hf_model("llama3", tmp_path, seed=7)
+    q = load_model(tmp_path)
+    with torch.no_grad():
+        for layer in q.layers:
+            layer.o.weight.mul_(0.02)
+            layer.down.weight.mul_(0.02)
+    quantize_model(q, "int4")
+    ref = run(engine(q), PROMPTS, params)
+    eng = engine(q, SpeculativeConfig())
+    assert run(eng, PROMPTS, params) == ref
+    assert eng.stats.spec.accepted_tokens > 0
+
+
 def test_engine_spec_one_sequence_per_forward_rows(loopy: LlamaModel) -> None:
     """Batch 1: fewer steps than tokens, and the same tokens."""
     params = SamplingParams(max_tokens=64, ignore_eos=True)

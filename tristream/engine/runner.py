@@ -330,8 +330,16 @@ class ModelRunner:
         """Float32 logits [sum of chunk lengths, vocab] at every position of the chunks, in one
         forward (speculative verify: each chunk is a decode sequence's pending token and its
         draft). Runs outside `prefill_mode`, so quantised layers compute with the weights that
-        decode uses."""
-        logits = self._forward([dataclasses.replace(c, all_logits=True) for c in chunks])
+        decode uses. On the per-sequence path (CPU) every position runs as a decode row of its
+        own (context up to and including it): the decode kernels (`NativeDecoder`,
+        `NativeDecodeAttention`, `TorchAttention`) store every row's K/V before any row attends,
+        so a row sees the draft positions before it, and a verify step costs a decode batch of
+        k+1 rows. The packed path scores the chunks with logits at every position."""
+        if self.packed:
+            rows = [dataclasses.replace(c, all_logits=True) for c in chunks]
+        else:
+            rows = [PrefillChunk(c.seq, c.start + i, 1, True) for c in chunks for i in range(c.length)]
+        logits = self._forward(rows)
         assert logits is not None
         return logits
 
