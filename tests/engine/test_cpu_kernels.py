@@ -160,8 +160,10 @@ def test_isa_choice_follows_the_cpu_and_the_environment() -> None:
 def test_the_engine_factory_refuses_user_mistakes_in_one_line(tmp_path, monkeypatch) -> None:
     from tristream.engine.cli_support import ModelNotFound, ModelSetupError, load_engine, resolve_quant
 
-    with pytest.raises(ModelSetupError, match="--quant must be one of auto, none, int8, int4, not 'int3'"):
+    with pytest.raises(ModelSetupError, match="--quant must be one of auto, none, int8, int4, fp8, not 'int3'"):
         load_engine(None, "cpu", "int3")
+    with pytest.raises(ModelSetupError, match="--quant fp8 is for CUDA GPUs; on cpu use --quant auto"):
+        load_engine(None, "cpu", "fp8")
     junk = tmp_path / "model.gguf"
     junk.write_bytes(b"not a model at all")
     with pytest.raises(ModelSetupError, match="not a model this engine can load"):

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         sentences: int = typer.Option(0, help="End each answer after this many sentences (0: no limit; "
                                       "the spoken assistant uses 1)."),
         device: str = typer.Option("auto"),
-        quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4."),
+        quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4, fp8 (CUDA, compute capability 8.9+)."),
     ) -> None:
         """Chat with a model in the terminal; Ctrl-C interrupts an answer, Ctrl-D quits."""
         import sys

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
         system: str = typer.Option(None, help="System prompt (default: the assistant's, tristream.pipeline.prompt; "
                                    "'' for none)."),
         device: str = typer.Option("auto", help="cpu, cuda or auto."),
-        quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4."),
+        quant: str = typer.Option("auto", help="Weights: auto (int4 on CPU), none, int8, int4, fp8 (CUDA, compute capability 8.9+)."),
         stats: bool = typer.Option(False, help="Print timing to stderr."),
     ) -> None:
         """Generate a streamed answer with the tristream engine."""

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(None, "--model", "-m", help="assistant: a .gguf file or Hugging Face folder "
                                   "instead of the embedded SmolLM2-135M-Instruct."),
         device: str = typer.Option("auto", help="assistant: the LLM's device (cpu, cuda or auto)."),
-        quant: str = typer.Option("auto", help="assistant: LLM weights (auto = int4 on CPU, none, int8, int4)."),
+        quant: str = typer.Option("auto", help="assistant: LLM weights (auto = int4 on CPU, none, int8, int4, fp8 on CUDA 8.9+)."),
         record: Path = typer.Option(None, "--record", help="Write every session to DIR/<session>.mcap."),
         max_sessions: int = typer.Option(64, help="Concurrent sessions; more get HTTP 503."),
         max_session_s: float = typer.Option(3600.0, help="Session length limit in seconds."),

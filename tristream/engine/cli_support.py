@@ -31,17 +31,27 @@ class ModelSetupError(ValueError):
     model, kernels this CPU lacks): the message says what to change."""
 
 
-QUANTS = ("auto", "none", "int8", "int4")
+QUANTS = ("auto", "none", "int8", "int4", "fp8")
 
 
 def resolve_quant(quant: str, device: str) -> str | None:
-    """The weight format to load: 'int4', 'int8' or None (dense), checked against this machine.
+    """The weight format to load: 'int4', 'int8', 'fp8' or None (dense), checked against this machine.
 
     'auto' is int4 on CPUs where the native kernels run (AVX2 or better), dense otherwise (and
     on GPUs); an explicit int4/int8 where the kernels cannot run is an error, not a fallback.
+    'fp8' (e4m3 layer weights, `quantize.quantize_model_fp8`) is for CUDA GPUs of compute
+    capability 8.9 or newer (Ada, Hopper).
     """
     if quant not in QUANTS:
         raise ModelSetupError(f"--quant must be one of {', '.join(QUANTS)}, not {quant!r}")
+    if quant == "fp8":
+        import torch
+
+        if not device.startswith("cuda") or not torch.cuda.is_available():
+            raise ModelSetupError(f"--quant fp8 is for CUDA GPUs; on {device} use --quant auto")
+        if torch.cuda.get_device_capability() < (8, 9):
+            raise ModelSetupError("--quant fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
+        return "fp8"
     if quant == "none" or (quant == "auto" and not device.startswith("cpu")):
         return None
     if not device.startswith("cpu"):
@@ -67,7 +77,7 @@ def load_engine(model: str | None, device: str = "auto", quant: str = "auto",
                 config: EngineConfig | None = None) -> LLMEngine:
     """The engine factory: an engine for `model` (default GGUF when None) on cpu/cuda/auto.
 
-    quant: 'auto' (int4 weights on CPU, none on GPU), 'none', 'int8' or 'int4' (`resolve_quant`).
+    quant: 'auto' (int4 weights on CPU, none on GPU), 'none', 'int8', 'int4' or 'fp8' (`resolve_quant`).
     Raises ModelNotFound / ModelSetupError with a one-line message for a user's mistake.
     """
     import torch

@@ -3,7 +3,7 @@
 - ``assistant`` (the default; ``pipeline`` is the same): the assistant session (VAD -> ASR ->
   LLM -> TTS with barge-in, camera scene) with the embedded real models, through
   `tristream.serve.pipeline_backend`; options ``model=PATH`` (a GGUF file or HF folder instead
-  of the embedded SmolLM2), ``device=cpu|cuda|auto``, ``quant=auto|none|int8|int4`` and
+  of the embedded SmolLM2), ``device=cpu|cuda|auto``, ``quant=auto|none|int8|int4|fp8`` and
   ``sched=none|ours|...`` (`assistant_plan`: the stages per device), ``asr=whisper`` (streaming
   Whisper, the default on CPU) ``|whisper-utterance|pocketsphinx``, ``vision=tokens|scene`` (on
   CUDA: SigLIP tokens into the LLM context, the default, or the OpenCV scene text).
