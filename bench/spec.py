@@ -11,11 +11,12 @@ prefix of the draft equal to the answer's next tokens. Reported per drafter sett
 - the verify trajectory (what the engine does: verify, advance by accepted + 1, draft again):
   target forwards, tokens per target forward, mean accepted length per verify step.
 
-Then the engine itself with `EngineConfig.speculative` on and off, interleaved per task in the
-same run: ms per answer token after the first (the prompt's prefill excluded), tokens equal to
-plain decoding, the engine's own acceptance counters. And the cost of one verify forward of
-1 + k positions against a 1-row decode step at the same context (the speedup model:
-speedup = tokens per forward x t(decode) / t(verify of k+1)).
+First the cost of one verify forward of 1 + k positions against a 1-row decode step at the
+same context (the speedup model: speedup = tokens per forward x t(decode) / t(verify of k+1)).
+Then the engine itself, interleaved per task in the same run: plain decode ('off'), drafts
+always ('on'), and drafts only where they pay ('gated': `SpeculativeConfig.row_cost` set from
+the measured verify cost of k=4); ms per answer token after the first (the prompt's prefill
+excluded), tokens equal to plain decoding, the engine's own acceptance counters.
 
 The machine's two cores are shared with other work: the JSON records the load average and the
 steal time over the run; compare the ratios (on/off in the same run), not the absolute ms.
@@ -98,6 +99,7 @@ DRAFTERS: dict[str, SpeculativeConfig] = {
     "n1-4_k2": SpeculativeConfig(max_ngram=4, min_ngram=1, max_draft=2),
 }
 ENGINE_SPEC = "n1-3_k4"
+MODES = ("off", "on", "gated")  # plain decode; drafts always; drafts where they pay (row_cost from verify_cost)
 
 
 def log(*a: Any) -> None:
@@ -247,28 +249,33 @@ def main() -> None:
     }
     for quant in args.quants.split(","):
         q = None if quant == "none" else quant
-        cfg_off = EngineConfig(max_model_len=2048)
-        cfg_on = EngineConfig(max_model_len=2048, speculative=DRAFTERS[ENGINE_SPEC])
         t = time.perf_counter()
-        plain = LLMEngine.from_path(path, quant=q, config=cfg_off)
-        spec = LLMEngine(plain.model, plain.tokenizer, cfg_on)  # the same weights, a cache of its own
+        plain = LLMEngine.from_path(path, quant=q, config=EngineConfig(max_model_len=2048))
         load_s = time.perf_counter() - t
         tok = plain.tokenizer
         assert tok is not None
         generate(plain, tok.apply_chat_template(TASKS[0][1]), 8)  # warm-up (kernels, first allocations)
-        generate(spec, tok.apply_chat_template(TASKS[0][1]), 8)
-        warm = dataclasses.replace(spec.stats.spec)
-        qres: dict[str, Any] = {"load_s": load_s, "tasks": {}}
+        cost = verify_cost(plain, tok.apply_chat_template(TASKS[3][1]), (1, 2, 4, 8), args.verify_reps)
+        log(quant, "verify cost", cost)
+        row_cost = max(0.0, (cost["verify_k4_over_decode"] - 1) / 4)  # the gated engine's cost model
+        gated_cfg = dataclasses.replace(DRAFTERS[ENGINE_SPEC], row_cost=row_cost)
+        engines = {"off": plain}
+        for mode, sc in (("on", DRAFTERS[ENGINE_SPEC]), ("gated", gated_cfg)):
+            # the same weights, a cache of its own
+            engines[mode] = LLMEngine(plain.model, plain.tokenizer, EngineConfig(max_model_len=2048, speculative=sc))
+            generate(engines[mode], tok.apply_chat_template(TASKS[0][1]), 8)
+        warm = {m: dataclasses.replace(engines[m].stats.spec) for m in MODES[1:]}
+        qres: dict[str, Any] = {"load_s": load_s, "verify_cost": cost, "gated_row_cost": row_cost, "tasks": {}}
         acc_rows: dict[str, list[dict[str, Any]]] = {k: [] for k in DRAFTERS}
-        times: dict[str, dict[str, list[float]]] = {"off": {}, "on": {}}
+        times: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
         for name, chat in TASKS:
             prompt = tok.apply_chat_template(chat)
             row: dict[str, Any] = {"prompt_tokens": len(prompt)}
-            runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+            runs: dict[str, list[dict[str, Any]]] = {m: [] for m in MODES}
             for rnd in range(args.rounds):
-                order = ("off", "on") if rnd % 2 == 0 else ("on", "off")
+                order = MODES if rnd % 2 == 0 else MODES[::-1]
                 for mode in order:
-                    runs[mode].append(generate(plain if mode == "off" else spec, prompt, args.max_tokens))
+                    runs[mode].append(generate(engines[mode], prompt, args.max_tokens))
             ref = runs["off"][0]
             answer = ref["tokens"]
             row["answer_text"] = tok.decode([t for t in answer if t not in plain.eos_ids])
@@ -277,44 +284,40 @@ def main() -> None:
                 a = acceptance(prompt, answer, cfg)
                 row[k] = a
                 acc_rows[k].append(a)
-            got = runs["on"][0]["tokens"]
-            same = next((i for i, (x, y) in enumerate(zip(answer, got, strict=False)) if x != y),
-                        min(len(answer), len(got)))
-            row["engine"] = {
-                "tokens_equal": got == answer, "first_difference": None if got == answer else same,
-                "answer_tokens": len(answer),
-                "off_ms_per_token": [1e3 * r["rest_s"] / max(1, len(r["tokens"]) - 1) for r in runs["off"]],
-                "on_ms_per_token": [1e3 * r["rest_s"] / max(1, len(r["tokens"]) - 1) for r in runs["on"]],
-                "off_first_token_ms": [1e3 * r["first_token_s"] for r in runs["off"]],
-                "on_first_token_ms": [1e3 * r["first_token_s"] for r in runs["on"]],
-            }
+            row["engine"] = {"answer_tokens": len(answer)}
             e = row["engine"]
-            e["speedup_median"] = statistics.median(e["off_ms_per_token"]) / statistics.median(e["on_ms_per_token"])
-            for mode in ("off", "on"):
+            for mode in MODES:
+                e[f"{mode}_ms_per_token"] = [1e3 * r["rest_s"] / max(1, len(r["tokens"]) - 1) for r in runs[mode]]
+                e[f"{mode}_first_token_ms"] = [1e3 * r["first_token_s"] for r in runs[mode]]
                 times[mode].setdefault("rest_s", []).append(sum(r["rest_s"] for r in runs[mode]))
                 times[mode].setdefault("tokens", []).append(sum(max(0, len(r["tokens"]) - 1) for r in runs[mode]))
+                if mode != "off":
+                    got = runs[mode][0]["tokens"]
+                    same = next((i for i, (x, y) in enumerate(zip(answer, got, strict=False)) if x != y),
+                                min(len(answer), len(got)))
+                    e[f"{mode}_tokens_equal"] = got == answer
+                    e[f"{mode}_first_difference"] = None if got == answer else same
+                    e[f"{mode}_speedup_median"] = (statistics.median(e["off_ms_per_token"])
+                                                   / statistics.median(e[f"{mode}_ms_per_token"]))
             qres["tasks"][name] = row
             log(f"{quant} {name}: {len(answer)} tokens, tokens/forward "
-                f"{row[ENGINE_SPEC]['trajectory']['tokens_per_forward']:.2f}, equal {e['tokens_equal']}, "
-                f"ms/token off {statistics.median(e['off_ms_per_token']):.1f} on "
-                f"{statistics.median(e['on_ms_per_token']):.1f}")
+                f"{row[ENGINE_SPEC]['trajectory']['tokens_per_forward']:.2f}, equal "
+                f"{e['on_tokens_equal']}/{e['gated_tokens_equal']}, ms/token "
+                + " ".join(f"{m} {statistics.median(e[f'{m}_ms_per_token']):.2f}" for m in MODES))
         qres["acceptance"] = {k: sum_acceptance(v) for k, v in acc_rows.items()}
-        off_ms = 1e3 * sum(times["off"]["rest_s"]) / sum(times["off"]["tokens"])
-        on_ms = 1e3 * sum(times["on"]["rest_s"]) / sum(times["on"]["tokens"])
-        s = spec.stats.spec
-        s = SpecStats(*(getattr(s, f.name) - getattr(warm, f.name) for f in dataclasses.fields(s)))
-        qres["engine"] = {
-            "drafter": ENGINE_SPEC, "ms_per_token_off": off_ms, "ms_per_token_on": on_ms, "speedup": off_ms / on_ms,
-            "tasks_tokens_equal": sum(r["engine"]["tokens_equal"] for r in qres["tasks"].values()),
-            "tasks": len(TASKS),
-            "spec_stats": {"verify_steps": s.verify_steps, "verified_seqs": s.verified_seqs,
-                           "draft_tokens": s.draft_tokens, "accepted_tokens": s.accepted_tokens,
-                           "emitted_tokens": s.emitted_tokens,
-                           "acceptance_rate": s.accepted_tokens / max(1, s.draft_tokens)},
-        }
+        ms = {m: 1e3 * sum(times[m]["rest_s"]) / sum(times[m]["tokens"]) for m in MODES}
+        qres["engine"] = {"drafter": ENGINE_SPEC, "gated_row_cost": row_cost, "tasks": len(TASKS),
+                          **{f"ms_per_token_{m}": ms[m] for m in MODES}}
+        for m in MODES[1:]:
+            s0 = engines[m].stats.spec
+            s = SpecStats(*(getattr(s0, f.name) - getattr(warm[m], f.name) for f in dataclasses.fields(s0)))
+            qres["engine"][m] = {
+                "speedup": ms["off"] / ms[m],
+                "tasks_tokens_equal": sum(r["engine"][f"{m}_tokens_equal"] for r in qres["tasks"].values()),
+                "verify_steps": s.verify_steps, "draft_tokens": s.draft_tokens,
+                "accepted_tokens": s.accepted_tokens, "emitted_tokens": s.emitted_tokens,
+                "acceptance_rate": s.accepted_tokens / max(1, s.draft_tokens)}
         log(quant, "engine", qres["engine"])
-        qres["verify_cost"] = verify_cost(plain, tok.apply_chat_template(TASKS[3][1]), (1, 2, 4, 8), args.verify_reps)
-        log(quant, "verify cost", qres["verify_cost"])
         res["quants"][quant] = qres
     st1 = steal_ticks()
     res["load_avg_end"] = os.getloadavg()

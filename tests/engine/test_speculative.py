@@ -16,7 +16,13 @@ from tristream.engine.engine import EngineConfig, LLMEngine
 from tristream.engine.loader import load_model
 from tristream.engine.models.llama import LlamaModel
 from tristream.engine.sequence import FinishReason, SamplingParams
-from tristream.engine.speculative import SpeculativeConfig, propose_ngram, verify_greedy, verify_sampling
+from tristream.engine.speculative import (
+    SpeculativeConfig,
+    draft_len,
+    propose_ngram,
+    verify_greedy,
+    verify_sampling,
+)
 
 PROMPTS = [[5, 17, 42, 99, 7, 250, 31, 8, 5, 17, 42], [100, 101, 102], list(range(20, 60))]
 
@@ -100,6 +106,8 @@ def test_config_rejects_bad_values() -> None:
         SpeculativeConfig(min_ngram=3, max_ngram=2)
     with pytest.raises(ValueError):
         SpeculativeConfig(max_draft=0)
+    with pytest.raises(ValueError):
+        SpeculativeConfig(row_cost=-1)
 
 
 # ---- greedy rule
@@ -333,6 +341,37 @@ def test_engine_spec_never_preempts_for_a_draft(loopy: LlamaModel) -> None:
             assert eng.stats.preemptions == plain.stats.preemptions == 0
         else:
             assert eng.stats.preemptions > 0
+
+
+def test_draft_len_pays_for_itself() -> None:
+    assert draft_len(0.5, 0.0, 4) == 4  # free rows: always the longest draft
+    assert draft_len(0.0, 0.0, 4) == 0  # nothing is ever accepted
+    assert draft_len(0.5, 0.75, 4) == 0  # 1.5 tokens for 1.75 steps
+    assert draft_len(0.95, 0.75, 8) > 0
+    assert draft_len(0.9, 0.05, 8) == 8
+    for a in (0.3, 0.6, 0.9):
+        for c in (0.1, 0.5, 1.0):
+            k = draft_len(a, c, 6)
+            value = [sum(a ** i for i in range(j + 1)) / (1 + c * j) for j in range(7)]
+            assert value[k] == pytest.approx(max(value))
+
+
+def test_engine_spec_cost_gate(model: LlamaModel, loopy: LlamaModel) -> None:
+    """With a row cost, a sequence whose drafts fail mostly decodes plainly (probing now and then),
+    one whose drafts succeed keeps drafting; tokens stay the plain engine's."""
+    params = SamplingParams(max_tokens=48, ignore_eos=True)
+    gated = SpeculativeConfig(row_cost=0.5, probe_every=4)
+    for m in (model, loopy):
+        ref = run(engine(m), PROMPTS, params)
+        always, eng = engine(m, SpeculativeConfig()), engine(m, gated)
+        assert run(always, PROMPTS, params) == ref
+        assert run(eng, PROMPTS, params) == ref
+        if m is model:  # drafts of a random model are almost never accepted
+            assert eng.stats.spec.draft_tokens < always.stats.spec.draft_tokens / 2
+        else:
+            assert eng.stats.spec.accepted_tokens > 0
+            assert eng.stats.spec.accepted_tokens / eng.stats.spec.draft_tokens >= (
+                always.stats.spec.accepted_tokens / always.stats.spec.draft_tokens)
 
 
 def test_engine_spec_config_checks(model: LlamaModel) -> None:

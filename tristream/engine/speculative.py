@@ -47,12 +47,23 @@ class SpeculativeConfig:
 
     max_ngram / min_ngram: the suffix lengths searched, longest first; max_draft: tokens per
     draft (k); max_batch: decode batches larger than this run without drafts (a verify step
-    costs k+1 rows per sequence, which stops paying once the batch is compute-bound)."""
+    costs k+1 rows per sequence, which stops paying once the batch is compute-bound).
+
+    row_cost: what one more verify row costs relative to a decode step (0: drafts are free,
+    always draft up to max_draft). Above 0, each sequence keeps a running acceptance rate a
+    (`ema` weight on the newest verify step, `prior` before the first) and drafts the k that
+    maximises expected tokens per cost, (1 + a + ... + a^k) / (1 + row_cost k) (`draft_len`);
+    where no k > 0 pays it decodes plainly and drafts one token every `probe_every` steps to
+    update a."""
 
     max_ngram: int = 3
     min_ngram: int = 1
     max_draft: int = 4
     max_batch: int = 4
+    row_cost: float = 0.0
+    ema: float = 0.3
+    prior: float = 0.5
+    probe_every: int = 8
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_ngram <= self.max_ngram or self.max_draft < 1 or self.max_batch < 1:
@@ -60,6 +71,25 @@ class SpeculativeConfig:
                 f"bad speculative config: min_ngram={self.min_ngram}, max_ngram={self.max_ngram} "
                 f"(1 <= min <= max), max_draft={self.max_draft} (>= 1), max_batch={self.max_batch} (>= 1)"
             )
+        if self.row_cost < 0 or not 0 < self.ema <= 1 or not 0 <= self.prior <= 1 or self.probe_every < 1:
+            raise ValueError(
+                f"bad speculative config: row_cost={self.row_cost} (>= 0), ema={self.ema} (0, 1], "
+                f"prior={self.prior} [0, 1], probe_every={self.probe_every} (>= 1)"
+            )
+
+
+def draft_len(accept: float, row_cost: float, max_draft: int) -> int:
+    """The draft length k in 0..max_draft with the most expected tokens per target cost, for a
+    per-token acceptance probability `accept` and a verify of k+1 rows costing 1 + row_cost k
+    decode steps: argmax (1 + a + ... + a^k) / (1 + row_cost k); 0 when no draft pays."""
+    best_k, best, tokens, term = 0, 1.0, 1.0, 1.0
+    for k in range(1, max_draft + 1):
+        term *= accept
+        tokens += term
+        value = tokens / (1.0 + row_cost * k)
+        if value > best + 1e-12:
+            best_k, best = k, value
+    return best_k
 
 
 def propose_ngram(tokens: Seq[int] | np.ndarray, max_ngram: int = 3, min_ngram: int = 1,
@@ -174,6 +204,8 @@ class SpeculativeDecode:
         self.eng = engine
         self.config = config
         self.stats: SpecStats = engine.stats.spec
+        self._accept_rate: dict[int, float] = {}  # per sequence (row_cost > 0)
+        self._idle: dict[int, int] = {}  # decode steps since the last draft, while none pays
 
     def eligible(self, seq: Sequence) -> bool:
         p = seq.params
@@ -188,7 +220,23 @@ class SpeculativeDecode:
                    self.eng.config.max_model_len - len(seq.keys))
         if room <= 0:
             return []
+        if c.row_cost > 0:
+            k = draft_len(self._accept_rate.get(seq.seq_id, c.prior), c.row_cost, room)
+            if k == 0:
+                idle = self._idle.get(seq.seq_id, 0) + 1
+                if idle < c.probe_every:
+                    self._idle[seq.seq_id] = idle
+                    return []
+                k = 1
+            self._idle[seq.seq_id] = 0
+            room = k
         return propose_ngram(seq.keys, c.max_ngram, c.min_ngram, room)
+
+    def _learn(self, seq: Sequence, drafted: int, accepted: int) -> None:
+        c = self.config
+        if c.row_cost > 0 and drafted:
+            a = self._accept_rate.get(seq.seq_id, c.prior)
+            self._accept_rate[seq.seq_id] = (1 - c.ema) * a + c.ema * accepted / drafted
 
     def _reserve(self, seq: Sequence, k: int) -> int:
         """Blocks for the draft's k positions, without preempting; returns how many fit."""
@@ -211,6 +259,10 @@ class SpeculativeDecode:
         decode step (all of them, having run nothing, when no sequence has a draft)."""
         if len(decode) > self.config.max_batch:
             return [], decode
+        if len(self._accept_rate) + len(self._idle) > 2 * len(self.eng.seqs) + 16:  # forget finished ones
+            for state in (self._accept_rate, self._idle):
+                for sid in [i for i in state if i not in self.eng.seqs]:
+                    del state[sid]
         cand = [s for s in decode if self.eligible(s)]
         drafts = {s.seq_id: self.draft(s) for s in cand}
         if not any(drafts.values()):
@@ -246,6 +298,7 @@ class SpeculativeDecode:
             m = len(toks) - 1
             st.draft_tokens += len(d)
             st.accepted_tokens += m
+            self._learn(s, len(d), m)
             s.keys.extend(toks[:m])  # the accepted draft is context now: publish sees its keys
             s.num_computed += 1 + m
             eng.stats.decode_tokens += 1 + m
