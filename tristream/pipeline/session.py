@@ -112,9 +112,12 @@ class SessionConfig:
     echo_gate: bool = True
     """Speech over the answer interrupts it only when the microphone is louder than the echo of
     what the session played (`stages.echo`): its own voice on a speakerphone never does."""
-    backchannel_max_ms: float = 800.0
+    backchannel_max_ms: float = 1200.0
     """Speech over the answer pauses it; an acknowledgement ("mhm", "yeah") no longer than this
-    resumes it, anything longer or other words interrupt it (0: every start interrupts at once)."""
+    resumes it, anything longer or other words interrupt it (0: every start interrupts at once).
+    The voice counted includes the echo's tail after the pause (a room's reverberation and the
+    line's delay: up to ~0.7 s on our simulated speakerphones), so 800 ms took a "Yeah." for a
+    turn; the answer's audio is paused from the onset either way."""
     backchannels: frozenset[str] = BACKCHANNELS
     prefill_while_speaking: bool = True
     """Committed words of a streaming ASR enter the LLM's KV cache while the user speaks
