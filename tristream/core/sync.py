@@ -244,8 +244,7 @@ class ApproximateTimeSync(_QueuedJoin):
             if choice is None:
                 self._unknown = None
                 return out
-            win = AlignedWindow(anchor_ns=p_t)
-            members = win.members
+            members: dict[str, list[tuple[int, Any]]] = {}
             missing = []
             t_min = t_max = p_t
             for s, ts, vs in cols:
@@ -267,9 +266,7 @@ class ApproximateTimeSync(_QueuedJoin):
                     t_min = t
                 elif t > t_max:
                     t_max = t
-            win.missing = tuple(missing)
-            win.skew_ns = t_max - t_min
-            out.append(win)
+            out.append(AlignedWindow(p_t, members, tuple(missing), t_max - t_min))
 
     def _best2(self, pivot: str, p_t: int, h: int, absent: list[str] | None) -> dict[str, int | None] | None:
         """`_best` for three streams (two besides the pivot), with the same result: the same
