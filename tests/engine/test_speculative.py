@@ -377,3 +377,5 @@ def test_engine_spec_cost_gate(model: LlamaModel, loopy: LlamaModel) -> None:
 def test_engine_spec_config_checks(model: LlamaModel) -> None:
     with pytest.raises(ValueError, match="overlap"):
         engine(model, SpeculativeConfig(), overlap=True)
+    with pytest.raises(ValueError, match="overlap"):
+        engine(model, SpeculativeConfig()).set_overlap(True)

@@ -279,6 +279,8 @@ class LLMEngine(BlockBookkeeping):
         """Turn overlapped decode (`EngineConfig.overlap`) on or off between steps."""
         if self.overlap is not None and self.overlap.in_flight:
             raise RuntimeError("a decode step is in flight: call step() until has_work() is False, then switch")
+        if on and self.spec is not None:
+            raise ValueError("overlapped decode and speculative decoding do not run together (speculative.py)")
         self.config.overlap = on
         self.overlap = OverlapDecode(self) if on else None
 
