@@ -102,8 +102,9 @@ class PiperTTS:
                  threads: int = 2, deterministic: bool = False, length_scale: float | None = None,
                  spin: bool = False) -> None:
         """``spin``: let ONNX Runtime's intra-op threads spin between operators (its default).
-        Off here: beside Whisper and the LLM on a few cores, a spinning pool takes cycles they
-        need, and synthesis itself gets no faster (`bench/stages.py --tts-spin`)."""
+        Off here: a session's piper runs beside Whisper and the LLM. On 2 cores alone, spinning
+        synthesised a sentence in 109 ms against 131 ms; beside one busy core in 254 ms against
+        188 ms, with 344 against 220 ms of CPU (`bench/stages.py --tts-spin`, `stages.json`)."""
         try:
             import onnxruntime as ort
             from piper import PiperVoice
