@@ -458,32 +458,37 @@ def _spin(seconds: float) -> None:
         pass
 
 
-def omp_section() -> dict[str, Any]:
-    """The embedded LLM's decode (2 OpenMP threads) at libgomp's default wait policy and at
-    PASSIVE (the assistant's, `core/openmp.py`), alone and beside one busy core (a process that
-    spins: what Whisper or piper is to the LLM in a session)."""
+OMP_VARIANTS: dict[str, dict[str, str]] = {
+    "default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
+    "spin_30000": {"GOMP_SPINCOUNT": "30000"}, "spin_3000": {"GOMP_SPINCOUNT": "3000"}}
+"""libgomp settings of the decode probe: its default (spin 300,000 rounds before sleeping),
+passive (sleep at once) and shorter spins."""
+
+
+def omp_section(busy_cores: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+    """The embedded LLM's decode (2 OpenMP threads) at each of `OMP_VARIANTS`, alone and beside
+    1 or 2 busy cores (processes that spin: what Whisper, piper or another program is to the LLM),
+    each in a fresh process (libgomp reads its settings when it loads)."""
     import multiprocessing as mp
 
     out: dict[str, Any] = {}
-    for busy in (False, True):
-        proc = None
-        if busy:
-            proc = mp.get_context("spawn").Process(target=_spin, args=(3600.0,), daemon=True)
-            proc.start()
-            time.sleep(0.5)
+    for busy in busy_cores:
+        procs = [mp.get_context("spawn").Process(target=_spin, args=(3600.0,), daemon=True) for _ in range(busy)]
+        for p in procs:
+            p.start()
+        time.sleep(0.5 if busy else 0.0)
         try:
-            for policy in ("default", "PASSIVE"):
-                env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
-                if policy != "default":
-                    env["OMP_WAIT_POLICY"] = policy
+            for name, extra in OMP_VARIANTS.items():
+                env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+                env.update(extra)
                 res = subprocess.run([sys.executable, __file__, "--decode-probe"], env=env, capture_output=True,
                                      text=True, check=True, timeout=600)
-                key = f"{policy.lower()}{'_beside_busy_core' if busy else '_alone'}"
+                key = f"{name}_beside_{busy}_busy" if busy else f"{name}_alone"
                 out[key] = json.loads(res.stdout.strip().splitlines()[-1])
                 print("omp", key, out[key], flush=True)
         finally:
-            if proc is not None:
-                proc.kill()
+            for p in procs:
+                p.kill()
     return out
 
 
