@@ -101,6 +101,10 @@ def test_barge_in_stops_within_one_chunk_and_history_keeps_what_was_heard(models
         interrupted_turn = session.current.turn_id if session.current else -1
         await feed(say("Stop, please wait."))
         await feed(np.zeros(8000, dtype=np.float32))
+        # shorter than `backchannel_max_ms`: its words decide, once its final is in
+        deadline = time.monotonic() + 60
+        while (not session.barge_ins or session.assistant_active) and time.monotonic() < deadline:
+            await feed(silence, real_pause=0.01)  # and the answer to "Stop, please wait." ends
         await session.close()
         return session, sink, interrupted_turn
 
