@@ -1,7 +1,7 @@
 """`conversation.item.truncate`, `response.metadata` and the reason of a cancelled answer.
 
 The protocol side runs on `EchoBackend` (no models: what is checked is the session's events);
-the history cut runs on the real pipeline behind `ToolPipelineBackend` (the `tristream serve`
+the history cut runs on the real pipeline behind `ToolPipelineBackend` and `PipelineBackend` (the `tristream serve`
 backend: real VAD, Whisper, piper and the real-time playout; the scripted `RepeatChat` LLM, since
 what matters is which words of the played answer the history keeps, not what the model says).
 """
@@ -135,12 +135,17 @@ LONG = ("Please turn on the kitchen lights, then tell me what the weather will b
 
 
 @pytest.mark.slow
-def test_truncate_of_a_played_answer_cuts_the_history_to_the_words_played(pipeline_models: Any) -> None:
+@pytest.mark.parametrize("kind", ["tools", "plain"])
+def test_truncate_of_a_played_answer_cuts_the_history_to_the_words_played(pipeline_models: Any, kind: str) -> None:
+    """On the default backend (with tools) and on the plain pipeline backend (the GPU server's)."""
     from tristream.pipeline.session import SessionConfig
+    from tristream.serve.pipeline_backend import PipelineBackend
     from tristream.serve.tool_session import ToolPipelineBackend
 
+    cls = ToolPipelineBackend if kind == "tools" else PipelineBackend
+
     async def go() -> None:
-        backend = ToolPipelineBackend(pipeline_models, session_config=SessionConfig(max_sentences=0))
+        backend = cls(pipeline_models, session_config=SessionConfig(max_sentences=0))
         out: list[dict[str, Any]] = []
         s = RealtimeSession("s", backend, out.append, time.monotonic_ns)
         await s.open()

@@ -59,6 +59,7 @@ from tristream.observe.events import (
     TranscriptDelta,
     TranscriptDone,
 )
+from tristream.serve.answers import AnswerLog
 from tristream.serve.backend import BackendConfig, BackendFactory
 from tristream.serve.media import MediaError
 from tristream.serve.pipeline_metrics import STAGE_TOTALS, Family, StageTotals, stage_gauges
@@ -267,6 +268,8 @@ class PipelineBackend:
         self._clock: Any = None
         self._frame_clock: Any = None
         self._counters: dict[str, int] = {}
+        self.answers = AnswerLog()
+        """What each answer said as played (`truncate_answer`)."""
         self._pending_texts: list[str] = []
         self._samples_in = 0
         self._active = False
@@ -348,6 +351,7 @@ class PipelineBackend:
     # ---- the session's audio sink
     def write(self, pcm: np.ndarray, rate: int) -> None:
         """One played chunk of answer audio: int16 at the client's output rate, as `AnswerAudio`."""
+        self.answers.played(self._session, rate)
         if self._session is None or not self._session.assistant_active or self._cfg is None:
             self._count("audio_after_response_dropped")
             return
@@ -359,6 +363,20 @@ class PipelineBackend:
         if chunk.size:
             self._emit(AnswerAudio(chunk, self._now()))
 
+    @property
+    def last_answer(self) -> int | None:
+        """Key of the answer whose `ResponseDone` went out last (`truncate_answer`)."""
+        return self.answers.last
+
+    def truncate_answer(self, key: int, audio_end_ms: int) -> str:
+        """The user heard only the first `audio_end_ms` of answer `key` (``conversation.item.truncate``):
+        its assistant message in the history becomes the words of that audio; returns them."""
+        heard = self.answers.truncate(self._session, key, audio_end_ms)
+        if heard is None:
+            return ""
+        self._count("answers_truncated")
+        return heard
+
     def interrupt(self) -> None:
         """Barge-in: the resampler's tail is dropped (nothing else is buffered here); counted."""
         self._out_rate = None
@@ -366,6 +384,8 @@ class PipelineBackend:
 
     def _on_event(self, ev: Any) -> None:
         """A session event: to the server; an answer's end first sends the rest of its audio."""
+        if type(ev) is ResponseDone:
+            self.answers.done(self._session)
         if type(ev) is ResponseDone and self._out_rate is not None:
             tail = self._out_rate.flush()
             if tail.size and ev.status == "completed":

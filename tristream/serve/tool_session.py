@@ -22,7 +22,6 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from tristream.observe.events import ResponseDone
 from tristream.serve.pipeline_backend import PipelineBackend
 from tristream.serve.tools import (
     HERMES,
@@ -189,73 +188,12 @@ class ToolChat:
         """Nothing of its own to free (the engine is shared)."""
 
 
-MAX_ANSWERS = 64  # answers a session can still truncate
-
-
-@dataclasses.dataclass(slots=True)
-class Answer:
-    """One answer as played: its pieces (`HeardText`, at `rate`) and the history message it left."""
-
-    heard: Any
-    rate: int
-    message: dict[str, str] | None = None
-
-
 class ToolPipelineBackend(PipelineBackend):
     """The assistant backend whose LLM turns can call the session's tools (`tool_state`)."""
 
     def __init__(self, models: Any, **kw: Any) -> None:
         self.tool_chat = ToolChat(models.llm, self._emit_tool)
         super().__init__(models, chat_for_session=lambda _tier: self.tool_chat, **kw)
-        self.last_answer: int | None = None
-        """Key of the answer whose `ResponseDone` went out last (`truncate_answer`); None: none yet."""
-        self._answers: dict[int, Answer] = {}
-        self._playing: Answer | None = None
-        self._n_answers = 0
-
-    # ---- what each answer said, for conversation.item.truncate
-    def write(self, pcm: Any, rate: int) -> None:
-        """The session's audio sink: the answer's pieces (text and samples, the playout's `HeardText`)
-        are kept with it, so that a client's truncation maps its played time back to words."""
-        s = self.session
-        if s is not None and s.assistant_active:
-            heard = s.playout.heard
-            if self._playing is None or self._playing.heard is not heard:
-                self._playing = Answer(heard, rate)
-        super().write(pcm, rate)
-
-    def _on_event(self, ev: Any) -> None:
-        if type(ev) is ResponseDone:
-            conv = self.session.conversation.messages if self.session is not None else []
-            said = conv[-1] if conv and conv[-1]["role"] == "assistant" else None
-            if said is not None and any(said is a.message for a in self._answers.values()):
-                said = None  # an answer that added nothing to the history (nothing heard)
-            ans = self._playing or Answer(None, 0)
-            ans.message, self._playing = said, None
-            key, self._n_answers = self._n_answers, self._n_answers + 1
-            self._answers[key] = ans
-            self._answers.pop(key - MAX_ANSWERS, None)
-            self.last_answer = key
-        super()._on_event(ev)
-
-    def truncate_answer(self, key: int, audio_end_ms: int) -> str:
-        """The user heard only the first `audio_end_ms` of answer `key`: its assistant message in the
-        conversation history becomes the words of that audio (removed when none); returns them."""
-        ans = self._answers.get(key)
-        if ans is None:
-            return ""
-        heard = ans.heard.heard(audio_end_ms * ans.rate // 1000) if ans.heard is not None else ""
-        msgs = self.session.conversation.messages if self.session is not None else []
-        at = next((i for i, m in enumerate(msgs) if m is ans.message), None)
-        if at is not None and ans.message is not None:
-            if len(heard) < len(ans.message["content"]):
-                if heard:
-                    ans.message["content"] = heard
-                else:
-                    del msgs[at]
-                    ans.message = None
-        self._count("answers_truncated")
-        return heard
 
     @property
     def tool_state(self) -> ToolState | None:
