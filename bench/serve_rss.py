@@ -24,9 +24,12 @@ the experiment that shows the bounded turn history is a small part of what stays
 It is a diagnostic, not part of the server.
 
     python bench/serve_rss.py                                   # churn and waves of 2k/5k/10k
-    python bench/serve_rss.py --server-env TRISTREAM_MEMORY_TRIM_S=0      # heap trim off
-    python bench/serve_rss.py --server-env PYTHONMALLOC=malloc            # small objects on glibc
-    python bench/serve_rss.py --mode waves --sessions 2000 --probe        # where the memory is
+    python bench/serve_rss.py --server-env TRISTREAM_MEMORY_TRIM_S=0 --variant trim_off          # heap trim off
+    python bench/serve_rss.py --server-env PYTHONMALLOC=malloc --variant pythonmalloc_waves_collect
+    python bench/serve_rss.py --mode waves --sessions 2000 --probe --variant probe   # where the memory is
+
+Each run with ``--variant`` is kept under ``variants`` of `bench/results/serve_rss.json`, beside
+the default run.
 """
 
 from __future__ import annotations
@@ -399,6 +402,8 @@ def main() -> None:
     ap.add_argument("--no-turn-history", action="store_true", help="with --probe: the server keeps no turns")
     ap.add_argument("--probe-file", default="/tmp/serve_rss_probe.jsonl")
     ap.add_argument("--out", default="serve_rss")
+    ap.add_argument("--variant", default="", help="keep this run under `variants.NAME` of the results file "
+                    "(the main result and the other variants stay)")
     a = ap.parse_args()
     a.sessions = [int(x) for x in a.sessions.split(",")]
     from tests.reliability.shutdown import raise_nofile_limit
@@ -417,10 +422,18 @@ def main() -> None:
             print(f"{r['point']:>16s} {r['sessions']:9d} {r['rss_mb']:8.1f}")
         if res["client_errors"]:
             print(f"client errors: {res['client_errors']}")
-    from bench._common import write_results
+    from bench._common import RESULTS_DIR, machine_info
 
-    path = write_results(a.out, out, extra_modules=("websockets",))
-    print(f"wrote {path}")
+    path = RESULTS_DIR / f"{a.out}.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    this = {"meta": machine_info(("websockets",)), "results": out}
+    if a.variant:  # a setting beside the default run: kept with it, in the same file
+        old.setdefault("variants", {})[a.variant] = this
+    else:
+        old = {**this, "variants": old.get("variants", {})}
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(old, indent=2) + "\n")
+    print(f"wrote {path}" + (f" (variants.{a.variant})" if a.variant else ""))
 
 
 if __name__ == "__main__":
