@@ -6,6 +6,7 @@ Every benchmark writes `bench/results/<name>.json` as
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import json
@@ -14,7 +15,8 @@ import platform
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,6 +160,32 @@ def host_speed(reps: int = 7) -> dict[str, float]:
             ts.append((time.perf_counter() - t) * 1e3)
         out[name] = round(statistics.median(ts), 3)
     return out
+
+
+def _spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@contextlib.contextmanager
+def busy_cores(n: int) -> Iterator[None]:
+    """`n` processes that only spin while the block runs (what another stage or program is to
+    the code measured beside it); none for 0."""
+    import multiprocessing as mp
+
+    procs = [mp.get_context("spawn").Process(target=_spin, args=(3600.0,), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    if procs:
+        time.sleep(0.5)
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.join(5)
 
 
 def capture_graph(fn: Callable[[], object], warm: int = 3, calls: int = 1) -> Any:

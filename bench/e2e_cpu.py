@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve as serve_bench  # noqa: E402  (bench/serve.py: one way to start a server)
-from _common import RESULTS_DIR, cpu_info, host_speed, machine_info, process_cpu_s  # noqa: E402
+from _common import RESULTS_DIR, busy_cores, cpu_info, host_speed, machine_info, process_cpu_s  # noqa: E402
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -452,12 +452,6 @@ def _decode_probe() -> None:
     print(json.dumps({"ms_per_token": round(runs[1][0], 2), "cpu_ms_per_token": round(runs[1][1], 2)}))
 
 
-def _spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
 OMP_VARIANTS: dict[str, dict[str, str]] = {
     "default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "spin_30000": {"GOMP_SPINCOUNT": "30000"}, "spin_3000": {"GOMP_SPINCOUNT": "3000"}}
@@ -465,19 +459,13 @@ OMP_VARIANTS: dict[str, dict[str, str]] = {
 passive (sleep at once) and shorter spins."""
 
 
-def omp_section(busy_cores: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
+def omp_section(busy_counts: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
     """The embedded LLM's decode (2 OpenMP threads) at each of `OMP_VARIANTS`, alone and beside
     1 or 2 busy cores (processes that spin: what Whisper, piper or another program is to the LLM),
     each in a fresh process (libgomp reads its settings when it loads)."""
-    import multiprocessing as mp
-
     out: dict[str, Any] = {}
-    for busy in busy_cores:
-        procs = [mp.get_context("spawn").Process(target=_spin, args=(3600.0,), daemon=True) for _ in range(busy)]
-        for p in procs:
-            p.start()
-        time.sleep(0.5 if busy else 0.0)
-        try:
+    for busy in busy_counts:
+        with busy_cores(busy):
             for name, extra in OMP_VARIANTS.items():
                 env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
                 env.update(extra)
@@ -486,9 +474,6 @@ def omp_section(busy_cores: tuple[int, ...] = (0, 1, 2)) -> dict[str, Any]:
                 key = f"{name}_beside_{busy}_busy" if busy else f"{name}_alone"
                 out[key] = json.loads(res.stdout.strip().splitlines()[-1])
                 print("omp", key, out[key], flush=True)
-        finally:
-            for p in procs:
-                p.kill()
     return out
 
 

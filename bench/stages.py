@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS_DIR, cpu_info, machine_info, write_results  # noqa: E402
+from bench._common import RESULTS_DIR, busy_cores, cpu_info, machine_info, write_results  # noqa: E402
 from tristream.stages.asr import transcribe_offline  # noqa: E402
 from tristream.stages.synth import SENTENCES as SYNTH_SENTENCES  # noqa: E402
 from tristream.stages.synth import make_track  # noqa: E402
@@ -236,30 +236,16 @@ def bench_tts(engines: dict) -> dict:
     return out
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    x = 0
-    while time.perf_counter() < end:
-        x += 1
-
-
 def bench_tts_spin(reps: int = 7) -> dict:
     """Piper with ONNX Runtime's intra-op spinning on (its default) and off (ours), alone and
     beside one busy core (a process that spins: what Whisper or the LLM is to piper in a
     session): wall and CPU seconds per sentence (the CPU counts only this process, so threads
     still spinning after a call are counted while the next call runs), median of `reps`."""
-    import multiprocessing as mp
-
     text = "Sure, I can help with that. The nearest station is about ten minutes away on foot."
     voices = {"spin": PiperTTS(deterministic=True, spin=True), "no_spin": PiperTTS(deterministic=True)}
     out: dict = {}
     for busy in (False, True):
-        proc = None
-        if busy:
-            proc = mp.get_context("spawn").Process(target=_busy, args=(3600.0,), daemon=True)
-            proc.start()
-            time.sleep(0.5)
-        try:
+        with busy_cores(1 if busy else 0):
             for name, tts in voices.items():
                 tts.synthesize("Warm up.")
                 walls, cpus = [], []
@@ -270,9 +256,6 @@ def bench_tts_spin(reps: int = 7) -> dict:
                     cpus.append(time.process_time() - c0)
                 out[f"{name}{'_beside_busy_core' if busy else '_alone'}"] = {
                     "wall_ms_p50": round(pct(walls, 50) * 1e3, 1), "cpu_ms_p50": round(pct(cpus, 50) * 1e3, 1)}
-        finally:
-            if proc is not None:
-                proc.kill()
     return out
 
 
