@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tristream.serve.tool_session import asr_stream_families
+from tristream.serve.speech_stages import asr_stream_families
 from tristream.stages.asr_stream import StreamStats
 
 

@@ -69,3 +69,17 @@ def asr_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str
              [("tristream_asr_max_batch", {}, float(st.max_batch))]),
             ("tristream_asr_pass_seconds_total", "counter", "time in Whisper passes",
              [("tristream_asr_pass_seconds_total", {}, float(st.pass_s))])]
+
+
+def asr_stream_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    """The shared CPU streaming recogniser's counters (`StreamStats`: updates, commits, finals,
+    speculation hits, tail re-decodes, decode seconds) as one Prometheus family; none for a
+    recogniser without them."""
+    from dataclasses import asdict, is_dataclass
+
+    stats = getattr(asr, "stats", None)
+    if stats is None or not is_dataclass(stats) or isinstance(stats, type):
+        return []
+    rows = [("tristream_asr_counter", {"name": k}, float(v)) for k, v in asdict(stats).items()
+            if isinstance(v, (int, float))]
+    return [("tristream_asr_counter", "gauge", "shared streaming Whisper counters", rows)]

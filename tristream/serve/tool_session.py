@@ -213,6 +213,7 @@ def tool_pipeline_factory(**load_kw: Any) -> Any:
     """`pipeline_factory` with a `ToolChat` per session (the same shared models)."""
     from tristream.pipeline.models import load_models
     from tristream.serve.pipeline_backend import STAGE_TOTALS
+    from tristream.serve.speech_stages import asr_stream_families
 
     models = load_models(**load_kw)
 
@@ -223,20 +224,6 @@ def tool_pipeline_factory(**load_kw: Any) -> Any:
     factory.healthy = lambda: bool(getattr(models.llm, "healthy", True))  # type: ignore[attr-defined]
     factory.chat_llm = models.llm  # type: ignore[attr-defined]  # /v1/chat/completions answers on it
     return factory
-
-
-def asr_stream_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
-    """The shared CPU streaming recogniser's counters (`StreamStats`: updates, commits, finals,
-    speculation hits, tail re-decodes, decode seconds) as one Prometheus family; none for a
-    recogniser without them."""
-    from dataclasses import asdict, is_dataclass
-
-    stats = getattr(asr, "stats", None)
-    if stats is None or not is_dataclass(stats) or isinstance(stats, type):
-        return []
-    rows = [("tristream_asr_counter", {"name": k}, float(v)) for k, v in asdict(stats).items()
-            if isinstance(v, (int, float))]
-    return [("tristream_asr_counter", "gauge", "shared streaming Whisper counters", rows)]
 
 
 def tools_json(tools: list[ToolSpec]) -> list[dict[str, Any]]:
