@@ -51,10 +51,20 @@ def placement(app: RayApp) -> dict:
     return json.loads(body)
 
 
+async def settled(app: RayApp, timeout: float = 30.0) -> None:
+    """Wait until the router holds no pins: the sessions an earlier test closed are unpinned only
+    when their ingress reports the end, and least-loaded placement counts them until then."""
+    deadline = time.monotonic() + timeout
+    while placement(app)["placement"] and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert not placement(app)["placement"], "sessions of an earlier test are still pinned"
+
+
 def test_sessions_spread_and_stay_pinned(echo_app: RayApp) -> None:
     n = 6
 
     async def go() -> None:
+        await settled(echo_app)
         clients = await asyncio.gather(*(RealtimeClient.connect(echo_app.url, TOKEN) for _ in range(n)))
         sids = [c.session["id"] for c in clients]
         where = placement(echo_app)["placement"]
@@ -81,7 +91,12 @@ def test_sessions_spread_and_stay_pinned(echo_app: RayApp) -> None:
 
 def test_killing_a_replica_affects_only_its_sessions(echo_app: RayApp) -> None:
     async def go() -> None:
-        clients = await asyncio.gather(*(RealtimeClient.connect(echo_app.url, TOKEN) for _ in range(4)))
+        await settled(echo_app)
+        clients = list(await asyncio.gather(*(RealtimeClient.connect(echo_app.url, TOKEN) for _ in range(4))))
+        for _ in range(8):  # spreading is the test above's; here both replicas only need sessions
+            if len(set(placement(echo_app)["placement"].values())) >= 2:
+                break
+            clients.append(await RealtimeClient.connect(echo_app.url, TOKEN))
         where = placement(echo_app)["placement"]
         owner = [where[c.session["id"]] for c in clients]
         victim = owner[0]
