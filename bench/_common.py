@@ -265,6 +265,31 @@ def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
     return {"kernels": kernels, "kernel_time_us": round(total_us, 1), "top": rows[:top]}
 
 
+class ServerDidNotStart(RuntimeError):
+    """A starting ``tristream serve`` exited, or did not answer ``/healthz`` in time."""
+
+
+def wait_healthy(proc: Any, port: int, timeout_s: float = 600.0, output: Callable[[], str] = lambda: "") -> None:
+    """Polls ``GET /healthz`` of a starting server process on loopback `port` every 0.5 s until it answers.
+
+    Raises `ServerDidNotStart` when `proc` exits first (the message ends with the last 2,000
+    characters of `output()`, the server's log) or when `timeout_s` pass (then it kills `proc`)."""
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise ServerDidNotStart(f"tristream serve exited with {proc.returncode}: {output()[-2000:]}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                raise ServerDidNotStart(f"tristream serve did not come up within {timeout_s:.0f} s") from None
+            time.sleep(0.5)
+
+
 def stop_process(proc: Any, timeout_s: float = 60.0) -> None:
     """SIGTERM a server subprocess (it drains), then SIGKILL it if it is still up after `timeout_s`."""
     import signal

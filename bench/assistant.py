@@ -22,7 +22,6 @@ import json
 import os
 import platform
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from _common import ServerDidNotStart, cpu_info, free_port, git_commit, stop_process, wait_healthy  # noqa: E402
 
 QUESTIONS: list[tuple[str, ...]] = [
     ("What is the capital of France?", r"\bparis\b"),
@@ -110,12 +112,6 @@ def correct(answer: str, pattern: str, reject: str | None = None) -> bool:
     return re.search(pattern, answer, re.IGNORECASE) is not None
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def ask_server(url: str, token: str, timeout_s: float, questions: list[tuple[str, ...]]) -> list[dict[str, Any]]:
     """Every question as a text turn in one Realtime session; answers as the client saw them."""
     from tristream.serve.client import RealtimeClient
@@ -159,30 +155,20 @@ async def ask_server(url: str, token: str, timeout_s: float, questions: list[tup
 def run_server(serve_args: list[str], timeout_s: float, questions: list[tuple[str, ...]]
                ) -> tuple[list[dict[str, Any]], float]:
     """Start the real server, ask, stop it; returns the rows and the server's start-up seconds."""
-    import urllib.request
-
     port, token = free_port(), "bench-token"
     cmd = [sys.executable, "-m", "tristream.cli", "serve", "--token", token, "--port", str(port), *serve_args]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT)
     try:
-        while True:
-            if proc.poll() is not None:
-                raise SystemExit(f"the server exited with {proc.returncode}")
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                time.sleep(0.5)
+        try:
+            wait_healthy(proc, port)
+        except ServerDidNotStart as exc:
+            raise SystemExit(str(exc)) from None
         startup = time.perf_counter() - t0
         rows = asyncio.run(ask_server(f"ws://127.0.0.1:{port}/v1/realtime", token, timeout_s, questions))
         return rows, startup
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, timeout_s=30)
 
 
 def run_direct(quant: str, history: int, questions: list[tuple[str, ...]], system: str | None = None
@@ -234,9 +220,6 @@ def main() -> None:
     else:
         rows, startup = run_server(a.serve_arg, a.timeout, SETS[a.set])
     n_ok = sum(r["correct"] for r in rows)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _common import cpu_info, git_commit
-
     out = {
         "what": "everyday questions in one conversation, text turns, accepted-answer patterns",
         "mode": "direct (in-process engine)" if a.direct else "server (tristream serve, Realtime over WebSocket)",

@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve as serve_bench  # noqa: E402  (bench/serve.py: one way to start a server)
-from _common import RESULTS_DIR, busy_cores, cpu_info, host_speed, machine_info, process_cpu_s  # noqa: E402
+from _common import RESULTS_DIR, busy_cores, cpu_info, host_speed, machine_info, process_cpu_s, stop_process  # noqa: E402
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -253,11 +253,7 @@ def run_variant(asr: str, n: int, turns: list[Turn], gap_s: float, wait_s: float
         cpu1, w1, t1 = process_cpu_s(proc.pid), time.perf_counter(), _cpu_ticks()
         counters = server_counters(port)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 15)
     return {"asr": asr, "sessions": n, "omp_wait_policy": omp, "summary": summarise(recs), "server_cpu_s": round(cpu1 - cpu0, 1),
             "wall_s": round(w1 - w0, 1), "loadavg_1m": round(os.getloadavg()[0], 2),
             "steal_share": steal_share(t0, t1), "host_speed": host_speed(), "server_counters": counters, "turns": recs}

@@ -56,9 +56,8 @@ WEATHER = {"city": "Paris", "condition": "light rain", "temperature_c": 12}
 
 def synth(out: Path) -> None:
     """Main environment: the user's turns as 16 kHz wavs (piper, deterministic)."""
-    import numpy as np
-
     sys.path.insert(0, str(ROOT))
+    from tristream.stages.audio_io import write_wav
     from tristream.stages.base import resample
     from tristream.stages.synth import energy_edges
     from tristream.stages.tts import PiperTTS
@@ -68,12 +67,7 @@ def synth(out: Path) -> None:
     for name, text in TURNS:
         clip = resample(tts.synthesize(text), tts.sample_rate, 16_000)
         a, b = energy_edges(clip, 16_000)
-        pcm = (np.clip(clip[a:b], -1, 1) * 32767).astype(np.int16)
-        with wave.open(str(out / f"{name}.wav"), "wb") as w:
-            w.setnchannels(1)
-            w.setsampwidth(2)
-            w.setframerate(16_000)
-            w.writeframes(pcm.tobytes())
+        write_wav(out / f"{name}.wav", clip[a:b], 16_000)
 
 
 def read_wav(path: Path) -> bytes:
@@ -84,22 +78,17 @@ def read_wav(path: Path) -> bytes:
 
 def start_server(python: str, port: int, log: Path, chat_port: int = -1) -> subprocess.Popen[bytes]:
     """``tristream serve`` with its log in a file (a pipe nobody reads fills up and stalls the server)."""
+    from bench._common import ServerDidNotStart, wait_healthy
+
     env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
     with log.open("wb") as f:
         proc = subprocess.Popen([python, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port),
                                  "--chat-port", str(chat_port)], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 600
-    while True:
-        if proc.poll() is not None:
-            raise SystemExit(f"tristream serve exited with {proc.returncode}: {log.read_text()[-2000:]}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-            return proc
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                raise SystemExit("tristream serve did not come up within 600 s") from None
-            time.sleep(0.5)
+    try:
+        wait_healthy(proc, port, output=log.read_text)
+    except ServerDidNotStart as exc:
+        raise SystemExit(str(exc)) from None
+    return proc
 
 
 def server_info(port: int) -> Any:
@@ -510,7 +499,7 @@ def main() -> None:
     import importlib.metadata as md
 
     sys.path.insert(0, str(ROOT))
-    from bench._common import git_commit
+    from bench._common import git_commit, stop_process
 
     if args.cmd == "pipecat-chat":  # the cascaded LLM service on /v1/chat/completions; no speech
         args.out.mkdir(parents=True, exist_ok=True)
@@ -518,7 +507,7 @@ def main() -> None:
         try:
             chat = asyncio.run(pipecat_chat(args.port + 1))
         finally:
-            stop(proc)
+            stop_process(proc)
         ok = bool(chat["function_calls"]) and len(chat["responses"]) >= 3
         summary = {"function_called": bool(chat["function_calls"]),
                    "function_arguments": chat["function_calls"][0]["arguments"] if chat["function_calls"] else None,
@@ -539,7 +528,7 @@ def main() -> None:
         info = server_info(args.port)
         result = asyncio.run((pipecat_conversation if args.cmd == "pipecat" else livekit_conversation)(args.port, clips))
     finally:
-        stop(proc)
+        stop_process(proc)
     weather = next((t for t in result["turns"] if t["said"] == TURNS[0][1]), None)
     ok_call = bool(result["function_calls"]) and result["function_calls"][0]["arguments"].get("city")
     summary = {
@@ -566,14 +555,6 @@ def main() -> None:
            "summary": summary, **result}
     record(args.results, args.cmd, out)
     print(json.dumps(summary, indent=1))
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def record(path: Path, key: str, out: dict[str, Any]) -> None:

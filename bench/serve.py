@@ -61,7 +61,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from _common import free_port, process_cpu_s  # noqa: E402
+from _common import free_port, process_cpu_s, stop_process  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -235,11 +235,7 @@ def run_config(n: int, backend: str, pcm: np.ndarray, turns: int, wait_s: float)
         results = asyncio.run(all_clients())
         cpu1, w1 = process_cpu_s(proc.pid, children=True), time.perf_counter()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 15)
     client = np.array([v for r in results for v in r["client"]])
     heard = np.array([v for r in results for v in r["transcript"]])
     server = np.array([v for r in results for v in r["server"]])
@@ -371,11 +367,7 @@ def run_engine_variant(backend: str, label: str, clients: list[int], turns: int,
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 15)
     return rows
 
 

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, free_port, machine_info  # noqa: E402
+from _common import RESULTS_DIR, free_port, machine_info, stop_process  # noqa: E402
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -463,11 +463,7 @@ def main() -> None:
                   flush=True)
     finally:
         print("server log tail:\n" + "".join(list(SERVER_LOG)[-25:]), flush=True)
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, 30)
     write_results(args, extra, start_s, runs)
 
 

@@ -1,15 +1,21 @@
-"""Shared helpers for the serving tests: a server on loopback and synthetic speech-like audio."""
+"""Shared helpers for the serving tests: a server on loopback (in-process, or the real
+`tristream serve` process) and synthetic speech-like audio."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, MutableMapping
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
+from bench._common import ServerDidNotStart, stop_process, wait_healthy
 from tristream.serve.echo import EchoBackend
 from tristream.serve.limits import ServerLimits
 from tristream.serve.server import RealtimeServer
@@ -38,6 +44,24 @@ async def running_server(tmp: Path | None = None, **kw: object) -> AsyncIterator
         yield srv
     finally:
         await srv.stop(grace_s=0.0)
+
+
+@contextlib.contextmanager
+def serve_process(token: str, port: int, *args: str) -> Iterator[subprocess.Popen[str]]:
+    """`tristream serve --token token --port port *args` as its own process, without the
+    environment's ``TRISTREAM_TOKEN``; entered once it answers ``/healthz`` (the test fails with
+    the server's stderr when it exits first), stopped on exit."""
+    env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
+    proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", token, "--port", str(port),
+                             *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        try:
+            wait_healthy(proc, port, output=lambda: proc.stderr.read() if proc.stderr else "")
+        except ServerDidNotStart as exc:
+            pytest.fail(str(exc))
+        yield proc
+    finally:
+        stop_process(proc)
 
 
 def url(srv: RealtimeServer) -> str:

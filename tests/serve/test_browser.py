@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -27,20 +26,13 @@ import pytest
 from tests.serve.helpers import TOKEN, run, tone_turns
 from tristream.serve.echo import EchoBackend
 from tristream.serve.server import RealtimeServer
+from tristream.stages.audio_io import write_wav
 
 CHROMIUM = next((p for p in ("/usr/lib/chromium/chromium", "/usr/bin/chromium") if Path(p).exists()), None) \
     or shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian chromium (apt-get install chromium)")
 RATE = 48_000
 LONG_TEXT = " ".join(f"word{i}" for i in range(40))  # an answer of 40 words: 4 s at the echo's pace
-
-
-def write_wav(path: Path, pcm: np.ndarray, rate: int) -> None:
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm.astype("<i2").tobytes())
 
 
 def write_y4m(path: Path, frames: int = 20, w: int = 160, h: int = 120) -> None:

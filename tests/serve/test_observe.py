@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import wave
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from tristream.observe.tracing import TurnTracer
 from tristream.serve.client import stream_media
 from tristream.serve.metrics import ServeMetrics
 from tristream.serve.session import TurnTiming
+from tristream.stages.audio_io import write_wav
 
 
 def test_prometheus_text_is_well_formed() -> None:
@@ -86,11 +86,7 @@ def test_server_records_turn_spans_and_top_shows_latency() -> None:
 
 def test_client_command_prints_turns(tmp_path: Path) -> None:
     wav = tmp_path / "in.wav"
-    with wave.open(str(wav), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes(tone_turns([400], rate=16_000).tobytes())
+    write_wav(wav, tone_turns([400], rate=16_000), 16_000)
 
     async def go() -> tuple[int, str]:
         async with running_server() as srv:
@@ -108,11 +104,7 @@ def test_client_command_reports_auth_failure(tmp_path: Path, capsys: pytest.Capt
     from tristream.commands.errors import run as run_cli
 
     wav = tmp_path / "in.wav"
-    with wave.open(str(wav), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16_000)
-        w.writeframes(tone_turns([300], rate=16_000).tobytes())
+    write_wav(wav, tone_turns([300], rate=16_000), 16_000)
 
     async def go() -> int:
         async with running_server() as srv:

