@@ -169,16 +169,23 @@ def test_engine_hook_constrains_a_random_model(tmp_path: Path) -> None:
         assert c.text.encode() == b"".join(vocab.token_bytes[t] or b"" for t in out)
     # a masked and an unmasked sequence in one batch: the mask applies to its own row only
     c = C.JsonConstraint(g)
-    ids = [eng.add_request([5, 6, 7, 8], SamplingParams(max_tokens=30, ignore_eos=True)),
+    unmasked, masked = _beside_masked(eng, c, 30)
+    assert unmasked == free  # the same greedy tokens as alone
+    assert json.loads(c.text)["unit"] in ("celsius", "fahrenheit")
+    assert torch.is_tensor(c(masked))
+
+
+def _beside_masked(eng: LLMEngine, c: C.JsonConstraint, free_tokens: int) -> tuple[list[int], list[int]]:
+    """Prompt [5, 6, 7, 8] unmasked (`free_tokens` greedy tokens) and [9, 10] under `c`, in one
+    batch; each one's tokens but EOS."""
+    ids = [eng.add_request([5, 6, 7, 8], SamplingParams(max_tokens=free_tokens, ignore_eos=True)),
            eng.add_request([9, 10], SamplingParams(max_tokens=120, logits_mask=c))]
     outs: dict[int, list[int]] = {i: [] for i in ids}
     while eng.has_work():
         for o in eng.step():
             if o.token_id is not None and o.token_id != EOS:
                 outs[o.seq_id].append(o.token_id)
-    assert outs[ids[0]] == free  # the same greedy tokens as alone
-    assert json.loads(c.text)["unit"] in ("celsius", "fahrenheit")
-    assert torch.is_tensor(c(outs[ids[1]]))
+    return outs[ids[0]], outs[ids[1]]
 
 
 @pytest.mark.gpu
@@ -197,13 +204,6 @@ def test_engine_hook_on_cuda_with_graphs_and_overlap(tmp_path: Path) -> None:
                                  "required": ["n", "ok"]}), vocab)
     free = eng.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=40, ignore_eos=True))[0]
     c = C.JsonConstraint(g)
-    ids = [eng.add_request([5, 6, 7, 8], SamplingParams(max_tokens=40, ignore_eos=True)),
-           eng.add_request([9, 10], SamplingParams(max_tokens=120, logits_mask=c))]
-    outs: dict[int, list[int]] = {i: [] for i in ids}
-    while eng.has_work():
-        for o in eng.step():
-            if o.token_id is not None and o.token_id != EOS:
-                outs[o.seq_id].append(o.token_id)
-    assert outs[ids[0]] == free
+    assert _beside_masked(eng, c, 40)[0] == free
     value = json.loads(c.text)
     assert isinstance(value["n"], int) and isinstance(value["ok"], bool) and c.done

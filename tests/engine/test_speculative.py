@@ -34,12 +34,10 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
     return load_model(d)
 
 
-@pytest.fixture(scope="module")
-def loopy(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
-    """The tiny model with its layers' residual writes scaled down to 2%: the next token depends
-    mostly on the current one (so greedy output falls into repeats that drafts predict) and still
-    on the context through attention."""
-    d: Path = tmp_path_factory.mktemp("tiny_spec_loopy")
+def loopy_model(d: Path) -> LlamaModel:
+    """The tiny model (written to `d`) with its layers' residual writes scaled down to 2%: the next
+    token depends mostly on the current one (so greedy output falls into repeats that drafts
+    predict) and still on the context through attention."""
     tiny_hf_model("llama3", d, seed=7)
     m = load_model(d)
     with torch.no_grad():
@@ -47,6 +45,11 @@ def loopy(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
             layer.o.weight.mul_(0.02)
             layer.down.weight.mul_(0.02)
     return m
+
+
+@pytest.fixture(scope="module")
+def loopy(tmp_path_factory: pytest.TempPathFactory) -> LlamaModel:
+    return loopy_model(tmp_path_factory.mktemp("tiny_spec_loopy"))
 
 
 def dense_logits(model: LlamaModel, ids: list[int]) -> torch.Tensor:
@@ -251,12 +254,7 @@ def test_engine_spec_packed_path_and_int4(loopy: LlamaModel, tmp_path: Path) -> 
     eng = engine(loopy, SpeculativeConfig(), packed_prefill=True)
     assert run(eng, PROMPTS, params) == ref
     assert eng.stats.spec.accepted_tokens > 0
-    tiny_hf_model("llama3", tmp_path, seed=7)
-    q = load_model(tmp_path)
-    with torch.no_grad():
-        for layer in q.layers:
-            layer.o.weight.mul_(0.02)
-            layer.down.weight.mul_(0.02)
+    q = loopy_model(tmp_path)
     quantize_model(q, "int4")
     ref = run(engine(q), PROMPTS, params)
     eng = engine(q, SpeculativeConfig())
