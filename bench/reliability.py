@@ -147,7 +147,7 @@ def _cancel_real_engine() -> dict[str, Any]:
                     "sessions": E.N, "undisturbed_identical": same, "undisturbed_total": E.N - len(E.DISTURB),
                     "undisturbed_run_s": t1 - t0, "disturbed_run_s": t2 - t1,
                     "undisturbed_run_figs": f_ref, "disturbed_run_figs": figs,
-                    "engine_answers_cancelled": f.se.counters.get("answers_cancelled", 0),
+                    "engine_answers_cancelled": f.engine.counters.get("answers_cancelled", 0),
                     "lone_disturbed_answer": {h: {"kv_blocks_when_disturbed": r["state_right_after"]["kv_blocks_used"],
                                                   "engine_free_s": r["back_s"],
                                                   "final_equals_baseline": r["final"] == r["baseline"]}
@@ -156,7 +156,7 @@ def _cancel_real_engine() -> dict[str, Any]:
         return asyncio.run(go())
     finally:
         for fac in (f, f_long, f_bug):
-            fac.se.shutdown()
+            fac.engine.shutdown()
 
 
 # ---------------------------------------------------------------- 4
@@ -226,6 +226,7 @@ def _pipeline_fault() -> dict[str, Any]:
     from tests.reliability.live import connect_auth, until
     from tristream.pipeline.llm import EngineChatBackend
     from tristream.pipeline.models import SharedModels
+    from tristream.serve.backend import BackendFamily
     from tristream.serve.pipeline_backend import PipelineBackend
     from tristream.serve.server import RealtimeServer
     from tristream.stages.asr_whisper import WhisperASR
@@ -238,9 +239,7 @@ def _pipeline_fault() -> dict[str, Any]:
                           SceneDescriber(threads=1), EngineChatBackend(eng))
     chat = models.llm
 
-    def factory() -> PipelineBackend:
-        return PipelineBackend(models)
-    factory.healthy = lambda: chat.healthy  # type: ignore[attr-defined]
+    factory = BackendFamily(lambda: PipelineBackend(models), healthy=lambda: chat.healthy)
 
     async def ask(ws: Any) -> tuple[list[dict[str, Any]], float]:
         t0 = time.perf_counter()

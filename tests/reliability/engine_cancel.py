@@ -28,7 +28,7 @@ DISTURB = {i: ("cancel", "close", "reset")[j % 3] for j, i in enumerate(range(3,
 
 def engine_resources(factory: Any) -> dict[str, int]:
     """Engine-side state that must return to baseline (read from the loop; the engine thread owns it)."""
-    se = factory.se
+    se = factory.engine
     eng = se.engine
     return {"engine_sequences": len(eng.seqs), "kv_blocks_used": eng.blocks.num_blocks - eng.blocks.num_free,
             "executor_turns": len(se.executor.turns), "answers_in_flight": len(se.handles),
@@ -119,7 +119,7 @@ async def cancel_while_refusing(factory: Any) -> dict[str, Any]:
     """
     from tristream.sched.admission import Level
 
-    se = factory.se
+    se = factory.engine
     srv = RealtimeServer(factory, port=0, tokens=[TOKEN])
     await srv.start()
     try:

@@ -26,7 +26,7 @@ from tests.serve.helpers import run
 def factory() -> Iterator[Any]:
     f = make_factory(max_tokens=24)
     yield f
-    f.se.shutdown()
+    f.engine.shutdown()
 
 
 def test_real_engine_ten_percent_disturbed_others_identical_engine_back_to_baseline(factory: Any) -> None:
@@ -46,8 +46,8 @@ def test_real_engine_ten_percent_disturbed_others_identical_engine_back_to_basel
             assert f["engine_back"], f
             assert f["engine_back_s"] <= 1.0 and f["sessions_back_s"] <= 1.0 and f["tasks_back_s"] <= 1.0, f
             assert f["server_after"] == {"sessions": 0, "bg_tasks": 0, "outbox_events": 0}
-        assert factory.se.counters.get("answers_cancelled", 0) >= len(DISTURB)
-        assert factory.se.error is None
+        assert factory.engine.counters.get("answers_cancelled", 0) >= len(DISTURB)
+        assert factory.engine.error is None
     run(go(), timeout=120)
 
 
@@ -55,7 +55,7 @@ def test_real_engine_ten_percent_disturbed_others_identical_engine_back_to_basel
 def factory_long() -> Iterator[Any]:
     f = make_factory(max_tokens=400)  # answers long enough to be mid-flight when disturbed
     yield f
-    f.se.shutdown()
+    f.engine.shutdown()
 
 
 @pytest.mark.parametrize("how", ["cancel", "close", "reset"])
@@ -80,4 +80,4 @@ def test_cancel_while_the_ladder_refuses_new_sessions_does_not_kill_the_engine()
         assert r["engine_thread_alive_after_cancel"], r
         assert r["next_turn_last_event"][0] == "response.done", r
     finally:
-        f.se.shutdown()
+        f.engine.shutdown()

@@ -57,6 +57,7 @@ def _get(port: int, path: str) -> int:
 
 
 def test_pipeline_engine_fault_errors_sessions_readiness_and_recovery(pipeline_models: object) -> None:
+    from tristream.serve.backend import BackendFamily
     from tristream.serve.limits import ServerLimits
     from tristream.serve.pipeline_backend import PipelineBackend
     from tristream.serve.server import RealtimeServer
@@ -64,10 +65,7 @@ def test_pipeline_engine_fault_errors_sessions_readiness_and_recovery(pipeline_m
     models, eng = pipeline_models  # type: ignore[misc]
     chat = models.llm
 
-    def factory() -> PipelineBackend:
-        return PipelineBackend(models)
-
-    factory.healthy = lambda: chat.healthy  # type: ignore[attr-defined]  # as pipeline_factory does
+    factory = BackendFamily(lambda: PipelineBackend(models), healthy=lambda: chat.healthy)  # as pipeline_factory
 
     async def ask(ws: object, text: str) -> list[dict]:
         await ws.send(json.dumps({"type": "conversation.item.create", "item": {  # type: ignore[attr-defined]

@@ -45,7 +45,7 @@ def factory() -> Any:
 
     f = engine_factory(model="tiny-random", device="cpu", max_tokens=MAX_TOKENS)
     yield f
-    f.se.shutdown()
+    f.engine.shutdown()
 
 
 async def ask(c: RealtimeClient, text: str, timeout: float = 30.0) -> tuple[list[dict[str, Any]], float]:
@@ -71,7 +71,7 @@ def text_of(evs: list[dict[str, Any]]) -> str:
 
 
 def test_text_turns_of_concurrent_clients_run_through_the_scheduler(factory: Any) -> None:
-    se = factory.se
+    se = factory.engine
     steps0, decode0 = se.steps, se.executor.decode_tokens
 
     async def client(srv: RealtimeServer, k: int) -> list[str]:
@@ -102,7 +102,7 @@ def test_text_turns_of_concurrent_clients_run_through_the_scheduler(factory: Any
 
 
 def test_tier_from_token_caps_session_update(factory: Any) -> None:
-    se = factory.se
+    se = factory.engine
 
     async def go() -> None:
         async with engine_server(factory, tokens=[f"{TOKEN}@bronze", "goldtok@gold"]) as srv:
@@ -166,7 +166,7 @@ def test_sheds_reach_the_client_as_errors_and_sessions_go_on() -> None:
     try:
         waits = run(go(), timeout=60)
     finally:
-        f.se.shutdown()
+        f.engine.shutdown()
     print("response.create -> error/first text ms:", waits)  # timed in bench/serve.py, not asserted here
 
 
@@ -190,16 +190,16 @@ def test_cancel_stops_the_answer_and_frees_the_turn() -> None:
             await c.send({"type": "session.update", "session": {}})  # a round trip: the cancel reached the engine
             await c.recv(5)
             for _ in range(100):
-                if not f.se.executor.turns and not f.se.engine.seqs:
+                if not f.engine.executor.turns and not f.engine.engine.seqs:
                     break
                 await asyncio.sleep(0.01)
-            assert not f.se.executor.turns and not f.se.engine.seqs  # blocks freed
-            assert f.se.counters.get("answers_cancelled") == 1
+            assert not f.engine.executor.turns and not f.engine.engine.seqs  # blocks freed
+            assert f.engine.counters.get("answers_cancelled") == 1
             await c.close()
     try:
         run(go(), timeout=60)
     finally:
-        f.se.shutdown()
+        f.engine.shutdown()
 
 
 @pytest.mark.slow

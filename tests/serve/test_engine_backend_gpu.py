@@ -31,7 +31,7 @@ def test_engine_backend_on_cuda_graphs_through_the_scheduler() -> None:
     from tristream.serve.server import RealtimeServer
 
     f = engine_factory(model="llama-3.2-1b", device="cuda", max_tokens=MAX_TOKENS, kv_bytes=4 << 30)
-    se = f.se
+    se = f.engine
     decoder = se.engine.runner.decoder
     assert decoder is not None and decoder.graphs, "decode graphs were not captured"
     graphs = decoder.graphs

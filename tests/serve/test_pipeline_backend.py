@@ -36,6 +36,7 @@ def _frames() -> list[tuple[float, bytes]]:
 
 
 def test_twenty_clients_real_pipeline_transcripts(models: object) -> None:
+    from tristream.serve.backend import BackendFamily
     from tristream.serve.pipeline_backend import PipelineBackend
 
     n = 20
@@ -45,10 +46,8 @@ def test_twenty_clients_real_pipeline_transcripts(models: object) -> None:
     async def go() -> None:
         from tristream.serve.pipeline_backend import STAGE_TOTALS
 
-        def factory() -> PipelineBackend:
-            return PipelineBackend(models, session_config=ALWAYS_SCENE)
-
-        factory.collect = STAGE_TOTALS.families  # type: ignore[attr-defined]
+        factory = BackendFamily(lambda: PipelineBackend(models, session_config=ALWAYS_SCENE),
+                                collect=STAGE_TOTALS.families)
         live: list[str] = []
 
         def scrape(ev: dict) -> None:  # /metrics while sessions are live: per-stage families present

@@ -42,7 +42,7 @@ def gpu_stages_factory() -> Any:
     f = engine_factory(model="tiny-random", device="cpu", stages="gpu", max_tokens=3, asr=asr,
                        tts=PiperTTS(deterministic=True))
     yield f
-    f.se.shutdown()
+    f.engine.shutdown()
     asr.shutdown()
 
 

@@ -154,7 +154,7 @@ def test_spoken_sessions_on_cuda_graphs() -> None:
     try:
         out = run(spoken_sessions(f, clips, N_SESSIONS), timeout=180)
     finally:
-        f.se.shutdown()
+        f.engine.shutdown()
         asr.shutdown()
     for k, (res, evs) in enumerate(out):
         assert len(res) == 1 and res[0].status == "completed", res

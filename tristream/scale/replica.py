@@ -33,7 +33,7 @@ from tristream.scale.load import LoadReport, LoadTracker
 from tristream.scale.wire import EVENT, Endpoint, WireServer
 from tristream.sched.types import UnknownSession
 from tristream.serve import protocol as P
-from tristream.serve.backend import BackendFactory
+from tristream.serve.backend import BackendFactory, family_of
 from tristream.serve.backends import DEFAULT_BACKEND
 from tristream.serve.limits import ServerLimits
 from tristream.serve.metrics import ServeMetrics
@@ -84,7 +84,7 @@ class EngineReplica:
     def __init__(self, replica_id: str, spec: ReplicaSpec) -> None:
         self.replica_id = replica_id
         self.spec = spec
-        self.factory = build_factory(spec)
+        self.factory = family_of(build_factory(spec))
         self.metrics = ServeMetrics()
         self.metrics.add_collector(self._collect)
         self.load = LoadTracker(spec.target_p99_ms, spec.target_queue_depth)
@@ -300,7 +300,7 @@ class EngineReplica:
         queued = sum(1 for h in self.sessions.values() if h.session.responding)
         queued += sum(len(h.outbox) > 0 for h in self.sessions.values())
         rep = self.load.report(self.replica_id, time.monotonic_ns(), len(self.sessions), queued,
-                               self.accepting, getattr(self.factory, "scheduler", None))
+                               self.accepting, self.factory.scheduler)
         rep.held = list(self.sessions)
         rep.extra["gc_pause_max_recent_ms"] = round(self.gc.max_recent_s() * 1e3, 3)
         return rep
@@ -335,7 +335,5 @@ class EngineReplica:
             gauges = getattr(h.session.backend, "gauges", None)
             if gauges is not None:
                 fams.extend(gauges())
-        collect = getattr(self.factory, "collect", None)
-        if collect is not None:
-            fams.extend(collect())
+        fams.extend(self.factory.collect())
         return fams

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from tristream.observe.events import EncodedFrame, EventSink
+from tristream.serve.metrics import Family
 
 
 @dataclass(slots=True)
@@ -98,3 +99,43 @@ class SessionBackend(Protocol):
 
 
 BackendFactory = Callable[[], SessionBackend]
+"""Makes one `SessionBackend` per session (a plain function, or a `BackendFamily`)."""
+
+
+def _no_families() -> list[Family]:
+    return []
+
+
+def _healthy() -> bool:
+    return True
+
+
+@dataclass(slots=True)
+class BackendFamily:
+    """A backend family loaded once per process: ``make`` builds each session's backend; the rest
+    is what the server asks of the family as a whole.
+
+    ``collect``: process-wide metric families for ``/metrics`` (totals of closed sessions, the
+    scheduler's, the shared recogniser's); ``healthy``: False fails ``/health`` (the engine thread
+    died, the LLM endpoint is down); ``chat_llm``: the engine ``/v1/chat/completions`` answers on;
+    ``engine``: the engine the sessions share (`ScheduledEngine` or `AsyncLLM`); ``scheduler``: its
+    `Scheduler`, whose pressure the scale router balances on; ``asr`` and ``vision``: the shared
+    stages, for stats and shutdown.
+    """
+
+    make: Callable[[], SessionBackend]
+    collect: Callable[[], list[Family]] = _no_families
+    healthy: Callable[[], bool] = _healthy
+    chat_llm: Any = None
+    engine: Any = None
+    scheduler: Any = None
+    asr: Any = None
+    vision: Any = None
+
+    def __call__(self) -> SessionBackend:
+        return self.make()
+
+
+def family_of(factory: BackendFactory) -> BackendFamily:
+    """``factory`` as a `BackendFamily` (a plain function has no metrics, health or shared parts)."""
+    return factory if isinstance(factory, BackendFamily) else BackendFamily(factory)

@@ -32,6 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tristream.serve.metrics import Family
+
 log = logging.getLogger("tristream.serve")
 
 _UNSET: Any = object()
@@ -155,7 +157,7 @@ class MemoryTrimmer:
             self._handle.cancel()
             self._handle = None
 
-    def families(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    def families(self) -> list[Family]:
         """Prometheus families for the server's collector."""
         return [
             ("tristream_memory_trims_total", "counter", "heap trims (malloc_trim) after the open sessions fell",

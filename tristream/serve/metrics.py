@@ -16,7 +16,9 @@ from typing import Any
 from tristream.core.metrics import LatencyHistogram
 
 Sample = tuple[str, dict[str, str], float]
-Collector = Callable[[], list[tuple[str, str, str, list[Sample]]]]  # name, type, help, samples
+Family = tuple[str, str, str, list[Sample]]
+"""One metric family: name, type, help, samples (name, labels, value)."""
+Collector = Callable[[], list[Family]]
 # What a source clock counts (`SourceClock.counts`); these are exported even while still zero.
 CLOCK_EVENTS = ("duplicate", "gap", "lost", "wrap", "reset", "outlier", "delayed", "reordered", "previous_epoch")
 

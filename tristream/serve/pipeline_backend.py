@@ -60,7 +60,7 @@ from tristream.observe.events import (
     TranscriptDone,
 )
 from tristream.serve.answers import AnswerLog
-from tristream.serve.backend import BackendConfig, BackendFactory
+from tristream.serve.backend import BackendConfig, BackendFamily
 from tristream.serve.media import MediaError
 from tristream.serve.pipeline_metrics import STAGE_TOTALS, Family, StageTotals, stage_gauges
 from tristream.serve.pipeline_turns import ManualAudioBuffer, TurnGate, decode_image, transcribe_utterance
@@ -693,18 +693,13 @@ class PipelineBackend:
             STAGE_TOTALS.add_session(self._session)
 
 
-def pipeline_factory(**load_kw: Any) -> BackendFactory:
+def pipeline_factory(**load_kw: Any) -> BackendFamily:
     """Load the shared models once (seconds) and return a factory of per-session backends.
 
-    The factory's ``collect`` attribute exports the process-wide stage totals to ``/metrics``.
+    Its ``collect`` exports the process-wide stage totals to ``/metrics``.
     """
     from tristream.pipeline.models import load_models
 
     models = load_models(**load_kw)
-
-    def factory() -> PipelineBackend:
-        return PipelineBackend(models)
-
-    factory.collect = STAGE_TOTALS.families  # type: ignore[attr-defined]
-    factory.healthy = lambda: bool(getattr(models.llm, "healthy", True))  # type: ignore[attr-defined]
-    return factory
+    return BackendFamily(lambda: PipelineBackend(models), collect=STAGE_TOTALS.families,
+                         healthy=lambda: bool(getattr(models.llm, "healthy", True)))

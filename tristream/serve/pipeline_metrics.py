@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-Family = tuple[str, str, str, list[tuple[str, dict[str, str], float]]]
+from tristream.serve.metrics import Family
 
 
 def stage_gauges(s: Any) -> list[Family]:

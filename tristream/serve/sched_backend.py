@@ -39,7 +39,7 @@ from tristream.pipeline.llm import EngineStepError
 from tristream.pipeline.prompt import SYSTEM_PROMPT
 from tristream.sched.scheduled_engine import ScheduledEngine
 from tristream.sched.types import WorkModality
-from tristream.serve.backend import BackendConfig, BackendFactory
+from tristream.serve.backend import BackendConfig, BackendFamily, Family, SessionBackend
 
 
 class TurnShed(EngineStepError):
@@ -239,7 +239,7 @@ class EngineSessionBackend:
 def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str = "none",
                    kv_bytes: int | None = None, max_tokens: int = 32, scheduler: Any = None,
                    sched: str = "ours", turn_timeout_ms: float | None = None, asr: Any = None,
-                   tts: Any = None, vad: Any = None, quant: str = "auto", vision: str = "auto") -> BackendFactory:
+                   tts: Any = None, vad: Any = None, quant: str = "auto", vision: str = "auto") -> BackendFamily:
     """Load the engine once (``model``: a preset name with random weights, ``tiny-random``, ``smollm2``
     for the embedded GGUF, or a HF folder / GGUF path) and return the per-session factory.
 
@@ -282,9 +282,10 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
 
     se = ScheduledEngine(build_engine(model, device, kv_bytes, quant), scheduler, temperature=DECODE.temperature,
                          repetition_penalty=DECODE.repetition_penalty)
-    factory: Any
+    make: Callable[[], SessionBackend]
+    vt: Any = None
     if stages == "none":
-        def factory() -> EngineSessionBackend:
+        def make() -> SessionBackend:
             return EngineSessionBackend(se, max_tokens)
     elif stages == "embedded":
         from tristream.pipeline.models import load_models
@@ -292,7 +293,7 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
 
         models = load_models(with_llm=False)  # the LLM is the scheduled engine, per session
 
-        def factory() -> PipelineBackend:
+        def make() -> SessionBackend:
             return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
     elif stages == "gpu":
         from tristream.serve.pipeline_backend import PipelineBackend
@@ -301,7 +302,6 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
             vision = "tokens" if device.startswith("cuda") else "scene"
         if vision not in ("tokens", "scene"):
             raise ValueError(f"vision must be 'tokens', 'scene' or 'auto', got {vision!r}")
-        vt: Any = None
         if vision == "tokens":
             import dataclasses
 
@@ -310,34 +310,33 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
             vt = build_vision_tokens(se.engine, device)
             models = dataclasses.replace(speech, vision=None)  # the tokens replace the scene text
 
-            def factory() -> PipelineBackend:
+            def make() -> SessionBackend:
                 sv = vt.session()
                 return VisionPipelineBackend(models, sv, chat_for_session=lambda tier: ScheduledChat(
                     se, tier, max_tokens=max_tokens, vision=sv))
         else:
-            def factory() -> PipelineBackend:
+            def make() -> SessionBackend:
                 return PipelineBackend(speech, chat_for_session=lambda tier: ScheduledChat(
                     se, tier, max_tokens=max_tokens))
-
-        factory.asr = speech.asr  # `BatchedWhisperASR`: stats, runner, shutdown
-        factory.vision = vt
     else:
         raise ValueError(f"stages must be 'none', 'embedded' or 'gpu', got {stages!r}")
-    factory.se = se
-    factory.collect = lambda: sched_families(se)
-    if stages != "none":  # the pipeline's per-stage totals (closed sessions) too
-        from tristream.serve.pipeline_backend import STAGE_TOTALS
 
-        factory.collect = lambda: sched_families(se) + STAGE_TOTALS.families()
-    if speech is not None:
-        from tristream.serve.pipeline_backend import STAGE_TOTALS
-        from tristream.serve.speech_stages import asr_families
+    def collect() -> list[Family]:
+        fams = sched_families(se)
+        if stages != "none":  # the pipeline's per-stage totals (closed sessions) too
+            from tristream.serve.pipeline_backend import STAGE_TOTALS
 
-        vis = (lambda: vt.families()) if vt is not None else list
-        factory.collect = lambda: (sched_families(se) + STAGE_TOTALS.families() + asr_families(speech.asr)
-                                   + vis())
-    factory.healthy = lambda: se.error is None
-    return factory  # type: ignore[no-any-return]
+            fams += STAGE_TOTALS.families()
+        if speech is not None:
+            from tristream.serve.speech_stages import asr_families
+
+            fams += asr_families(speech.asr)
+        if vt is not None:
+            fams += vt.families()
+        return fams
+
+    return BackendFamily(make, collect=collect, healthy=lambda: se.error is None, engine=se, scheduler=se.sched,
+                         asr=speech.asr if speech is not None else None, vision=vt)
 
 
 CPU_TARGET_FACTOR = 20.0
@@ -367,7 +366,7 @@ def scaled_config(factor: float, preset: str = "ours") -> Any:
     return dataclasses.replace(base, tiers=tiers, queue=queue, aimd=aimd, shape=shape)
 
 
-def sched_families(se: ScheduledEngine) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+def sched_families(se: ScheduledEngine) -> list[Family]:
     """The scheduler's shed ledger and the engine loop's counters as Prometheus families."""
     st = se.stats()
     shed = [("tristream_sched_shed_total", dict(zip(("reason", "tier", "kind"), k.split("/"), strict=True)),

@@ -41,7 +41,7 @@ from websockets.protocol import State
 
 from tristream.observe.tracing import TurnTracer
 from tristream.serve import protocol as P
-from tristream.serve.backend import BackendFactory
+from tristream.serve.backend import BackendFactory, Family, family_of
 from tristream.serve.limits import ServerLimits
 from tristream.serve.memtrim import MemoryTrimmer
 from tristream.serve.metrics import ServeMetrics
@@ -117,7 +117,7 @@ class RealtimeServer:
         """``tokens`` may carry a tier as ``SECRET@bronze`` (the CLI's way); ``token_tiers`` maps
         tokens to the best SLA tier their sessions may use (default: any). ``chat_port``: also
         serve ``/v1/chat/completions`` there (0: a free port; see ``chat_url``) when the backend
-        family answers on our engine (``factory.chat_llm``); ``chat_required`` False: a taken port
+        family answers on our engine (`BackendFamily.chat_llm`); ``chat_required`` False: a taken port
         only logs a warning."""
         tiers = dict(token_tiers or {})
         plain: list[str] = []
@@ -132,7 +132,7 @@ class RealtimeServer:
         if require_auth and not tokens:
             raise AuthError("auth is required but no token was given: pass --token (or TRISTREAM_TOKEN), "
                             "or --no-auth for a trusted local demo")
-        self.factory = backend_factory
+        self.factory = family_of(backend_factory)
         self.host = host
         self.port = port
         self.tokens = [t.encode() for t in (tokens or [])]
@@ -179,7 +179,7 @@ class RealtimeServer:
             self.record_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
             os.chmod(self.record_dir, 0o700)
         log.info("tristream realtime server on ws://%s:%d/v1/realtime", self.host, self.port)
-        llm = getattr(self.factory, "chat_llm", None)
+        llm = self.factory.chat_llm
         if self.chat_port is not None:
             from tristream.serve.chat_completions import ChatCompletionsServer
 
@@ -338,9 +338,8 @@ class RealtimeServer:
         return self._respond(conn, 404, f"no route {path}; the API is at /v1/realtime\n", "text/plain")
 
     def backend_healthy(self) -> bool:
-        """The backend family's own health (``factory.healthy()``; True when it has none)."""
-        healthy = getattr(self.factory, "healthy", None)
-        return True if healthy is None else bool(healthy())
+        """The backend family's own health (`BackendFamily.healthy`)."""
+        return bool(self.factory.healthy())
 
     def _select_subprotocol(self, conn: ServerConnection, subprotocols: Any) -> Any:
         for sp in subprotocols:
@@ -348,7 +347,7 @@ class RealtimeServer:
                 return sp
         return subprotocols[0] if subprotocols else None
 
-    def _collect(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    def _collect(self) -> list[Family]:
         depth = [("tristream_session_outbox_depth", {"session": sid}, float(c.outbox.qsize()))
                  for sid, c in self.conns.items()]
         totals: dict[str, float] = {}
@@ -356,7 +355,7 @@ class RealtimeServer:
             counters = getattr(c.session.backend, "counters", None)
             for k, v in (counters() if counters else {}).items():
                 totals[k] = totals.get(k, 0.0) + v
-        fams: list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]] = [
+        fams: list[Family] = [
             ("tristream_sessions_active", "gauge", "open realtime sessions",
              [("tristream_sessions_active", {}, float(len(self.conns)))]),
             ("tristream_draining", "gauge", "1 while shutting down",
@@ -370,9 +369,7 @@ class RealtimeServer:
             gauges = getattr(c.session.backend, "gauges", None)
             if gauges is not None:
                 fams.extend(gauges())
-        collect = getattr(self.factory, "collect", None)  # process-wide totals of a backend family
-        if collect is not None:
-            fams.extend(collect())
+        fams.extend(self.factory.collect())  # process-wide totals of the backend family
         return fams
 
     # ------------------------------------------------------------ sessions

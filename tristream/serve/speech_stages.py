@@ -15,6 +15,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from tristream.serve.metrics import Family
+
 
 @dataclass(slots=True, frozen=True)
 class AsrSpec:
@@ -56,7 +58,7 @@ def streaming_models(device: str, asr: Any = None, tts: Any = None, vad: Any = N
                         OpenAIChatBackend("unused://"))
 
 
-def asr_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+def asr_families(asr: Any) -> list[Family]:
     """The shared streaming ASR's counters as Prometheus families (passes, batch, graphs, errors)."""
     st, rs = asr.stats, asr.runner.stats
     counters = {"passes": st.passes, "stream_updates": st.stream_updates, "catch_up_passes": st.catch_up_passes,
@@ -71,7 +73,7 @@ def asr_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str
              [("tristream_asr_pass_seconds_total", {}, float(st.pass_s))])]
 
 
-def asr_stream_families(asr: Any) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+def asr_stream_families(asr: Any) -> list[Family]:
     """The shared CPU streaming recogniser's counters (`StreamStats`: updates, commits, finals,
     speculation hits, tail re-decodes, decode seconds) as one Prometheus family; none for a
     recogniser without them."""

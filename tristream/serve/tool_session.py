@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+from tristream.serve.backend import BackendFamily
 from tristream.serve.pipeline_backend import PipelineBackend
 from tristream.serve.tools import (
     HERMES,
@@ -209,21 +210,16 @@ class ToolPipelineBackend(PipelineBackend):
         return out
 
 
-def tool_pipeline_factory(**load_kw: Any) -> Any:
+def tool_pipeline_factory(**load_kw: Any) -> BackendFamily:
     """`pipeline_factory` with a `ToolChat` per session (the same shared models)."""
     from tristream.pipeline.models import load_models
     from tristream.serve.pipeline_backend import STAGE_TOTALS
     from tristream.serve.speech_stages import asr_stream_families
 
     models = load_models(**load_kw)
-
-    def factory() -> ToolPipelineBackend:
-        return ToolPipelineBackend(models)
-
-    factory.collect = lambda: STAGE_TOTALS.families() + asr_stream_families(models.asr)  # type: ignore[attr-defined]
-    factory.healthy = lambda: bool(getattr(models.llm, "healthy", True))  # type: ignore[attr-defined]
-    factory.chat_llm = models.llm  # type: ignore[attr-defined]  # /v1/chat/completions answers on it
-    return factory
+    return BackendFamily(lambda: ToolPipelineBackend(models),
+                         collect=lambda: STAGE_TOTALS.families() + asr_stream_families(models.asr),
+                         healthy=lambda: bool(getattr(models.llm, "healthy", True)), chat_llm=models.llm)
 
 
 def tools_json(tools: list[ToolSpec]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from tristream.observe.events import AnswerText, EncodedFrame, EventSink, ResponseDone, ResponseStarted
-from tristream.serve.backend import BackendConfig, BackendFactory
+from tristream.serve.backend import BackendConfig, BackendFamily
 
 
 class EngineTextBackend:
@@ -115,7 +115,7 @@ class EngineTextBackend:
 
 
 def engine_factory(model: str = "llama-3.2-1b", device: str = "cuda", kv_bytes: int = 8 << 30,
-                   max_tokens: int = 16) -> BackendFactory:
+                   max_tokens: int = 16) -> BackendFamily:
     """Load the engine once for this replica (its device) and return the per-session factory."""
     from tristream.engine.async_engine import AsyncLLM
     from tristream.sched.real import build_engine
@@ -124,8 +124,4 @@ def engine_factory(model: str = "llama-3.2-1b", device: str = "cuda", kv_bytes: 
     llm = AsyncLLM(engine)
     vocab = int(engine.model.cfg.vocab_size)
 
-    def factory() -> EngineTextBackend:
-        return EngineTextBackend(llm, vocab, max_tokens)
-
-    factory.llm = llm  # type: ignore[attr-defined]
-    return factory
+    return BackendFamily(lambda: EngineTextBackend(llm, vocab, max_tokens), engine=llm)

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tristream.observe.events import SpeechStarted
+from tristream.serve.metrics import Family
 from tristream.serve.pipeline_backend import PipelineBackend
 
 Span = tuple[Any, str]
@@ -112,7 +113,7 @@ class VisionTokens:
     def session(self) -> SessionVision:
         return SessionVision(self)
 
-    def families(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    def families(self) -> list[Family]:
         """Counters and the tokenizer's totals as Prometheus families."""
         st = self.tokenizer.stats
         vals = {**self.counters, "frames_encoded": st.frames, "encoder_batches": st.batches,

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tristream.serve import protocol as P
+from tristream.serve.metrics import Family
 from tristream.serve.session import RealtimeSession
 from tristream.serve.webrtc_media import (
     JB_ATTR,
@@ -295,7 +296,7 @@ class WebRtcCalls:
             out["lost"] += st["lost"]
         return out
 
-    def families(self) -> list[tuple[str, str, str, list[tuple[str, dict[str, str], float]]]]:
+    def families(self) -> list[Family]:
         """Prometheus families: RTP packets received and lost (open calls as of their last stats read)."""
         rx = self.closed_rtp["received"] + sum(c.rtp["received"] for c in self.calls.values())
         lost = self.closed_rtp["lost"] + sum(c.rtp["lost"] for c in self.calls.values())
