@@ -158,7 +158,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     from tristream.engine.sequence import SamplingParams
     from tristream.pipeline.llm import EngineChatBackend
-    from tristream.serve.tools import CallEnd, ToolCaller, call_opening, parse_tools, with_tools
+    from tristream.serve.tools import FunctionCallDone, ToolCaller, call_opening, parse_tools, with_tools
 
     t0 = time.perf_counter()
     chat = EngineChatBackend.load(args.model, "cpu", args.quant)
@@ -172,7 +172,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             t = time.perf_counter()
             end = None
             async for p in caller.run(msgs, tool, fn["name"], 48):
-                if isinstance(p, CallEnd):
+                if isinstance(p, FunctionCallDone):
                     end = p
             dt = time.perf_counter() - t
             row: dict[str, Any] = {"function": fn["name"], "request": q, "seconds": round(dt, 3),
@@ -183,7 +183,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             except (json.JSONDecodeError, jsonschema.ValidationError, TypeError) as e:
                 row["valid"], row["error"] = False, str(e).splitlines()[0]
             if args.auto:  # tool_choice auto: does the model call the function by itself?
-                ends = [p async for p in caller.run(msgs, tool, "auto", 48) if isinstance(p, CallEnd)]
+                ends = [p async for p in caller.run(msgs, tool, "auto", 48) if isinstance(p, FunctionCallDone)]
                 row["auto_called"] = bool(ends)
                 if ends:
                     try:

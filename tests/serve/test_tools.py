@@ -11,8 +11,8 @@ from tristream.serve.tool_session import PLAIN, ToolState
 from tristream.serve.tools import (
     HERMES,
     LLAMA3,
-    CallEnd,
-    CallPiece,
+    FunctionCallDelta,
+    FunctionCallDone,
     ToolSpecError,
     call_text,
     check_arguments,
@@ -110,11 +110,11 @@ def test_the_embedded_model_calls_named_and_required_tools() -> None:
         "required": ["minutes", "sound"]}}
     tools = parse_tools([WEATHER, timer])
 
-    async def call(q: str, choice: str) -> CallEnd:
+    async def call(q: str, choice: str) -> FunctionCallDone:
         msgs = [{"role": "system", "content": "You help."}, {"role": "user", "content": q}]
         pieces = [p async for p in caller.run(msgs, tools, choice, 48)]
-        ends = [p for p in pieces if isinstance(p, CallEnd)]
-        deltas = [p.delta for p in pieces if isinstance(p, CallPiece)]
+        ends = [p for p in pieces if isinstance(p, FunctionCallDone)]
+        deltas = [p.delta for p in pieces if isinstance(p, FunctionCallDelta)]
         assert len(ends) == 1 and len(deltas) > 1 and "".join(deltas) == ends[0].arguments  # streamed
         return ends[0]
 

@@ -25,8 +25,8 @@ from typing import Any
 
 from tristream.serve.tool_session import ToolState, render_format
 from tristream.serve.tools import (
-    CallEnd,
-    CallPiece,
+    FunctionCallDelta,
+    FunctionCallDone,
     TextPiece,
     ToolCaller,
     ToolSpecError,
@@ -268,7 +268,7 @@ class ChatCompletionsServer:
             async for p in pieces:
                 if isinstance(p, TextPiece):
                     text.append(p.text)
-                elif isinstance(p, CallEnd):
+                elif isinstance(p, FunctionCallDone):
                     calls.append({"id": p.call_id, "type": "function",
                                   "function": {"name": p.name, "arguments": p.arguments}})
             msg: dict[str, Any] = {"role": "assistant", "content": "".join(text) if text or not calls else None}
@@ -293,12 +293,12 @@ class ChatCompletionsServer:
                 async for p in gen:
                     if isinstance(p, TextPiece):
                         await chunk({"content": p.text})
-                    elif isinstance(p, (CallPiece, CallEnd)):
+                    elif isinstance(p, (FunctionCallDelta, FunctionCallDone)):
                         if p.call_id not in seen:
                             seen[p.call_id] = len(seen)
                             await chunk({"tool_calls": [{"index": seen[p.call_id], "id": p.call_id, "type": "function",
                                                          "function": {"name": p.name, "arguments": ""}}]})
-                        if isinstance(p, CallPiece) and p.delta:
+                        if isinstance(p, FunctionCallDelta) and p.delta:
                             await chunk({"tool_calls": [{"index": seen[p.call_id],
                                                          "function": {"arguments": p.delta}}]})
             await chunk({}, "tool_calls" if seen else "stop")

@@ -26,8 +26,6 @@ from tristream.serve.backend import BackendFamily
 from tristream.serve.pipeline_backend import PipelineBackend
 from tristream.serve.tools import (
     HERMES,
-    CallEnd,
-    CallPiece,
     FunctionCallDelta,
     FunctionCallDone,
     TextPiece,
@@ -176,12 +174,12 @@ class ToolChat:
             async for p in gen:
                 if isinstance(p, TextPiece):
                     yield p.text
-                elif isinstance(p, CallPiece):
-                    self.emit(FunctionCallDelta(p.call_id, p.name, p.delta))
-                elif isinstance(p, CallEnd):
+                elif isinstance(p, FunctionCallDelta):
+                    self.emit(p)
+                else:
                     self.calls_made += 1
                     st.add_call(p.call_id, p.name, p.arguments)
-                    self.emit(FunctionCallDone(p.call_id, p.name, p.arguments, p.complete))
+                    self.emit(p)
         finally:
             await gen.aclose()
 

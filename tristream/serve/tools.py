@@ -232,31 +232,11 @@ class TextPiece:
     text: str
 
 
-@dataclasses.dataclass(slots=True)
-class CallPiece:
-    """A part of a call's arguments as decoded."""
-
-    call_id: str
-    name: str
-    delta: str
-
-
-@dataclasses.dataclass(slots=True)
-class CallEnd:
-    """A finished call: `arguments` is its whole JSON text; `complete` says it closed in time."""
-
-    call_id: str
-    name: str
-    arguments: str
-    complete: bool = True
-
-
-Piece = TextPiece | CallPiece | CallEnd
 
 
 @dataclasses.dataclass(slots=True)
 class FunctionCallDelta:
-    """Backend event: part of a call's arguments."""
+    """Part of a call's arguments as decoded (also the backend event the server sends on)."""
 
     call_id: str
     name: str
@@ -271,6 +251,9 @@ class FunctionCallDone:
     name: str
     arguments: str
     complete: bool = True
+
+
+Piece = TextPiece | FunctionCallDelta | FunctionCallDone
 
 
 class ToolCaller:
@@ -359,8 +342,8 @@ class ToolCaller:
         ids = self.prompt_ids(msgs, call_opening(tool.name, self.fmt))
         async with contextlib.aclosing(self.chat.stream(msgs, CALL_MAX_TOKENS, params=params, prompt_ids=ids)) as gen:
             async for text in gen:
-                yield CallPiece(call_id, tool.name, text)
-        yield CallEnd(call_id, tool.name, mask.text, mask.done and not mask.failed)
+                yield FunctionCallDelta(call_id, tool.name, text)
+        yield FunctionCallDone(call_id, tool.name, mask.text, mask.done and not mask.failed)
 
     async def _any(self, msgs: list[dict[str, str]], tools: list[ToolSpec]) -> AsyncGenerator[Piece, None]:
         """A whole call under the union of the tools' grammars; arguments stream once the name is decoded."""
@@ -383,13 +366,13 @@ class ToolCaller:
                     body = acc[start:]
                     safe = body[:-1] if body.endswith("}") else body  # the last brace may close the call
                     if len(safe) > sent:
-                        yield CallPiece(call_id, name, safe[sent:])
+                        yield FunctionCallDelta(call_id, name, safe[sent:])
                         sent = len(safe)
         if name is None:
-            yield CallEnd(call_id, tools[0].name, mask.text, False)
+            yield FunctionCallDone(call_id, tools[0].name, mask.text, False)
             return
         body = mask.text[start:]
         args = body[:-1] if mask.done and body.endswith("}") else body
         if len(args) > sent:
-            yield CallPiece(call_id, name, args[sent:])
-        yield CallEnd(call_id, name, args, mask.done and not mask.failed)
+            yield FunctionCallDelta(call_id, name, args[sent:])
+        yield FunctionCallDone(call_id, name, args, mask.done and not mask.failed)
