@@ -34,6 +34,15 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     _interpreter_scalar_index()
 
 
+@pytest.fixture(scope="session")
+def vad():
+    """Silero VAD (the stages' and the serving tests' voice detector), loaded once."""
+    from tests.models import load_or_skip
+    from tristream.stages.vad import SileroVAD
+
+    return load_or_skip(SileroVAD)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if _has_cuda():
         return

@@ -10,8 +10,9 @@ import threading
 import numpy as np
 import pytest
 
+from tests.signals import FORMANTS, resonate, voiced_bursts
 from tristream.serve.audio import PolyphaseResampler, input_resampler
-from tristream.stages.base import ModelUnavailable, Resampler
+from tristream.stages.base import Resampler
 
 
 def _run(r, x, step):
@@ -56,14 +57,7 @@ def test_close_to_soxr_on_a_voiced_signal():
     rate, n = 24_000, 48_000
     src = np.zeros(n)
     src[::rate // 120] = 1.0
-    x = np.zeros(n)
-    for fc, bw in ((700.0, 90.0), (1200.0, 110.0), (2600.0, 160.0)):
-        r = np.exp(-np.pi * bw / rate)
-        a1, a2 = 2 * r * np.cos(2 * np.pi * fc / rate), -r * r
-        y = np.zeros(n)
-        for i in range(2, n):
-            y[i] = src[i] + a1 * y[i - 1] + a2 * y[i - 2]
-        x += y
+    x = resonate(src, rate, (*FORMANTS, (2600.0, 160.0)))
     pcm = (0.3 * 32767 * x / np.abs(x).max()).astype(np.int16)
     ours = _run(PolyphaseResampler(rate, 16_000), pcm, 480).astype(np.float64)
     sox = _run(Resampler(rate, 16_000), pcm, 480).astype(np.float64)
@@ -88,37 +82,8 @@ def test_ratios_of_many_phases_stay_with_soxr():
 # ---- the VAD off the event loop
 
 
-@pytest.fixture(scope="module")
-def vad():
-    from tristream.stages.vad import SileroVAD
-
-    try:
-        return SileroVAD()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
-
-
 def _voiced(seconds=4.0, seed=7):
-    rng = np.random.default_rng(seed)
-    n = int(16000 * seconds)
-    t = np.arange(n) / 16000
-    src = (np.sin(2 * np.pi * 120 * t) > 0.97).astype(np.float32)
-    x = np.zeros(n, np.float32)
-    for f, bw in ((700.0, 90.0), (1200.0, 110.0)):
-        r = np.exp(-np.pi * bw / 16000)
-        a1, a2 = 2 * r * np.cos(2 * np.pi * f / 16000), -r * r
-        y = np.zeros(n, np.float32)
-        for i in range(2, n):
-            y[i] = src[i] + a1 * y[i - 1] + a2 * y[i - 2]
-        x += y
-    gate = np.zeros(n, np.float32)
-    pos = 0
-    while pos < n:
-        on = int(16000 * rng.uniform(0.3, 0.9))
-        gate[pos:pos + on] = 1.0
-        pos += on + 6400
-    pcm = 0.3 * x / np.max(np.abs(x)) * gate + 0.002 * rng.standard_normal(n)
-    return (np.clip(pcm, -1, 1) * 32767).astype(np.int16)
+    return (np.clip(voiced_bursts(seconds, seed), -1, 1) * 32767).astype(np.int16)
 
 
 class _Session:

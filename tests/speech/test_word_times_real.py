@@ -16,6 +16,7 @@ import re
 import numpy as np
 import pytest
 
+from tests.models import load_or_skip
 from tristream.speech.config import WhisperTokens
 from tristream.speech.runner import WhisperRunner
 from tristream.speech.streaming import NS, StreamingWhisper, hf_token_text, tokens_to_words
@@ -30,24 +31,15 @@ CONTINUOUS = "The quick brown fox jumps over the lazy dog. A cold wind blew acro
 def base():  # type: ignore[no-untyped-def]
     from tristream.speech.ct2 import load_ct2_whisper
     from tristream.stages.asr_whisper import whisper_base_dir
-    from tristream.stages.base import ModelUnavailable
-
-    try:
-        folder = whisper_base_dir()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    folder = load_or_skip(whisper_base_dir)
     return folder, load_ct2_whisper(folder)
 
 
 @pytest.fixture(scope="module")
 def track() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
     from tests.speech.truth import isolated_words
-    from tristream.stages.base import ModelUnavailable
 
-    try:
-        return isolated_words(WORDS)
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(lambda: isolated_words(WORDS))
 
 
 def _key(text: str) -> str:
@@ -139,12 +131,8 @@ def test_streaming_with_drafts_commits_the_words_at_their_true_times(base, track
 def continuous() -> tuple[np.ndarray, list[tuple[str, float, float]]]:
     """Two sentences, no inserted pauses; truth = first..last phoneme of each word (piper alignments)."""
     from tests.speech.truth import continuous_speech
-    from tristream.stages.base import ModelUnavailable
 
-    try:
-        return continuous_speech(CONTINUOUS)
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(lambda: continuous_speech(CONTINUOUS))
 
 
 def test_word_times_on_continuous_speech(base, continuous) -> None:  # type: ignore[no-untyped-def]

@@ -27,16 +27,6 @@ def track(tts) -> SpeechTrack:
     return make_track(tts.synthesize, tts.sample_rate, SENTENCES[:3])
 
 
-@pytest.fixture(scope="session")
-def vad():
-    from tristream.stages.vad import SileroVAD
-
-    try:
-        return SileroVAD()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
-
-
 def words(text: str) -> set[str]:
     """Lower-case words without punctuation."""
     return {w for w in "".join(c if c.isalnum() or c == " " else " " for c in text.lower()).split()}

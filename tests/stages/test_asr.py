@@ -3,9 +3,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.models import load_or_skip
 from tristream.observe.events import SpeechEvent, SpeechEventKind
 from tristream.stages.asr import UtteranceStream, transcribe_offline
-from tristream.stages.base import BadAudio, ModelUnavailable
+from tristream.stages.base import BadAudio
 
 from .conftest import word_recall
 
@@ -14,20 +15,14 @@ from .conftest import word_recall
 def whisper():
     from tristream.stages.asr_whisper import WhisperASR
 
-    try:
-        return WhisperASR()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(WhisperASR)
 
 
 @pytest.fixture(scope="module")
 def pocketsphinx():
     from tristream.stages.asr_pocketsphinx import PocketsphinxASR
 
-    try:
-        return PocketsphinxASR()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(PocketsphinxASR)
 
 
 def test_whisper_model_is_assembled_and_verified(whisper):

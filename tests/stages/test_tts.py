@@ -3,6 +3,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.models import load_or_skip
 from tristream.stages.base import ModelUnavailable
 from tristream.stages.synth import energy_edges
 from tristream.stages.tts import EspeakTTS, PiperTTS, SentenceSplitter, espeak_available
@@ -10,10 +11,7 @@ from tristream.stages.tts import EspeakTTS, PiperTTS, SentenceSplitter, espeak_a
 
 @pytest.fixture(scope="module")
 def piper():
-    try:
-        return PiperTTS(deterministic=True)
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(lambda: PiperTTS(deterministic=True))
 
 
 def test_splitter_streams_sentences_and_first_clause():

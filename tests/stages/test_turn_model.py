@@ -12,13 +12,10 @@ pytest.importorskip("faster_whisper")
 
 @pytest.fixture(scope="module")
 def smart_turn():
-    from tristream.stages.base import ModelUnavailable
+    from tests.models import load_or_skip
     from tristream.stages.turn_model import SmartTurn
 
-    try:
-        return SmartTurn()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(SmartTurn)
 
 
 def _voice(seconds: float, seed: int = 0) -> np.ndarray:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.signals import voiced_bursts
+
 from .conftest import chunks
 
 
@@ -15,25 +17,7 @@ def track():
     0.4 s off) and low noise: no TTS needed; the equality checks hold whatever the VAD decides."""
 
     class _T:
-        rng = np.random.default_rng(7)
-        n = 16000 * 6
-        t = np.arange(n) / 16000
-        src = (np.sin(2 * np.pi * 120 * t) > 0.97).astype(np.float32)
-        x = np.zeros(n, np.float32)
-        for f, bw in ((700.0, 90.0), (1200.0, 110.0)):  # two-pole resonators
-            r = np.exp(-np.pi * bw / 16000)
-            a1, a2 = 2 * r * np.cos(2 * np.pi * f / 16000), -r * r
-            y = np.zeros(n, np.float32)
-            for i in range(2, n):
-                y[i] = src[i] + a1 * y[i - 1] + a2 * y[i - 2]
-            x += y
-        gate = np.zeros(n, np.float32)
-        pos = 0
-        while pos < n:
-            on = int(16000 * rng.uniform(0.3, 0.9))
-            gate[pos:pos + on] = 1.0
-            pos += on + 6400
-        pcm = (0.3 * x / np.max(np.abs(x)) * gate + 0.002 * rng.standard_normal(n)).astype(np.float32)
+        pcm = voiced_bursts(6.0).astype(np.float32)
 
     return _T
 

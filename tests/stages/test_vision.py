@@ -6,16 +6,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tristream.stages.base import ModelUnavailable
+from tests.models import load_or_skip
 from tristream.stages.vision_cpu import BadFrame, SceneDescriber
 
 
 @pytest.fixture(scope="module")
 def describer():
-    try:
-        return SceneDescriber()
-    except ModelUnavailable as e:
-        pytest.skip(str(e))
+    return load_or_skip(SceneDescriber)
 
 
 @pytest.fixture(scope="module")
