@@ -14,13 +14,15 @@ can replay a session on a virtual clock.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
 
-from tristream.observe.events import EncodedFrame, EventSink
+from tristream.observe.events import EncodedFrame, EventSink, ResponseDone
 from tristream.serve.metrics import Family
 
 
@@ -100,6 +102,55 @@ class SessionBackend(Protocol):
 
 BackendFactory = Callable[[], SessionBackend]
 """Makes one `SessionBackend` per session (a plain function, or a `BackendFamily`)."""
+
+
+class TextTurnBackend:
+    """What the text-turn engine backends share: the sink, counters of the inputs they ignore
+    (audio, frames), one answer task at a time and its cancellation. Subclasses answer in
+    ``create_response``; ``_stop_answer`` frees the engine's side of a cancelled answer."""
+
+    def __init__(self) -> None:
+        self.sink: EventSink | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._counters: dict[str, int] = {}
+
+    def _count(self, name: str, n: int = 1) -> None:
+        self._counters[name] = self._counters.get(name, 0) + n
+
+    def _emit(self, ev: Any) -> None:
+        if self.sink is not None:
+            self.sink(ev)
+
+    def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
+        """No speech models in a text-turn backend: counted."""
+        self._count("ignored_audio_chunks")
+
+    def push_frame(self, frame: EncodedFrame) -> None:
+        """No vision in a text-turn backend: counted."""
+        self._count("ignored_frames")
+
+    def clear_audio(self, ref_ns: int) -> None:
+        """No audio buffer."""
+
+    def _stop_answer(self) -> None:
+        """Free what the engine holds for the answer in flight (the task is cancelled after)."""
+
+    def cancel_response(self, ref_ns: int) -> None:
+        """Stop the answer in flight (a cancelled `ResponseDone` follows)."""
+        if self._task is not None:
+            self._stop_answer()
+            self._task.cancel()
+            self._task = None
+            self._emit(ResponseDone("cancelled", time.monotonic_ns()))
+
+    def counters(self) -> dict[str, int]:
+        """Ignored inputs (and what a subclass counts), by kind."""
+        return dict(self._counters)
+
+    async def close(self) -> None:
+        """Cancel an answer in flight; no event after this."""
+        self.cancel_response(time.monotonic_ns())
+        self.sink = None
 
 
 def _no_families() -> list[Family]:

@@ -24,11 +24,8 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-import numpy as np
-
 from tristream.observe.events import (
     AnswerText,
-    EncodedFrame,
     EventSink,
     ResponseDone,
     ResponseStarted,
@@ -39,7 +36,7 @@ from tristream.pipeline.llm import EngineStepError
 from tristream.pipeline.prompt import SYSTEM_PROMPT
 from tristream.sched.scheduled_engine import ScheduledEngine
 from tristream.sched.types import WorkModality
-from tristream.serve.backend import BackendConfig, BackendFamily, Family, SessionBackend
+from tristream.serve.backend import BackendConfig, BackendFamily, Family, SessionBackend, TextTurnBackend
 
 
 class TurnShed(EngineStepError):
@@ -125,28 +122,19 @@ class ScheduledChat:
             self.sid = None
 
 
-class EngineSessionBackend:
+class EngineSessionBackend(TextTurnBackend):
     """Text turns of one session on the scheduled engine; see the module docstring."""
 
     def __init__(self, se: ScheduledEngine, max_tokens: int = 32, max_history_turns: int = 6) -> None:
+        super().__init__()
         self.se = se
         self.max_tokens = max_tokens
         self.max_history = 2 * max_history_turns
         self.cfg: BackendConfig | None = None
-        self.sink: EventSink | None = None
         self.chat: ScheduledChat | None = None
         self.system = ""
         self.history: list[dict[str, str]] = []
         self.pending: list[str] = []
-        self._task: asyncio.Task[None] | None = None
-        self._counters: dict[str, int] = {}
-
-    def _count(self, name: str, n: int = 1) -> None:
-        self._counters[name] = self._counters.get(name, 0) + n
-
-    def _emit(self, ev: Any) -> None:
-        if self.sink is not None:
-            self.sink(ev)
 
     async def start(self, config: BackendConfig, sink: EventSink) -> None:
         """Bind the session to the scheduler (opened at its first turn, at the tier then in force)."""
@@ -156,14 +144,6 @@ class EngineSessionBackend:
     def update(self, config: BackendConfig) -> None:
         """Instructions and tier apply from the next turn."""
         self.cfg = config
-
-    def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
-        """No speech models in this backend (``stages=embedded`` has them): counted."""
-        self._count("ignored_audio_chunks")
-
-    def push_frame(self, frame: EncodedFrame) -> None:
-        """No vision here: counted."""
-        self._count("ignored_frames")
 
     def push_text(self, role: str, text: str, images: list[bytes], ref_ns: int) -> None:
         """User text waits for ``response.create``; system text replaces the instructions."""
@@ -181,9 +161,6 @@ class EngineSessionBackend:
             self.create_response(None, ref_ns)
         else:
             self._count("manual_commit_ignored")
-
-    def clear_audio(self, ref_ns: int) -> None:
-        """No audio buffer."""
 
     def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
         """Answer the pending text (or the last user message again) as one scheduled turn."""
@@ -216,21 +193,10 @@ class EngineSessionBackend:
         self._task = None
         self._emit(ResponseDone(status, time.monotonic_ns(), reason, stats))
 
-    def cancel_response(self, ref_ns: int) -> None:
-        """Stop the answer: the scheduler drops its work, the engine frees its blocks at the next step."""
-        if self._task is not None:
-            self._task.cancel()
-            self._task = None
-            self._emit(ResponseDone("cancelled", time.monotonic_ns()))
-
-    def counters(self) -> dict[str, int]:
-        """Ignored inputs and shed turns, by kind."""
-        return dict(self._counters)
-
     async def close(self) -> None:
-        """Cancel an answer in flight and leave the scheduler."""
-        self.cancel_response(time.monotonic_ns())
-        self.sink = None
+        """Cancel an answer in flight (the scheduler drops its work, the engine frees its blocks at
+        the next step) and leave the scheduler."""
+        await TextTurnBackend.close(self)
         await asyncio.sleep(0)
         if self.chat is not None:
             self.chat.close()

@@ -16,28 +16,21 @@ import asyncio
 import time
 from typing import Any
 
-import numpy as np
-
-from tristream.observe.events import AnswerText, EncodedFrame, EventSink, ResponseDone, ResponseStarted
-from tristream.serve.backend import BackendConfig, BackendFamily
+from tristream.observe.events import AnswerText, EventSink, ResponseDone, ResponseStarted
+from tristream.serve.backend import BackendConfig, BackendFamily, TextTurnBackend
 
 
-class EngineTextBackend:
+class EngineTextBackend(TextTurnBackend):
     """One session's text turns on the replica's shared engine; see the module docstring."""
 
     def __init__(self, llm: Any, vocab: int, max_tokens: int) -> None:
+        super().__init__()
         self.llm = llm
         self.vocab = vocab
         self.max_tokens = max_tokens
-        self.sink: EventSink | None = None
         self.history: list[int] = []
         self.pending: list[int] = []
-        self._task: asyncio.Task[None] | None = None
         self._stream: Any = None
-        self._counters: dict[str, int] = {}
-
-    def _count(self, name: str, n: int = 1) -> None:
-        self._counters[name] = self._counters.get(name, 0) + n
 
     async def start(self, config: BackendConfig, sink: EventSink) -> None:
         """Keep the sink; nothing to load per session."""
@@ -45,14 +38,6 @@ class EngineTextBackend:
 
     def update(self, config: BackendConfig) -> None:
         """Nothing to apply (text only)."""
-
-    def push_audio(self, pcm: np.ndarray, ref_ns: int, capture_ts_us: int | None) -> None:
-        """Not handled by this backend: counted."""
-        self._count("ignored_audio_chunks")
-
-    def push_frame(self, frame: EncodedFrame) -> None:
-        """Not handled by this backend: counted."""
-        self._count("ignored_frames")
 
     def push_text(self, role: str, text: str, images: list[bytes], ref_ns: int) -> None:
         """Tokens of the user text (bytes mod vocab when the model has no tokenizer)."""
@@ -66,9 +51,6 @@ class EngineTextBackend:
         """Answer pending text, like the pipeline backend does."""
         if self.pending:
             self.create_response(None, ref_ns)
-
-    def clear_audio(self, ref_ns: int) -> None:
-        """No audio buffer here."""
 
     def create_response(self, instructions: str | None, ref_ns: int, modalities: list[str] | None = None) -> None:
         """Prefill history + pending text and stream the answer."""
@@ -92,26 +74,10 @@ class EngineTextBackend:
         self._emit(ResponseDone(status, time.monotonic_ns()))
         self._task = None
 
-    def _emit(self, ev: Any) -> None:
-        if self.sink is not None:
-            self.sink(ev)
-
-    def cancel_response(self, ref_ns: int) -> None:
-        """Stop the answer: the engine frees the sequence at its next step."""
-        if self._stream is not None and self._task is not None:
+    def _stop_answer(self) -> None:
+        """The engine frees the sequence at its next step."""
+        if self._stream is not None:
             self._stream.cancel()
-            self._task.cancel()
-            self._task = None
-            self._emit(ResponseDone("cancelled", time.monotonic_ns()))
-
-    def counters(self) -> dict[str, int]:
-        """Ignored inputs by kind."""
-        return dict(self._counters)
-
-    async def close(self) -> None:
-        """Cancel an answer in flight."""
-        self.cancel_response(time.monotonic_ns())
-        self.sink = None
 
 
 def engine_factory(model: str = "llama-3.2-1b", device: str = "cuda", kv_bytes: int = 8 << 30,
