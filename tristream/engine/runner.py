@@ -42,6 +42,12 @@ class PrefillChunk:
     want_logits: bool
     all_logits: bool = False  # logits at every position of the chunk (speculative verify), not only the last
 
+    def cache_span(self) -> tuple[int, int]:
+        """The chunk's positions as cache indexes [start, end): logical positions (what RoPE sees)
+        less the sequence's `cache_offset` (what slots and the context length count)."""
+        off = self.seq.cache_offset
+        return self.start - off, self.start + self.length - off
+
 
 def chunk_inputs(seq: Sequence, start: int, end: int, block_size: int
                  ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, torch.Tensor]]]:
@@ -64,6 +70,43 @@ def chunk_inputs(seq: Sequence, start: int, end: int, block_size: int
             if lo < hi:
                 splices.append((row0 + lo - lo_run, emb[lo - seg_start:hi - seg_start]))
     return keys, pos, splices
+
+
+def pack_inputs(chunks: list[PrefillChunk], block_size: int
+                ) -> tuple[np.ndarray, np.ndarray, list[tuple[int, torch.Tensor]]]:
+    """Token keys and logical positions of the chunks laid end to end (`chunk_inputs` of each),
+    and their embedding splices by row of the packed batch."""
+    keys: list[np.ndarray] = []
+    positions: list[np.ndarray] = []
+    splices: list[tuple[int, torch.Tensor]] = []
+    q = 0
+    for c in chunks:
+        c_keys, c_pos, c_splices = chunk_inputs(c.seq, c.start, c.start + c.length, block_size)
+        keys.append(c_keys)
+        positions.append(c_pos)
+        splices += [(q + row, emb) for row, emb in c_splices]
+        q += c.length
+    return np.concatenate(keys), np.concatenate(positions), splices
+
+
+def logit_rows(chunks: list[PrefillChunk]) -> list[int]:
+    """Rows of the chunks laid end to end whose logits are wanted: every row of an `all_logits`
+    chunk, the last row of a `want_logits` one; in order."""
+    rows: list[int] = []
+    q = 0
+    for c in chunks:
+        if c.all_logits:
+            rows.extend(range(q, q + c.length))
+        q += c.length
+        if c.want_logits and not c.all_logits:
+            rows.append(q - 1)
+    return rows
+
+
+def splice_embeddings(h: torch.Tensor, splices: list[tuple[int, torch.Tensor]]) -> None:
+    """Write embedding rows (vision tokens) over the token embeddings `h` at their rows."""
+    for row, emb in splices:
+        h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
 
 
 def slots_for(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
@@ -172,19 +215,13 @@ class ModelRunner:
 
     def _inputs(self, chunks: list[PrefillChunk]) -> tuple[torch.Tensor, AttnMetadata]:
         model, bs = self.model, self.block_size
-        keys: list[np.ndarray] = []
-        positions: list[np.ndarray] = []
+        keys, positions, splices = pack_inputs(chunks, bs)
         slots: list[torch.Tensor] = []
         seqs: list[SeqSlice] = []
-        splices: list[tuple[int, torch.Tensor]] = []
         q = 0
         for c in chunks:
-            s, end = c.seq, c.start + c.length
-            off = s.cache_offset  # logical positions (RoPE) vs cache indexes (slots, context length)
-            cstart, cend = c.start - off, end - off
-            c_ids, c_pos, c_splices = chunk_inputs(s, c.start, end, bs)
-            keys.append(c_ids)
-            positions.append(c_pos)
+            s = c.seq
+            cstart, cend = c.cache_span()
             slots.append(slots_for(s.block_table, cstart, cend, bs))
             if cstart == 0:
                 seqs.append(SeqSlice(q, c.length, cend))
@@ -195,14 +232,12 @@ class ModelRunner:
                 mask = causal_offset_mask(c.length, cend, self.device) if c.length > 1 else None
                 seqs.append(SeqSlice(q, c.length, cend, kv_index=kv.to(self.device), mask=mask,
                                      kv_start=first if consecutive else None))
-            splices += [(q + row, emb) for row, emb in c_splices]
             q += c.length
-        ids = torch.from_numpy(np.concatenate(keys)).clamp_(min=0).to(self.device)
+        ids = torch.from_numpy(keys).clamp_(min=0).to(self.device)
         h = model.embed(ids)
-        for row, emb in splices:
-            h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
+        splice_embeddings(h, splices)
         meta = AttnMetadata(
-            positions=torch.from_numpy(np.concatenate(positions)).to(self.device), seqs=seqs,
+            positions=torch.from_numpy(positions).to(self.device), seqs=seqs,
             slot_mapping=torch.cat(slots).to(self.device),
         )
         return h, meta
@@ -230,14 +265,7 @@ class ModelRunner:
             else:
                 attn = TorchAttention(self.model.cfg, self.model.cos_sin, meta, self.cache, self.model.dtype)
             out = self.model(h, attn, ops=self.ops)
-        rows: list[int] = []
-        q = 0
-        for c in chunks:
-            if c.all_logits:
-                rows.extend(range(q, q + c.length))
-            q += c.length
-            if c.want_logits and not c.all_logits:
-                rows.append(q - 1)
+        rows = logit_rows(chunks)
         if not rows:
             return None
         return self.model.logits(out[torch.tensor(rows, device=out.device)])
@@ -256,22 +284,15 @@ class ModelRunner:
         """All chunks through one forward with batched attention; indices reach the device in one copy."""
         model, bs = self.model, self.block_size
         cfg = model.cfg
-        ids: list[np.ndarray] = []
-        positions: list[np.ndarray] = []
+        keys, positions, splices = pack_inputs(chunks, bs)
         slots: list[np.ndarray] = []
         layouts: list[ChunkLayout] = []
-        rows: list[int] = []
-        splices: list[tuple[int, torch.Tensor]] = []
         q = 0
         tables: list[np.ndarray] = []
         paged = self.paged_block_m > 0
         for c in chunks:
-            s, end = c.seq, c.start + c.length
-            off = s.cache_offset  # logical positions (RoPE) vs cache indexes (slots, context length)
-            cstart, cend = c.start - off, end - off
-            c_ids, c_pos, c_splices = chunk_inputs(s, c.start, end, bs)
-            ids.append(c_ids)
-            positions.append(c_pos)
+            s = c.seq
+            cstart, cend = c.cache_span()
             if paged:
                 slots.append(slots_range(s.block_table, cstart, cend, bs))
                 tables.append(np.asarray(s.block_table[:-(-cend // bs)], dtype=np.int64))
@@ -280,18 +301,14 @@ class ModelRunner:
                 kv = slots_np(s.block_table, cend, bs)
                 slots.append(kv[cstart:cend])
                 layouts.append(ChunkLayout(q, c.length, cend, kv))
-            splices += [(q + row, emb) for row, emb in c_splices]
-            if c.all_logits:
-                rows.extend(range(q, q + c.length))
             q += c.length
-            if c.want_logits and not c.all_logits:
-                rows.append(q - 1)
+        rows = logit_rows(chunks)
         g = self.prefill_graphs
         if paged and g is not None and not splices and g.fits(q, len(chunks), max(len(t) for t in tables)):
-            return g.run(np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots), rows,
+            return g.run(np.maximum(keys, 0), positions, np.concatenate(slots), rows,
                          [lay.q_start for lay in layouts], [lay.q_len for lay in layouts],
                          [lay.ctx_len for lay in layouts], tables)
-        host = [np.maximum(np.concatenate(ids), 0), np.concatenate(positions), np.concatenate(slots),
+        host = [np.maximum(keys, 0), positions, np.concatenate(slots),
                 np.asarray(rows, dtype=np.int64)]
         plan: PackedPrefillPlan | PagedPrefillPlan
         if paged:
@@ -301,8 +318,7 @@ class ModelRunner:
                                      staging=self.staging)
         d_ids, d_pos, d_slots, d_rows = plan.extra
         h = model.embed(d_ids)
-        for row, emb in splices:
-            h[row:row + emb.shape[0]] = emb.to(device=h.device, dtype=h.dtype)
+        splice_embeddings(h, splices)
         attn = PackedAttention(cfg, model.cos_sin, d_pos, d_slots, plan, self.cache, model.dtype,
                                fused_rope=self.device.type == "cuda")
         out = model(h, attn, ops=self.ops)
