@@ -41,20 +41,26 @@ def ours_config(**overrides: Any) -> SchedulerConfig:
     return replace(SchedulerConfig(), **overrides)
 
 
+def _baseline(name: str, ordering: Ordering, **fields: Any) -> SchedulerConfig:
+    """A baseline: `ordering` alone (no aging, no watermark pull-in), running decodes never
+    preempted, the fixed (largest) step budget, no degradation ladder."""
+    return SchedulerConfig(
+        name=name,
+        policy=PolicyConfig(ordering=ordering, aging_step_ms=None, watermark_weight=0.0),
+        preempt=False,
+        adaptive=False,
+        degrade=False,
+        **fields,
+    )
+
+
 def fifo_config(**overrides: Any) -> SchedulerConfig:
     """Arrival order, running decodes never preempted, largest buckets, no timeouts.
 
     The only protection is a bound on the queue (rejecting when full), as a plain
     continuous-batching server without priorities would have.
     """
-    base = SchedulerConfig(
-        name="fifo",
-        policy=PolicyConfig(ordering=Ordering.FIFO, aging_step_ms=None, watermark_weight=0.0),
-        preempt=False,
-        adaptive=False,
-        degrade=False,
-        queue={t: QueuePolicy(max_queue_size=4096) for t in Tier},
-    )
+    base = _baseline("fifo", Ordering.FIFO, queue={t: QueuePolicy(max_queue_size=4096) for t in Tier})
     return replace(base, **overrides)
 
 
@@ -65,14 +71,7 @@ def static_priority_config(**overrides: Any) -> SchedulerConfig:
     modality priority, no deadlines, no aging, no preemption of running decodes, fixed
     (largest) batch, no degradation ladder.
     """
-    base = SchedulerConfig(
-        name="static_priority",
-        policy=PolicyConfig(ordering=Ordering.STATIC_TIER, aging_step_ms=None, watermark_weight=0.0),
-        preempt=False,
-        adaptive=False,
-        degrade=False,
-    )
-    return replace(base, **overrides)
+    return replace(_baseline("static_priority", Ordering.STATIC_TIER), **overrides)
 
 
 def ours_tier_local_config(**overrides: Any) -> SchedulerConfig:
