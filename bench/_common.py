@@ -130,7 +130,6 @@ def host_speed(reps: int = 7) -> dict[str, float]:
     Whisper DTW timing ranged 0.39-0.48 ms on four H200 hosts): figures whose host share matters
     carry this beside them so runs on different machines can be compared."""
     import statistics
-    import time
 
     import numpy as np
 
@@ -150,16 +149,21 @@ def host_speed(reps: int = 7) -> dict[str, float]:
             x = np.add(x, 1.0)
             _ = int(np.argmax(x))
 
-    out = {}
-    for name, fn in (("python_ms", py), ("numpy_ms", nump)):
+    return {name: round(statistics.median(call_times(fn, reps)) * 1e3, 3)
+            for name, fn in (("python_ms", py), ("numpy_ms", nump))}
+
+
+def call_times(fn: Callable[[], object], reps: int, warm: int = 1,
+               clock: Callable[[], float] = time.perf_counter) -> list[float]:
+    """`fn` called `warm` times untimed, then `reps` times: the seconds of each of those by `clock`."""
+    for _ in range(warm):
         fn()
-        ts = []
-        for _ in range(reps):
-            t = time.perf_counter()
-            fn()
-            ts.append((time.perf_counter() - t) * 1e3)
-        out[name] = round(statistics.median(ts), 3)
-    return out
+    ts = []
+    for _ in range(reps):
+        t = clock()
+        fn()
+        ts.append(clock() - t)
+    return ts
 
 
 def _spin(seconds: float) -> None:
@@ -263,6 +267,59 @@ def kernel_profile(fn: Callable[[], object], top: int = 25) -> dict[str, Any]:
             kernels += int(ev.count)
     rows.sort(key=lambda r: -r["us"])
     return {"kernels": kernels, "kernel_time_us": round(total_us, 1), "top": rows[:top]}
+
+
+TEXT_DELTAS = ("response.text.delta", "response.output_text.delta", "response.audio_transcript.delta",
+               "response.output_audio_transcript.delta")
+AUDIO_DELTAS = ("response.audio.delta", "response.output_audio.delta")
+
+
+def note_turn_event(cur: dict[str, Any], ev: dict[str, Any], now: float) -> bool:
+    """Notes one Realtime server event on `cur`, the record of the turn a bench client is speaking.
+
+    Always: the times (`now`, perf_counter s) of speech stopped, the transcript and the first answer
+    text and audio; the transcripts, the responses, the last status, the server's latency and the
+    errors. Where `cur` holds the key: the transcription ``deltas`` (and ``deltas_before_end``),
+    the ``early_responses`` begun before the turn's audio was all sent, the ``answer`` text.
+    Returns whether the answer is done: ``response.done`` once the audio is sent (``audio_sent``)."""
+    t = ev["type"]
+    if t == "input_audio_buffer.speech_stopped":
+        cur["stopped"] = now
+    elif t == "conversation.item.input_audio_transcription.delta" and "deltas" in cur:
+        cur["deltas"] += 1
+        if not cur.get("audio_sent"):
+            cur["deltas_before_end"] += 1
+    elif t == "conversation.item.input_audio_transcription.completed":
+        cur["transcripts"].append(ev.get("transcript", ""))
+        cur["completed"] = now
+    elif t == "response.created":
+        cur["responses"] += 1
+        if "early_responses" in cur and not cur.get("audio_sent"):
+            cur["early_responses"] += 1
+        cur.pop("first_text", None)
+        cur.pop("first_audio", None)
+    elif t in TEXT_DELTAS:
+        cur.setdefault("first_text", now)
+        if "answer" in cur:
+            cur["answer"] += ev.get("delta", "")
+    elif t in AUDIO_DELTAS:
+        cur.setdefault("first_audio", now)
+    elif t == "response.done":
+        cur["status"] = ev["response"].get("status")
+        cur["server_latency_ms"] = ev.get("x_tristream", {}).get("latency_ms")
+        return bool(cur.get("audio_sent"))
+    elif t == "error":
+        cur["errors"].append(ev.get("error", {}).get("message", "")[:120])
+    return False
+
+
+def last_voiced_chunk(pcm: Any, step: int, rms: float = 0.01) -> int:
+    """The offset of the last `step`-sample chunk of int16 `pcm` above `rms` (full scale 1), else 0."""
+    import numpy as np
+
+    voiced = [i for i in range(0, pcm.size, step)
+              if np.sqrt(np.mean((pcm[i:i + step].astype(np.float32) / 32768) ** 2)) > rms]
+    return voiced[-1] if voiced else 0
 
 
 class ServerDidNotStart(RuntimeError):

@@ -38,7 +38,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import serve as serve_bench  # noqa: E402  (bench/serve.py: one way to start a server)
-from _common import RESULTS_DIR, busy_cores, cpu_info, host_speed, machine_info, process_cpu_s, stop_process  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    busy_cores,
+    cpu_info,
+    host_speed,
+    last_voiced_chunk,
+    machine_info,
+    note_turn_event,
+    process_cpu_s,
+    stop_process,
+)
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,46 +83,15 @@ async def one_session(url: str, turns: list[Turn], gap_s: float, wait_s: float) 
 
         async def reader() -> None:
             async for raw in ws:
-                ev = json.loads(raw)
-                t, now = ev["type"], time.perf_counter()
-                if not cur:
-                    continue
-                if t == "input_audio_buffer.speech_stopped":
-                    cur["stopped"] = now
-                elif t == "conversation.item.input_audio_transcription.delta":
-                    cur["deltas"] += 1
-                    if not cur.get("audio_sent"):
-                        cur["deltas_before_end"] += 1
-                elif t == "conversation.item.input_audio_transcription.completed":
-                    cur["transcripts"].append(ev.get("transcript", ""))
-                    cur["completed"] = now
-                elif t == "response.created":
-                    cur["responses"] += 1
-                    if not cur.get("audio_sent"):
-                        cur["early_responses"] += 1
-                    cur.pop("first_text", None)
-                    cur.pop("first_audio", None)
-                elif t in ("response.text.delta", "response.output_text.delta", "response.audio_transcript.delta",
-                           "response.output_audio_transcript.delta"):
-                    cur.setdefault("first_text", now)
-                elif t in ("response.audio.delta", "response.output_audio.delta"):
-                    cur.setdefault("first_audio", now)
-                elif t == "response.done":
-                    cur["status"] = ev["response"].get("status")
-                    cur["server_latency_ms"] = ev.get("x_tristream", {}).get("latency_ms")
-                    if cur.get("audio_sent"):
-                        done.set()
-                elif t == "error":
-                    cur["errors"].append(ev.get("error", {}).get("message", "")[:120])
+                if cur and note_turn_event(cur, json.loads(raw), time.perf_counter()):
+                    done.set()
 
         rtask = asyncio.get_running_loop().create_task(reader())
         silence = np.zeros(STEP, np.int16)
         try:
             for turn in turns:
                 pcm = _pcm16(turn.pcm)
-                voiced = [i for i in range(0, pcm.size, STEP)
-                          if np.sqrt(np.mean((pcm[i:i + STEP].astype(np.float32) / 32768) ** 2)) > 0.01]
-                last_voiced = voiced[-1] if voiced else 0
+                last_voiced = last_voiced_chunk(pcm, STEP)
                 cur.clear()
                 cur.update(deltas=0, deltas_before_end=0, transcripts=[], responses=0, early_responses=0, errors=[])
                 done.clear()

@@ -43,7 +43,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench._common import RESULTS_DIR, host_speed, kernel_profile, write_results  # noqa: E402
+from bench._common import RESULTS_DIR, call_times, host_speed, kernel_profile, write_results  # noqa: E402
 from tristream.engine.engine import LLMEngine  # noqa: E402
 from tristream.engine.engine_types import EngineConfig  # noqa: E402
 from tristream.engine.sequence import SamplingParams  # noqa: E402
@@ -69,16 +69,7 @@ def _sync(dev: torch.device) -> None:
 
 def time_ms(fn: Callable[[], object], dev: torch.device, iters: int, warmup: int = 3) -> dict[str, float]:
     """Median / P99 / min wall time of `fn` in ms (synchronised per call)."""
-    for _ in range(warmup):
-        fn()
-    _sync(dev)
-    xs = []
-    for _ in range(iters):
-        t = time.perf_counter()
-        fn()
-        _sync(dev)
-        xs.append((time.perf_counter() - t) * 1e3)
-    xs.sort()
+    xs = sorted(t * 1e3 for t in call_times(lambda: (fn(), _sync(dev)), iters, warm=warmup))
     return {"median_ms": round(statistics.median(xs), 4), "p99_ms": round(xs[min(len(xs) - 1, int(0.99 * len(xs)))], 4),
             "min_ms": round(xs[0], 4), "iters": iters}
 

@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -118,12 +119,17 @@ def item_cancel() -> dict[str, Any]:
         same = sum(got[i] == ref[i] for i in range(N) if i not in DISTURB)
         return {"sessions": N, "disturbed": {h: sum(v == h for v in DISTURB.values()) for h in ("cancel", "close", "reset")},
                 "undisturbed_identical": same, "undisturbed_total": N - len(DISTURB), **figs}
-    out = {"echo_backend": asyncio.run(go())}
+
+    return {"echo_backend": asyncio.run(go()),
+            "real_engine": _unless_missing(_cancel_real_engine, "engine backend not importable")}
+
+
+def _unless_missing(part: Callable[[], dict[str, Any]], missing: str) -> dict[str, Any]:
+    """`part()`, or ``{"skipped": "<missing>: <the ImportError>"}`` where what it needs is not installed."""
     try:
-        out["real_engine"] = _cancel_real_engine()
+        return part()
     except ImportError as exc:
-        out["real_engine"] = {"skipped": f"engine backend not importable: {exc}"}
-    return out
+        return {"skipped": f"{missing}: {exc}"}
 
 
 def _cancel_real_engine() -> dict[str, Any]:
@@ -214,10 +220,7 @@ def item_faults() -> dict[str, Any]:
             proc.kill()
             proc.wait()
     out["kill_9_server"] = asyncio.run(kill9())
-    try:
-        out["pipeline"] = _pipeline_fault()
-    except ImportError as exc:
-        out["pipeline"] = {"skipped": f"pipeline models not installed: {exc}"}
+    out["pipeline"] = _unless_missing(_pipeline_fault, "pipeline models not installed")
     return out
 
 

@@ -432,8 +432,6 @@ def main() -> None:
         return
     args.clients = args.clients or [1, 8, 32]
     from _common import write_results
-    from rich.console import Console
-    from rich.table import Table
 
     pipeline = args.backend.split(":")[0] in ("assistant", "pipeline")  # the same backend (the server's default)
     pcm = real_speech(args.turns, gap_s=4.0) if pipeline else speech_like(args.turns)
@@ -444,29 +442,38 @@ def main() -> None:
             r = run_config(n, backend, pcm, args.turns, wait_s)
             rows.append(r)
             print(json.dumps(r), flush=True)
-    table = Table(title=f"serve: end of speech -> first audio over loopback ({len(pcm) / 24000:.1f} s of audio "
-                        f"per client, {args.turns} turns; includes the 300 ms VAD hangover)")
-    for col in ("server", "clients", "turns", "errors", "client P50 ms", "client P99 ms", "server P50 ms",
-                "server P99 ms", "server CPU/session %"):
-        table.add_column(col)
-    for r in rows:
-        c, s = r["eos_to_first_audio_client_ms"], r["eos_to_first_audio_server_ms"]
-        table.add_row(str(r["backend"]), str(r["clients"]), f"{r['turns_measured']}/{r['turns_expected']}",
-                      str(r["errors"]), str(c["p50"]), str(c["p99"]), str(s["p50"]), str(s["p99"]),  # type: ignore[index]
-                      str(r["server_cpu_per_session_pct"]))
-    Console(width=160).print(table)
+    print_latencies(f"serve: end of speech -> first audio over loopback ({len(pcm) / 24000:.1f} s of audio "
+                    f"per client, {args.turns} turns; includes the 300 ms VAD hangover)", rows,
+                    ("server", "backend"), ("client {} ms", "eos_to_first_audio_client_ms"),
+                    ("server {} ms", "eos_to_first_audio_server_ms"))
     name = "serve" if not pipeline else "serve_pipeline"
     path = write_results(name, {"backend": args.backend, "rows": rows, "audio_s_per_client": round(len(pcm) / 24000, 2),
                                    "turns_per_client": args.turns}, extra_modules=("websockets", "mcap"))
     print(f"wrote {path}")
 
 
+def print_latencies(title: str, rows: list[dict[str, Any]], label: tuple[str, str], *latencies: tuple[str, str]) -> None:
+    """One table row per run: its label (column name, row key), clients, turns, errors, P50 and P99
+    of each latency (column name with ``{}`` for P50/P99, row key), the server's CPU per session."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    cols = [label[0], "clients", "turns", "errors"]
+    cols += [name.format(p) for name, _ in latencies for p in ("P50", "P99")]
+    for col in (*cols, "server CPU/session %"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r[label[1]]), str(r["clients"]), f"{r['turns_measured']}/{r['turns_expected']}",
+                      str(r["errors"]), *(str(r[key][p]) for _, key in latencies for p in ("p50", "p99")),
+                      str(r["server_cpu_per_session_pct"]))
+    Console(width=160).print(table)
+
+
 def speech_main(args: argparse.Namespace) -> None:
     """Spoken turns, ``engine`` backend: the CPU speech stages (faster-whisper per utterance, the peer)
     vs ``stages=gpu`` (our batched streaming Whisper on ``--device``), same clients, same speech."""
     from _common import write_results
-    from rich.console import Console
-    from rich.table import Table
 
     clients = args.clients or [1, 8]
     model = args.model or ("llama-3.2-1b" if args.device.startswith("cuda") else "tiny-random")
@@ -479,17 +486,10 @@ def speech_main(args: argparse.Namespace) -> None:
             r = {"variant": label, **run_config(n, backend, pcm, args.turns, 120.0)}
             rows.append(r)
             print(json.dumps(r), flush=True)
-    table = Table(title=f"serve --backend engine, spoken turns ({args.device}): end of speech -> transcript / "
-                        "first audio on the client (includes the 300 ms VAD hangover)")
-    for col in ("ASR stages", "clients", "turns", "errors", "transcript P50", "transcript P99", "audio P50",
-                "audio P99", "server CPU/session %"):
-        table.add_column(col)
-    for r in rows:
-        h, c = r["eos_to_transcript_client_ms"], r["eos_to_first_audio_client_ms"]
-        table.add_row(str(r["variant"]), str(r["clients"]), f"{r['turns_measured']}/{r['turns_expected']}",
-                      str(r["errors"]), str(h["p50"]), str(h["p99"]), str(c["p50"]), str(c["p99"]),  # type: ignore[index]
-                      str(r["server_cpu_per_session_pct"]))
-    Console(width=160).print(table)
+    print_latencies(f"serve --backend engine, spoken turns ({args.device}): end of speech -> transcript / "
+                    "first audio on the client (includes the 300 ms VAD hangover)", rows,
+                    ("ASR stages", "variant"), ("transcript {}", "eos_to_transcript_client_ms"),
+                    ("audio {}", "eos_to_first_audio_client_ms"))
     path = write_results(f"serve_speech_{args.device.split(':')[0]}", {
         "variants": {k: v for k, v in variants}, "rows": rows, "audio_s_per_client": round(len(pcm) / 24000, 2),
         "turns_per_client": args.turns}, extra_modules=("websockets", "faster_whisper", "ctranslate2"))

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, free_port, machine_info, stop_process  # noqa: E402
+from _common import RESULTS_DIR, free_port, last_voiced_chunk, machine_info, note_turn_event, stop_process  # noqa: E402
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,30 +243,8 @@ async def one_session(url: str, turns: list[Turn], fps: float, gap_s: float, wai
 
         async def reader() -> None:
             async for raw in ws:
-                ev = json.loads(raw)
-                t, now = ev["type"], time.perf_counter()
-                if not cur:
-                    continue
-                if t == "input_audio_buffer.speech_stopped":
-                    cur["stopped"] = now
-                elif t == "conversation.item.input_audio_transcription.completed":
-                    cur["transcripts"].append(ev.get("transcript", ""))
-                    cur["completed"] = now
-                elif t == "response.created":
-                    cur["responses"] += 1
-                    cur.pop("first_text", None)
-                    cur.pop("first_audio", None)
-                elif t in ("response.text.delta", "response.audio_transcript.delta"):
-                    cur.setdefault("first_text", now)
-                    cur["answer"] += ev.get("delta", "")
-                elif t == "response.audio.delta":
-                    cur.setdefault("first_audio", now)
-                elif t == "response.done":
-                    cur["status"] = ev["response"].get("status")
-                    if cur.get("audio_sent"):
-                        done.set()
-                elif t == "error":
-                    cur["errors"].append(ev.get("error", {}).get("message", "")[:120])
+                if cur and note_turn_event(cur, json.loads(raw), time.perf_counter()):
+                    done.set()
 
         async def send_chunk(pcm: np.ndarray, frames: deque[tuple[float, bytes]]) -> None:
             ts = time.perf_counter() - t_stream
@@ -283,9 +261,7 @@ async def one_session(url: str, turns: list[Turn], fps: float, gap_s: float, wai
         try:
             for k, turn in enumerate(turns):
                 pcm = _pcm24(turn.pcm)
-                voiced = [i for i in range(0, pcm.size, STEP)
-                          if np.sqrt(np.mean((pcm[i:i + STEP].astype(np.float32) / 32768) ** 2)) > 0.01]
-                last_voiced = voiced[-1] if voiced else 0
+                last_voiced = last_voiced_chunk(pcm, STEP)
                 cur.clear()
                 cur.update(transcripts=[], responses=0, errors=[], answer="")
                 done.clear()

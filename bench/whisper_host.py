@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from bench._common import call_times
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -43,14 +45,7 @@ def load_rev(rev: str, path: str = "tristream/speech/timing.py") -> ModuleType:
 
 def time_us(fn: Callable[[], object], iters: int) -> dict[str, float]:
     """Thread CPU time per call (µs): this box is shared, wall time would count other processes."""
-    for _ in range(3):
-        fn()
-    ts = []
-    for _ in range(iters):
-        t = time.thread_time()
-        fn()
-        ts.append((time.thread_time() - t) * 1e6)
-    ts.sort()
+    ts = sorted(t * 1e6 for t in call_times(fn, iters, warm=3, clock=time.thread_time))
     return {"median_us": round(statistics.median(ts), 1), "p90_us": round(ts[int(0.9 * (len(ts) - 1))], 1),
             "iters": iters}
 
