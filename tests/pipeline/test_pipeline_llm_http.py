@@ -122,18 +122,23 @@ def test_client_against_a_hand_written_sse_server() -> None:
     assert asyncio.run(main()) == ["Hel", "lo!"]
 
 
+async def _ask(url: str) -> None:
+    """One streamed answer from `url`, read to its end."""
+    client = OpenAIChatBackend(url)
+    try:
+        async for _ in client.stream([{"role": "user", "content": "x"}], 4):
+            pass
+    finally:
+        await client.aclose()
+
+
 def test_endpoint_errors_are_actionable() -> None:
     async def refused() -> None:
         srv = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
         port = srv.sockets[0].getsockname()[1]
         srv.close()
         await srv.wait_closed()
-        client = OpenAIChatBackend(f"http://127.0.0.1:{port}/v1")
-        try:
-            async for _ in client.stream([{"role": "user", "content": "x"}], 4):
-                pass
-        finally:
-            await client.aclose()
+        await _ask(f"http://127.0.0.1:{port}/v1")
 
     with pytest.raises(LlmEndpointError, match="cannot reach the LLM endpoint"):
         asyncio.run(refused())
@@ -141,12 +146,9 @@ def test_endpoint_errors_are_actionable() -> None:
     async def not_found() -> None:
         server = OpenAICompatServer(ScriptedBackend(["x"]))
         await server.start()
-        client = OpenAIChatBackend(f"http://127.0.0.1:{server.port}/nope")
         try:
-            async for _ in client.stream([{"role": "user", "content": "x"}], 4):
-                pass
+            await _ask(f"http://127.0.0.1:{server.port}/nope")
         finally:
-            await client.aclose()
             await server.close()
 
     with pytest.raises(LlmEndpointError, match="HTTP 404"):

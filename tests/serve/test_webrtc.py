@@ -126,6 +126,11 @@ def tone(seconds: float) -> np.ndarray:
     return (0.3 * 32767 * np.sin(2 * np.pi * 220 * t)).astype(np.int16)
 
 
+def calls_url(srv: RealtimeServer) -> str:
+    """The WebRTC SDP exchange URL of a running server (on its chat port)."""
+    return srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+
+
 async def echo_server() -> RealtimeServer:
     srv = RealtimeServer(make_factory("echo", pace=1.0), port=0, tokens=[TOKEN], chat_port=0)
     await srv.start()
@@ -135,7 +140,7 @@ async def echo_server() -> RealtimeServer:
 def test_echo_call_round_trip_and_clear_errors() -> None:
     async def go() -> None:
         srv = await echo_server()
-        url = srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+        url = calls_url(srv)
         try:
             p = Peer(np.concatenate([tone(1.0), np.zeros(RATE, np.int16)]))
             status, answer = await p.call(url)
@@ -251,7 +256,7 @@ def impair(pc: RTCPeerConnection, loss: float, jitter_s: float, seed: int = 5) -
 def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
     async def go() -> None:
         srv = await echo_server()
-        url = srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+        url = calls_url(srv)
         try:
             p = Peer(np.concatenate([tone(1.5), np.zeros(RATE, np.int16)]))
             status, _ = await p.call(url)
@@ -302,7 +307,7 @@ def test_camera_track_frames_get_capture_times_from_rtp_and_rtcp() -> None:
     async def go() -> None:
         srv = RealtimeServer(lambda: Recording(pace=1.0), port=0, tokens=[TOKEN], chat_port=0)
         await srv.start()
-        url = srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
+        url = calls_url(srv)
         try:
             p = Peer(tone(0.1))
             p.pc.addTrack(VideoStreamTrack())
