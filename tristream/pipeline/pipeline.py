@@ -97,11 +97,7 @@ class Pipeline:
             return
         head.inbox.put_control(EndOfStream("stop"))
         for s in self.stages:
-            if s.task is not None:
-                try:
-                    await s.task
-                except asyncio.CancelledError:
-                    pass
+            await s.join()
 
     def stats(self) -> list[dict[str, Any]]:
         """Per-stage counters and timing."""

@@ -32,7 +32,7 @@ from tristream.pipeline.overlap import SpeechOverAnswer
 from tristream.pipeline.prompt import DECODE, SYSTEM_PROMPT, Conversation
 from tristream.pipeline.session_stages import AsrStage, InputStage, LlmStage, PlayoutStage, TtsStage
 from tristream.pipeline.speculative_asr import SpeculativeRecognizer
-from tristream.pipeline.stage import Stage
+from tristream.pipeline.stage import EndOfStream, Stage
 from tristream.pipeline.turns import (
     BACKCHANNELS,
     DEFAULT_HANGOVER_MS,
@@ -264,13 +264,9 @@ class Session:
             for answer_stage in (self.llm_stage, self.tts_stage, self.playout):
                 answer_stage.interrupt("session_closed")
         for st in self.stages:
-            st.inbox.put_control(_stop())
+            st.inbox.put_control(EndOfStream("session_closed"))
         for st in self.stages:
-            if st.task is not None:
-                try:
-                    await st.task
-                except asyncio.CancelledError:
-                    pass
+            await st.join()
         self.close_prefill()
         for stream in (self.vad, self.asr, self.tts, self.scene_stream):
             if stream is not None:
@@ -425,9 +421,3 @@ class Session:
                 "echo": (None if self.echo is None else {"blocks": self.echo.stats.blocks,
                                                           "with_reference": self.echo.stats.blocks_with_reference,
                                                           "user_present": self.echo.stats.blocks_user_present})}
-
-
-def _stop() -> Any:
-    from tristream.pipeline.stage import EndOfStream
-
-    return EndOfStream("session_closed")

@@ -168,6 +168,12 @@ class Stage:
         if self.task is None:
             return
         self.inbox.put_control(EndOfStream("stop"))
+        await self.join()
+
+    async def join(self) -> None:
+        """Wait for the stage's task to end (a cancelled task has ended too); at once if unstarted."""
+        if self.task is None:
+            return
         try:
             await self.task
         except asyncio.CancelledError:
