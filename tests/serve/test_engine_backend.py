@@ -232,3 +232,20 @@ def test_spoken_turns_through_the_scheduler_with_embedded_stages(pipeline_models
     assert "weather" in res[0].transcript.lower()
     assert re.fullmatch(r"( t\d+)+", res[0].answer), res[0].answer
     assert [(r.tier, r.modality) for r in se.sched.turns] == [(Tier.SILVER, WorkModality.SPEECH)]
+
+
+@pytest.mark.slow
+def test_embedded_family_exports_scheduler_stage_and_recogniser_metrics() -> None:
+    """``engine_factory(stages="embedded")``: the family's ``collect`` carries the scheduler's,
+    the closed sessions' stage totals and the shared CPU recogniser's counters, as the default
+    assistant's does; ``healthy`` follows the engine thread."""
+    from tristream.serve.sched_backend import engine_factory
+
+    f = engine_factory("tiny-random", "cpu", stages="embedded")
+    try:
+        names = {name for name, *_ in f.collect()}
+        assert {"tristream_sched_counter", "tristream_asr_counter"} <= names, names
+        assert any(n.startswith("tristream_stage") for n in names), names
+        assert f.healthy() and f.scheduler is f.engine.sched
+    finally:
+        f.engine.shutdown()

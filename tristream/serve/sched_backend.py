@@ -250,6 +250,7 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
                          repetition_penalty=DECODE.repetition_penalty)
     make: Callable[[], SessionBackend]
     vt: Any = None
+    cpu_asr: Any = None
     if stages == "none":
         def make() -> SessionBackend:
             return EngineSessionBackend(se, max_tokens)
@@ -258,6 +259,7 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
         from tristream.serve.pipeline_backend import PipelineBackend
 
         models = load_models(with_llm=False)  # the LLM is the scheduled engine, per session
+        cpu_asr = models.asr
 
         def make() -> SessionBackend:
             return PipelineBackend(models, chat_for_session=lambda tier: ScheduledChat(se, tier, max_tokens=max_tokens))
@@ -297,6 +299,10 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
             from tristream.serve.speech_stages import asr_families
 
             fams += asr_families(speech.asr)
+        if cpu_asr is not None:  # the CPU recogniser's counters, as `pipeline_factory` exports them
+            from tristream.serve.speech_stages import asr_stream_families
+
+            fams += asr_stream_families(cpu_asr)
         if vt is not None:
             fams += vt.families()
         return fams
