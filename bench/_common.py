@@ -313,6 +313,18 @@ def note_turn_event(cur: dict[str, Any], ev: dict[str, Any], now: float) -> bool
     return False
 
 
+def turn_latencies_ms(cur: dict[str, Any]) -> dict[str, float | None]:
+    """The client-side latencies (ms) of a turn `note_turn_event` noted on `cur` (with ``eos``, the
+    end of its voiced audio): None where either end is missing."""
+    def ms(a: str, b: str) -> float | None:
+        return round((cur[b] - cur[a]) * 1000, 1) if a in cur and b in cur else None
+
+    return {"stopped_to_transcript_ms": ms("stopped", "completed"),
+            "stopped_to_first_text_ms": ms("stopped", "first_text"),
+            "stopped_to_first_audio_ms": ms("stopped", "first_audio"),
+            "eos_to_first_audio_ms": ms("eos", "first_audio")}
+
+
 def last_voiced_chunk(pcm: Any, step: int, rms: float = 0.01) -> int:
     """The offset of the last `step`-sample chunk of int16 `pcm` above `rms` (full scale 1), else 0."""
     import numpy as np

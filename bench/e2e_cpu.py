@@ -48,6 +48,7 @@ from _common import (  # noqa: E402
     note_turn_event,
     process_cpu_s,
     stop_process,
+    turn_latencies_ms,
 )
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
@@ -123,16 +124,10 @@ async def one_session(url: str, turns: list[Turn], gap_s: float, wait_s: float) 
 
 
 def _record(turn: Turn, cur: dict[str, Any]) -> dict[str, Any]:
-    def ms(a: str, b: str) -> float | None:
-        return round((cur[b] - cur[a]) * 1000, 1) if a in cur and b in cur else None
-
     text = " ".join(cur["transcripts"])
     edits, words = wer(turn.text, text)
     return {"voice": turn.voice, "seconds": round(turn.seconds, 2), "words": words, "edits": edits,
-            "transcript": text, "stopped_to_transcript_ms": ms("stopped", "completed"),
-            "stopped_to_first_text_ms": ms("stopped", "first_text"),
-            "stopped_to_first_audio_ms": ms("stopped", "first_audio"),
-            "eos_to_first_audio_ms": ms("eos", "first_audio"),
+            "transcript": text, **turn_latencies_ms(cur),
             "transcription_deltas": cur["deltas"], "deltas_before_end_of_audio": cur["deltas_before_end"],
             "responses": cur["responses"], "responses_started_before_end_of_audio": cur["early_responses"],
             "status": cur.get("status"), "server_latency_ms": cur.get("server_latency_ms"), "errors": cur["errors"]}

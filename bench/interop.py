@@ -91,6 +91,13 @@ def start_server(python: str, port: int, log: Path, chat_port: int = -1) -> subp
     return proc
 
 
+async def until_len(items: list[Any], n: int, timeout: float) -> None:
+    """Until `items` (filled by the framework's callbacks) holds `n` entries, or `timeout` s pass."""
+    end = time.monotonic() + timeout
+    while len(items) < n and time.monotonic() < end:
+        await asyncio.sleep(0.05)
+
+
 def server_info(port: int) -> Any:
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/info", headers={"Authorization": f"Bearer {TOKEN}"})
     return json.loads(urllib.request.urlopen(req, timeout=10).read())
@@ -196,12 +203,6 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
     runner = WorkerRunner(handle_sigint=False)
     run_task = asyncio.create_task(runner.run(worker))
 
-    async def wait_responses(n: int, timeout: float) -> None:
-        """Until `n` responses are done."""
-        end = time.monotonic() + timeout
-        while len(responses) < n and time.monotonic() < end:
-            await asyncio.sleep(0.05)
-
     mic_queue: list[bytes] = []
     ends: dict[str, float] = {}
 
@@ -234,7 +235,7 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
     try:
         await asyncio.sleep(1.0)
         await worker.queue_frame(LLMRunFrame())  # the greeting
-        await wait_responses(1, 120)
+        await until_len(responses, 1, 120)
         mic_task = asyncio.create_task(mic())
         await asyncio.sleep(1.0)
         for i, (name, text) in enumerate(TURNS):
@@ -246,7 +247,7 @@ async def pipecat_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
             mic_queue.append(clips[name])
             state["pending_end"] = name
             # the weather turn: a call-only response, then the answer with the tool output
-            await wait_responses(before + (2 if name == "weather" else 1), 180)
+            await until_len(responses, before + (2 if name == "weather" else 1), 180)
             await asyncio.sleep(1.0)
             turns.append({"turn": i + 1, "said": text, "speech_end_t": ends.get(name),
                           "responses": responses[before:]})
@@ -356,11 +357,6 @@ async def livekit_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
                lambda ev: log.append({"t": now(), "frame": "transcription", "text": ev.transcript}))
     session.on("error", lambda ev: log.append({"t": now(), "frame": "error", "error": str(getattr(ev, "error", ev))}))
 
-    async def wait_responses(n: int, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while len(responses) < n and time.monotonic() < end:
-            await asyncio.sleep(0.05)
-
     silence = b"\0" * 640
 
     async def speak(pcm: bytes, trailing_s: float) -> float:
@@ -384,7 +380,7 @@ async def livekit_conversation(port: int, clips: dict[str, bytes]) -> dict[str, 
                 session.update_options(tool_choice="required")
                 await asyncio.sleep(0.3)
             feeder = asyncio.create_task(speak(clips[name], 12.0))
-            await wait_responses(before + (2 if name == "weather" else 1), 180)
+            await until_len(responses, before + (2 if name == "weather" else 1), 180)
             end_t = await feeder
             turns.append({"turn": i + 1, "said": text, "speech_end_t": end_t, "responses": responses[before:]})
     finally:
@@ -466,18 +462,13 @@ async def pipecat_chat(port: int) -> dict[str, Any]:
     runner = WorkerRunner(handle_sigint=False)
     run_task = asyncio.create_task(runner.run(worker))
 
-    async def wait_responses(n: int, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while len(responses) < n and time.monotonic() < end:
-            await asyncio.sleep(0.05)
-
     try:
         await asyncio.sleep(0.5)
         await worker.queue_frame(LLMRunFrame())
-        await wait_responses(2, 120)  # the call, then the answer with its output
+        await until_len(responses, 2, 120)  # the call, then the answer with its output
         await worker.queue_frame(LLMMessagesAppendFrame(messages=[{"role": "user", "content": TURNS[1][1]}],
                                                         run_llm=True))
-        await wait_responses(3, 120)
+        await until_len(responses, 3, 120)
     finally:
         await worker.cancel()
         await asyncio.wait_for(run_task, 30)

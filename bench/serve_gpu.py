@@ -45,7 +45,15 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS_DIR, free_port, last_voiced_chunk, machine_info, note_turn_event, stop_process  # noqa: E402
+from _common import (  # noqa: E402
+    RESULTS_DIR,
+    free_port,
+    last_voiced_chunk,
+    machine_info,
+    note_turn_event,
+    stop_process,
+    turn_latencies_ms,
+)
 from speech_turns import Turn, make_turns, wer  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -306,17 +314,10 @@ def _client(args: tuple[str, list[list[Turn]], float, float, float, int]) -> lis
 
 
 def _record(turn: Turn, cur: dict[str, Any]) -> dict[str, Any]:
-    def ms(a: str, b: str) -> float | None:
-        return round((cur[b] - cur[a]) * 1000, 1) if a in cur and b in cur else None
-
     text = " ".join(cur["transcripts"])
     edits, words = wer(turn.text, text)
     return {"voice": turn.voice, "seconds": round(turn.seconds, 2), "words": words, "edits": edits,
-            "text": turn.text, "transcript": text, "answer": cur["answer"][:200],
-            "stopped_to_transcript_ms": ms("stopped", "completed"),
-            "stopped_to_first_text_ms": ms("stopped", "first_text"),
-            "stopped_to_first_audio_ms": ms("stopped", "first_audio"),
-            "eos_to_first_audio_ms": ms("eos", "first_audio"),
+            "text": turn.text, "transcript": text, "answer": cur["answer"][:200], **turn_latencies_ms(cur),
             "responses": cur["responses"], "status": cur.get("status"), "errors": cur["errors"]}
 
 

@@ -34,10 +34,10 @@ def tone_turns(durations_ms: list[int], rate: int = 24_000, gap_ms: int = 800, f
 
 
 @contextlib.asynccontextmanager
-async def running_server(tmp: Path | None = None, **kw: object) -> AsyncIterator[RealtimeServer]:
-    """An EchoBackend server on 127.0.0.1 with a free port."""
+async def running_server(tmp: Path | None = None, pace: float = 0.0, **kw: object) -> AsyncIterator[RealtimeServer]:
+    """An EchoBackend server (answering at `pace`) on 127.0.0.1 with a free port."""
     limits = kw.pop("limits", None) or ServerLimits()
-    srv = RealtimeServer(lambda: EchoBackend(), host="127.0.0.1", port=0, tokens=[TOKEN], limits=limits,
+    srv = RealtimeServer(lambda: EchoBackend(pace=pace), host="127.0.0.1", port=0, tokens=[TOKEN], limits=limits,
                          record_dir=tmp, **kw)  # type: ignore[arg-type]
     await srv.start()
     try:

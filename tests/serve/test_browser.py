@@ -23,8 +23,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.serve.helpers import TOKEN, run, tone_turns
-from tristream.serve.echo import EchoBackend
+from tests.serve.helpers import TOKEN, run, running_server, tone_turns
 from tristream.serve.server import RealtimeServer
 from tristream.stages.audio_io import write_wav
 
@@ -59,16 +58,9 @@ def media(tmp_path: Path) -> tuple[Path, Path]:
     return wav, y4m
 
 
-@contextlib.asynccontextmanager
-async def server(webrtc: bool) -> AsyncIterator[RealtimeServer]:
+def server(webrtc: bool) -> contextlib.AbstractAsyncContextManager[RealtimeServer]:
     """The echo backend at real-time pace; ``webrtc``: with the side port that takes SDP offers."""
-    srv = RealtimeServer(lambda: EchoBackend(pace=1.0), host="127.0.0.1", port=0, tokens=[TOKEN],
-                         chat_port=0 if webrtc else None)
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop(grace_s=0.0)
+    return running_server(pace=1.0, chat_port=0 if webrtc else None)
 
 
 @contextlib.asynccontextmanager
