@@ -105,20 +105,45 @@ def activation(name: str, x: torch.Tensor) -> torch.Tensor:
     raise VisionWeightsError(f"activation {name!r} is not supported")
 
 
-class EncoderLayer(nn.Module):
-    """Pre-norm transformer block with fused QKV."""
+def _attention_received(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Softmax attention probabilities of queries `q` over keys `k` (`[B, heads, *, N]`), averaged
+    over heads and queries: what each key token receives ([B, N])."""
+    p = torch.softmax((q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5), dim=-1)
+    return p.mean(dim=(1, 2))
+
+
+class _TowerBlock(nn.Module):
+    """What the encoder layer and the pooling head hold: multi-head attention settings and,
+    registered by the subclass after its own modules, the MLP (`fc1`, activation, `fc2`)."""
+
+    fc1: nn.Linear
+    fc2: nn.Linear
 
     def __init__(self, cfg: VisionTowerConfig) -> None:
         super().__init__()
-        d = cfg.hidden_size
         self.num_heads = cfg.num_heads
         self.act = cfg.hidden_act
+
+    def _add_mlp(self, cfg: VisionTowerConfig) -> None:
+        self.fc1 = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.fc2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def _mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP of (normalised) `x`, before its residual add."""
+        return self.fc2(activation(self.act, self.fc1(x)))
+
+
+class EncoderLayer(_TowerBlock):
+    """Pre-norm transformer block with fused QKV."""
+
+    def __init__(self, cfg: VisionTowerConfig) -> None:
+        super().__init__(cfg)
+        d = cfg.hidden_size
         self.ln1 = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.qkv = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
         self.ln2 = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.fc1 = nn.Linear(d, cfg.intermediate_size)
-        self.fc2 = nn.Linear(cfg.intermediate_size, d)
+        self._add_mlp(cfg)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, n, d = x.shape
@@ -131,7 +156,7 @@ class EncoderLayer(nn.Module):
         q, k, v = self._qkv(x)
         a = F.scaled_dot_product_attention(q, k, v)
         x = x + self.out(a.transpose(1, 2).reshape(b, n, d))
-        return x + self.fc2(activation(self.act, self.fc1(self.ln2(x))))
+        return x + self._mlp(self.ln2(x))
 
     def attention_received(self, x: torch.Tensor, query_index: int | None = None) -> torch.Tensor:
         """Mean attention probability each token receives in this layer ([B, N]), heads averaged.
@@ -141,24 +166,20 @@ class EncoderLayer(nn.Module):
         q, k, _ = self._qkv(x)
         if query_index is not None:
             q = q[:, :, query_index : query_index + 1]
-        p = torch.softmax((q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5), dim=-1)
-        return p.mean(dim=(1, 2))
+        return _attention_received(q, k)
 
 
-class AttentionPoolHead(nn.Module):
+class AttentionPoolHead(_TowerBlock):
     """SigLIP's multi-head attention pooling head (a learned probe attends over all patches)."""
 
     def __init__(self, cfg: VisionTowerConfig) -> None:
-        super().__init__()
+        super().__init__(cfg)
         d = cfg.hidden_size
-        self.num_heads = cfg.num_heads
-        self.act = cfg.hidden_act
         self.probe = nn.Parameter(torch.zeros(1, 1, d))
         self.in_proj = nn.Linear(d, 3 * d)
         self.out = nn.Linear(d, d)
         self.ln = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
-        self.fc1 = nn.Linear(d, cfg.intermediate_size)
-        self.fc2 = nn.Linear(cfg.intermediate_size, d)
+        self._add_mlp(cfg)
 
     def _probe_qk(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         b, n, d = x.shape
@@ -174,14 +195,13 @@ class AttentionPoolHead(nn.Module):
         q, k, v = self._probe_qk(x)
         a = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, 1, d)
         h = self.out(a)
-        h = h + self.fc2(activation(self.act, self.fc1(self.ln(h))))
+        h = h + self._mlp(self.ln(h))
         return h[:, 0]
 
     def attention_received(self, x: torch.Tensor) -> torch.Tensor:
         """Probe attention over patches, heads averaged ([B, N])."""
         q, k, _ = self._probe_qk(x)
-        p = torch.softmax((q @ k.transpose(-1, -2)) * (q.shape[-1] ** -0.5), dim=-1)
-        return p.mean(dim=(1, 2))
+        return _attention_received(q, k)
 
 
 @dataclass(slots=True)
