@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.models import randomise
 from tristream.speech.config import WhisperDims, WhisperTokens, preset
 from tristream.speech.mel import LogMel
 from tristream.speech.whisper import load_whisper
@@ -21,12 +22,8 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _reference(dims: WhisperDims, seed: int = 0) -> torch.nn.Module:
-    ref = transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**dims.to_hf())).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in ref.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return ref
+    return randomise(transformers.WhisperForConditionalGeneration(transformers.WhisperConfig(**dims.to_hf())).eval(),
+                     seed, 0.1)
 
 
 def test_log_mel_matches_feature_extractor() -> None:

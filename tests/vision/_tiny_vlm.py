@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from tests.models import randomise
+
 TEXT = dict(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
 IMAGE_TOKEN = 300
@@ -16,13 +18,6 @@ def vision(layers: int) -> dict[str, int]:
     """A 32 px tower of 8 px patches (16 patches), `layers` deep."""
     return dict(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
                 image_size=32, patch_size=8)
-
-
-def randomise(model: torch.nn.Module, seed: int, scale: float) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * scale)
 
 
 def saved_vlm(transformers: Any, path: Path, arch: str, layers: int, seed: int, scale: float,

@@ -7,6 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.models import randomise
 from tristream.vision.graphs import VisionGraphBank
 from tristream.vision.preprocess import CLIP_MEAN_STD, SIGLIP_MEAN_STD, FramePreprocessor
 from tristream.vision.vit import VisionTower, VisionTowerConfig
@@ -54,12 +55,7 @@ def test_bad_frames_are_rejected_with_reason() -> None:
 def _tiny_tower(seed: int = 0) -> VisionTower:
     cfg = VisionTowerConfig(kind="siglip", hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                             image_size=32, patch_size=8, use_head=True)
-    t = VisionTower(cfg).eval()
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in t.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-    return t
+    return randomise(VisionTower(cfg).eval(), seed, 0.2)
 
 
 def test_graph_bank_eager_path_picks_buckets_and_chunks() -> None:

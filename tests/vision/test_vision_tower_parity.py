@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.models import randomise
 from tristream.vision.vit import VisionTowerConfig, load_vision_tower
 
 transformers = pytest.importorskip("transformers")
@@ -17,13 +18,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-def _randomise(model: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * 0.2)
-
-
 def _pixels(n: int, size: int = 32, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(seed))
 
@@ -32,7 +26,7 @@ def _pixels(n: int, size: int = 32, seed: int = 1) -> torch.Tensor:
 def test_siglip_tower_matches_transformers(use_head: bool) -> None:
     cfg = transformers.SiglipVisionConfig(**TINY, vision_use_head=use_head)
     ref = transformers.SiglipVisionModel(cfg).eval()
-    _randomise(ref, 3)
+    randomise(ref, 3, 0.2)
     ours = load_vision_tower(VisionTowerConfig.from_hf(cfg.to_dict()), ref.state_dict()).eval()
     px = _pixels(2)
     with torch.no_grad():
@@ -48,7 +42,7 @@ def test_siglip_tower_matches_transformers(use_head: bool) -> None:
 def test_clip_tower_matches_transformers() -> None:
     cfg = transformers.CLIPVisionConfig(**TINY)
     ref = transformers.CLIPVisionModel(cfg).eval()
-    _randomise(ref, 4)
+    randomise(ref, 4, 0.2)
     vc = VisionTowerConfig.from_hf(cfg.to_dict())
     assert vc.kind == "clip" and vc.hidden_act == "quick_gelu"
     ours = load_vision_tower(vc, ref.state_dict()).eval()
@@ -66,7 +60,7 @@ def test_idefics3_tower_matches_transformers() -> None:
 
     cfg = transformers.Idefics3VisionConfig(**TINY)
     ref = Idefics3VisionTransformer(cfg).eval()
-    _randomise(ref, 5)
+    randomise(ref, 5, 0.2)
     ours = load_vision_tower(VisionTowerConfig.from_hf(cfg.to_dict(), kind="idefics3", use_head=False),
                              ref.state_dict()).eval()
     px = _pixels(2, seed=3)
@@ -78,7 +72,7 @@ def test_idefics3_tower_matches_transformers() -> None:
 def test_saliency_shapes_and_attention_is_a_distribution() -> None:
     cfg = transformers.SiglipVisionConfig(**TINY, vision_use_head=True)
     ref = transformers.SiglipVisionModel(cfg).eval()
-    _randomise(ref, 6)
+    randomise(ref, 6, 0.2)
     ours = load_vision_tower(VisionTowerConfig.from_hf(cfg.to_dict()), ref.state_dict()).eval()
     with torch.no_grad():
         a = ours(_pixels(2), saliency="attention").saliency
