@@ -112,6 +112,15 @@ class Peer:
             if ev["type"] == etype:
                 return seen
 
+    async def speak(self) -> list[dict[str, Any]]:
+        """Server VAD with 400 ms of silence ending a turn, then the clip played into the
+        microphone: the events up to the answer's ``response.done``."""
+        self.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
+                                                                            "silence_duration_ms": 400}}})
+        await self.until("session.updated")
+        self.mic.play.set()
+        return await self.until("response.done", timeout=60)
+
     def send(self, ev: dict[str, Any]) -> None:
         assert self.dc is not None
         self.dc.send(json.dumps(ev))
@@ -147,11 +156,7 @@ def test_echo_call_round_trip_and_clear_errors() -> None:
             assert status == 201 and answer.startswith("v=0") and "m=audio" in answer, answer[:200]
             created = (await p.until("session.created"))[-1]
             assert created["session"]["output_audio_sample_rate"] == RATE
-            p.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
-                                                                             "silence_duration_ms": 400}}})
-            await p.until("session.updated")
-            p.mic.play.set()
-            evs = await p.until("response.done", timeout=60)
+            evs = await p.speak()
             kinds = [e["type"] for e in evs]
             assert "input_audio_buffer.speech_started" in kinds and "input_audio_buffer.speech_stopped" in kinds
             transcript = next(e["transcript"] for e in evs
@@ -263,11 +268,7 @@ def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
             assert status == 201
             counts = impair(p.pc, 0.10, 0.060)
             await p.until("session.created")
-            p.send({"type": "session.update", "session": {"turn_detection": {"type": "server_vad",
-                                                                             "silence_duration_ms": 400}}})
-            await p.until("session.updated")
-            p.mic.play.set()
-            evs = await p.until("response.done", timeout=60)
+            evs = await p.speak()
             transcript = next(e["transcript"] for e in evs
                               if e["type"] == "conversation.item.input_audio_transcription.completed")
             assert 900 <= int(transcript.split()[1]) <= 1900, transcript  # the 1.5 s tone, with holes
