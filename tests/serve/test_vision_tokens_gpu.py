@@ -23,7 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 
-from tests.vision.test_frame_tokens import FrameSession  # noqa: E402  (after the CUDA skip)
+from tests.vision.test_frame_tokens import FrameSession, run_vision_turn  # noqa: E402  (after the CUDA skip)
 
 
 def frame(seed: int) -> np.ndarray:
@@ -80,12 +80,7 @@ def test_vision_tokens_reach_the_context_and_the_answer_comes(engine: Any) -> No
         print(f"end of turn -> first token {1e3 * (first - t_end):.1f} ms")
         return "".join(parts)
 
-    try:
-        answer = asyncio.run(asyncio.wait_for(go(), 120))
-        st = se.stats()["counters"]
-    finally:
-        se.shutdown()
-        vt.pool.shutdown()
+    answer, st = run_vision_turn(go(), se, vt)
     print("answer:", answer, "| counters:", st, vt.counters)
     assert answer.strip()
     assert vt.counters.get("frames_aligned", 0) == 2 and vt.counters.get("images_to_turns") == 2

@@ -6,12 +6,14 @@ speaks → the answer's turn continues that context. The GPU twin with SmolLM2 a
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
+T = TypeVar("T")
 
 
 class FrameSession:
@@ -32,6 +34,17 @@ class FrameSession:
     def publish(self, ev: Any) -> None:
         for fn in self.observers:
             fn(ev)
+
+
+def run_vision_turn(turn: Coroutine[Any, Any, T], se: Any, vt: Any) -> tuple[T, dict[str, Any]]:
+    """`turn` run (120 s at most), then the scheduled engine's counters; `se` and the vision pool of
+    `vt` are shut down either way."""
+    try:
+        out = asyncio.run(asyncio.wait_for(turn, 120))
+        return out, se.stats()["counters"]
+    finally:
+        se.shutdown()
+        vt.pool.shutdown()
 
 
 def test_frame_tokens_enter_the_context_while_the_user_speaks() -> None:
@@ -72,12 +85,7 @@ def test_frame_tokens_enter_the_context_while_the_user_speaks() -> None:
         return [d async for d in chat.stream([{"role": "system", "content": "be brief"},
                                               {"role": "user", "content": text}], 4)]
 
-    try:
-        out = asyncio.run(asyncio.wait_for(go(), 120))
-        st = se.stats()["counters"]
-    finally:
-        se.shutdown()
-        vt.pool.shutdown()
+    out, st = run_vision_turn(go(), se, vt)
     assert out  # the answer comes (token text of a model without tokenizer)
     assert vt.counters["frames_aligned"] == 2 and vt.counters["images_to_turns"] == 2
     assert st["embedding_positions"] == 2 * 8  # each frame's tokens went to the engine once
