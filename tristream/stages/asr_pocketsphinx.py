@@ -11,12 +11,30 @@ One `Decoder` per session (decoders are stateful); loading one takes a fraction 
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from tristream.stages.asr import UtteranceStream
 from tristream.stages.base import ModelUnavailable
 
 __all__ = ["PocketsphinxASR", "PocketsphinxUtterance"]
+
+
+class _Hypothesis(Protocol):
+    hypstr: str
+
+
+class _Decoder(Protocol):
+    """What this module calls of a `pocketsphinx.Decoder`."""
+
+    def start_utt(self) -> None: ...
+
+    def process_raw(self, data: bytes, no_search: bool, full_utt: bool) -> None: ...
+
+    def hyp(self) -> _Hypothesis | None: ...
+
+    def end_utt(self) -> None: ...
 
 
 class PocketsphinxASR:
@@ -31,19 +49,19 @@ class PocketsphinxASR:
             raise ModelUnavailable("pocketsphinx is not installed: `pip install pocketsphinx`") from e
         self._ps = pocketsphinx
         self.second_passes = second_passes
-        self._pool: list[object] = []
+        self._pool: list[_Decoder] = []
         self._pool.append(self._new_decoder())  # fail at load time, not on the first utterance
 
-    def _new_decoder(self) -> object:
+    def _new_decoder(self) -> _Decoder:
         ps = self._ps
         cfg = ps.Config(fwdflat=self.second_passes, bestpath=self.second_passes, loglevel="FATAL")
         return ps.Decoder(cfg)
 
-    def acquire(self) -> object:
+    def acquire(self) -> _Decoder:
         """A decoder from the pool (or a new one)."""
         return self._pool.pop() if self._pool else self._new_decoder()
 
-    def release(self, decoder: object) -> None:
+    def release(self, decoder: _Decoder) -> None:
         """Return a decoder to the pool."""
         self._pool.append(decoder)
 
@@ -68,7 +86,7 @@ class PocketsphinxUtterance:
     def __init__(self, asr: PocketsphinxASR) -> None:
         self.asr = asr
         self._dec = asr.acquire()
-        self._dec.start_utt()  # type: ignore[attr-defined]
+        self._dec.start_utt()
         self._done = False
 
     def feed(self, pcm: np.ndarray) -> None:
@@ -76,18 +94,18 @@ class PocketsphinxUtterance:
         if pcm.shape[0] == 0 or self._done:
             return
         raw = (np.clip(pcm, -1.0, 1.0) * 32767).astype("<i2").tobytes()
-        self._dec.process_raw(raw, False, False)  # type: ignore[attr-defined]
+        self._dec.process_raw(raw, False, False)
 
     def partial(self) -> str:
         """Current best hypothesis."""
-        hyp = self._dec.hyp()  # type: ignore[attr-defined]
+        hyp = self._dec.hyp()
         return hyp.hypstr if hyp is not None else ""
 
     def final(self) -> str:
         """End the utterance and return its text; the decoder goes back to the pool."""
         if self._done:
             return ""
-        self._dec.end_utt()  # type: ignore[attr-defined]
+        self._dec.end_utt()
         text = self.partial()
         self._done = True
         self.asr.release(self._dec)
@@ -97,6 +115,6 @@ class PocketsphinxUtterance:
         """Drop the utterance without a result; the decoder goes back to the pool."""
         if self._done:
             return
-        self._dec.end_utt()  # type: ignore[attr-defined]
+        self._dec.end_utt()
         self._done = True
         self.asr.release(self._dec)

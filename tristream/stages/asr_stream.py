@@ -34,7 +34,7 @@ import itertools
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,7 +63,7 @@ def local_agreement(a: list[str], b: list[str]) -> int:
     return n
 
 
-def _cut_loops(words: list[tuple[str, list[int]]], before: list[str] = ()) -> list[tuple[str, list[int]]]:  # type: ignore[assignment]
+def _cut_loops(words: list[tuple[str, list[int]]], before: Sequence[str] = ()) -> list[tuple[str, list[int]]]:
     """Words up to Whisper's first decoding loop: a run of ≥ 2 words repeated right after itself,
     one word three times in a row, or a sentence that starts like an earlier one of the buffer
     (`before`: the committed words ahead of `words`) — Whisper re-reading its window."""

@@ -158,12 +158,16 @@ class Resampler:
         if rate_in <= 0 or rate_out <= 0:
             raise BadAudio(f"sample rates must be positive, got {rate_in} -> {rate_out}")
         self.rate_in, self.rate_out, self.dtype = rate_in, rate_out, np.dtype(dtype)
-        self._stream: Any = None
-        if rate_in != rate_out:
-            import soxr
+        self._stream: Any = self._new_stream()
 
-            # float inside: soxr dithers integer output, which would make replays differ
-            self._stream = soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
+    def _new_stream(self) -> Any:
+        """A fresh soxr stream, or None where the rates match."""
+        if self.rate_in == self.rate_out:
+            return None
+        import soxr
+
+        # float inside: soxr dithers integer output, which would make replays differ
+        return soxr.ResampleStream(self.rate_in, self.rate_out, 1, dtype="float32", quality="HQ")
 
     def _out(self, y: np.ndarray) -> np.ndarray:
         return _to_int16(y) if self.dtype == np.int16 else np.asarray(y, dtype=np.float32)
@@ -179,7 +183,7 @@ class Resampler:
         if self._stream is None:
             return np.zeros(0, self.dtype)
         tail = self._out(self._stream.resample_chunk(np.zeros(0, np.float32), last=True))
-        self.__init__(self.rate_in, self.rate_out, self.dtype.type)  # type: ignore[misc]
+        self._stream = self._new_stream()
         return tail
 
 

@@ -241,13 +241,14 @@ class EspeakTTS:
         return TTSStream(self, session_id)
 
 
-def default_tts(prefer: str = "piper", **kwargs: object) -> PiperTTS | EspeakTTS:
-    """Piper with the bundled voice, else espeak-ng where installed; raises if neither works."""
+def default_tts(prefer: str = "piper", **kwargs: Any) -> PiperTTS | EspeakTTS:
+    """Piper with the bundled voice (`kwargs` go to `PiperTTS`), else espeak-ng where installed;
+    raises if neither works."""
     errors: list[str] = []
     order = ["piper", "espeak"] if prefer == "piper" else ["espeak", "piper"]
     for name in order:
         try:
-            return PiperTTS(**kwargs) if name == "piper" else EspeakTTS()  # type: ignore[arg-type]
+            return PiperTTS(**kwargs) if name == "piper" else EspeakTTS()
         except ModelUnavailable as e:
             errors.append(str(e))
     raise ModelUnavailable("no TTS available: " + "; ".join(errors))

@@ -68,7 +68,9 @@ class SceneDescriber:
                 f"OpenCV {cv2.__version__} has no Haar cascades (5.x dropped them); "
                 "install `opencv-python-headless<5`"
             )
-        path = cv2.data.haarcascades + (options or VisionOptions()).cascade  # type: ignore[attr-defined]
+        from cv2.data import haarcascades
+
+        path = haarcascades + (options or VisionOptions()).cascade
         cascade = cv2.CascadeClassifier(path)
         if cascade.empty():
             raise ModelUnavailable(f"cannot load the Haar face cascade {path}")
