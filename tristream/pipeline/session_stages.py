@@ -243,7 +243,7 @@ class LlmStage(Stage):
         rec = s.begin_turn(turn)
         scene_text = None
         if turn.scene is not None:
-            desc = await turn.scene  # type: ignore[misc]
+            desc = await turn.scene
             scene_text = getattr(desc, "text", None)
             rec.scene = scene_text
         messages = s.conversation.prompt(turn.text, scene_text)

@@ -17,8 +17,9 @@ of the cut segment is ready (`TurnTaker.on_final(user_speaking=True)`).
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -29,6 +30,14 @@ BACKCHANNELS = frozenset({
     "right", "sure", "alright", "i", "see", "got", "it", "cool", "nice", "wow", "oh", "ah", "aha",
 })
 """Words of acknowledgements spoken over an answer ("mhm", "yeah", "I see", "got it")."""
+
+
+class TurnModel(Protocol):
+    """A model of whether a voice sounds finished (`stages.turn_model.SmartTurn`)."""
+
+    def probability(self, pcm: np.ndarray) -> float:
+        """Probability that the speech ending `pcm` is a finished turn."""
+        ...
 
 
 class EndOfTurnDetector(Protocol):
@@ -84,7 +93,7 @@ class SemanticEndOfTurn:
     unfinished. It never ends a turn earlier than the silence rule: on our labelled set Smart Turn
     took 66 % of mid-sentence cuts for finished turns (`bench/e2e_cpu.py --section turn`)."""
 
-    model: object | None = None
+    model: TurnModel | None = None
     hold_ms: float = EAGERNESS_HOLD_MS["auto"]
     threshold: float = 0.5
 
@@ -96,13 +105,13 @@ class SemanticEndOfTurn:
         """With `audio` (the voice, before the text exists): the model's verdict; with `text`: the
         word rule; `hold_ms` when either says unfinished."""
         if audio is not None and audio.size and self.model is not None:
-            p = float(self.model.probability(audio))  # type: ignore[attr-defined]
+            p = float(self.model.probability(audio))
             return 0.0 if p >= self.threshold else self.hold_ms
         t = text.strip()
         return self.hold_ms if t and _TRAILING.search(t) else 0.0
 
     @classmethod
-    def for_eagerness(cls, eagerness: str, model: object | None = None) -> SemanticEndOfTurn:
+    def for_eagerness(cls, eagerness: str, model: TurnModel | None = None) -> SemanticEndOfTurn:
         """The detector for a ``turn_detection.eagerness`` (``low``/``medium``/``high``/``auto``)."""
         if eagerness not in EAGERNESS_HOLD_MS:
             raise ValueError(f"eagerness {eagerness!r}; expected one of {sorted(EAGERNESS_HOLD_MS)}")
@@ -120,7 +129,7 @@ class UserTurn:
     """End of the user's speech on the reference clock (the VAD's END edge)."""
     asr_final_ns: int
     """Reference-clock time the final transcript was available."""
-    scene: object | None = None
+    scene: Awaitable[Any] | None = None
     """A future/awaitable of the scene description, or None without vision."""
     speak: bool | None = None
     """Whether the answer is synthesised: None follows the session (`SessionConfig.speak`);
