@@ -42,9 +42,12 @@ class LowerCurve:
         if v.size == 1:
             return np.full(np.shape(x), float(v[0]))
         u = (np.asarray(x, dtype=np.float64) - self.x0) / self.step
-        j = np.clip(np.floor(u), 0, v.size - 2).astype(np.int64)
-        w = u - j
-        return v[j] + w * (v[j + 1] - v[j])
+        # clipped first, truncation is the floor; the segments' rises are v[j + 1] - v[j] as they are
+        j = np.clip(u, 0, v.size - 2).astype(np.int64)
+        w = np.subtract(u, j, out=u) if u.ndim else u - j
+        w *= (v[1:] - v[:-1])[j]
+        w += v[j]
+        return w
 
     def slopes(self) -> np.ndarray:
         """Slope of each segment (dimensionless: ns per ns)."""
@@ -89,41 +92,48 @@ def _solve_penta(d0: np.ndarray, d1: np.ndarray, d2: np.ndarray, rhs: np.ndarray
     if n <= 256:
         a = np.diag(d0) + np.diag(d1, 1) + np.diag(d1, -1) + np.diag(d2, 2) + np.diag(d2, -2)
         return np.asarray(np.linalg.solve(a, rhs))
-    # LDL^T with bandwidth 2, in plain floats (O(n), n = knots)
-    a0, a1, a2, b = d0.tolist(), d1.tolist() + [0.0], d2.tolist() + [0.0, 0.0], rhs.tolist()
+    # LDL^T with bandwidth 2, in plain floats (O(n), n = knots), the factorisation and the forward
+    # substitution in one pass with the last two rows' values in locals; rows 0, 1, n-2 and n-1
+    # (fewer terms) apart
+    a0, a1, a2, b = d0.tolist(), d1.tolist(), d2.tolist(), rhs.tolist()
     dd = [0.0] * n
     l1 = [0.0] * n
     l2 = [0.0] * n
-    for i in range(n):
-        di = a0[i]
-        if i >= 1:
-            di -= l1[i - 1] * l1[i - 1] * dd[i - 1]
-        if i >= 2:
-            di -= l2[i - 2] * l2[i - 2] * dd[i - 2]
-        dd[i] = di
-        if i + 1 < n:
-            v = a1[i]
-            if i >= 1:
-                v -= l1[i - 1] * l2[i - 1] * dd[i - 1]
-            l1[i] = v / di
-        if i + 2 < n:
-            l2[i] = a2[i] / di
     z = [0.0] * n
-    for i in range(n):
-        v = b[i]
-        if i >= 1:
-            v -= l1[i - 1] * z[i - 1]
-        if i >= 2:
-            v -= l2[i - 2] * z[i - 2]
-        z[i] = v
+    d_2 = a0[0]
+    p_2 = a1[0] / d_2
+    q_2 = a2[0] / d_2
+    z_2 = b[0]
+    dd[0], l1[0], l2[0], z[0] = d_2, p_2, q_2, z_2
+    d_1 = a0[1] - p_2 * p_2 * d_2
+    p_1 = (a1[1] - p_2 * q_2 * d_2) / d_1
+    q_1 = a2[1] / d_1
+    z_1 = b[1] - p_2 * z_2
+    dd[1], l1[1], l2[1], z[1] = d_1, p_1, q_1, z_1
+    for i in range(2, n - 2):
+        di = a0[i] - p_1 * p_1 * d_1 - q_2 * q_2 * d_2
+        p = (a1[i] - p_1 * q_1 * d_1) / di
+        q = a2[i] / di
+        zi = b[i] - p_1 * z_1 - q_2 * z_2
+        dd[i], l1[i], l2[i], z[i] = di, p, q, zi
+        d_2, q_2, z_2, d_1, p_1, q_1, z_1 = d_1, q_1, z_1, di, p, q, zi
+    i = n - 2
+    di = a0[i] - p_1 * p_1 * d_1 - q_2 * q_2 * d_2
+    p = (a1[i] - p_1 * q_1 * d_1) / di
+    zi = b[i] - p_1 * z_1 - q_2 * z_2
+    dd[i], l1[i], z[i] = di, p, zi
+    d_2, q_2, z_2, d_1, p_1, z_1 = d_1, q_1, z_1, di, p, zi
+    i = n - 1
+    dd[i] = a0[i] - p_1 * p_1 * d_1 - q_2 * q_2 * d_2
+    z[i] = b[i] - p_1 * z_1 - q_2 * z_2
     out = [0.0] * n
-    for i in range(n - 1, -1, -1):
-        v = z[i] / dd[i]
-        if i + 1 < n:
-            v -= l1[i] * out[i + 1]
-        if i + 2 < n:
-            v -= l2[i] * out[i + 2]
+    o2 = z[n - 1] / dd[n - 1]
+    o1 = z[n - 2] / dd[n - 2] - l1[n - 2] * o2
+    out[n - 1], out[n - 2] = o2, o1
+    for i in range(n - 3, -1, -1):
+        v = z[i] / dd[i] - l1[i] * o1 - l2[i] * o2
         out[i] = v
+        o2, o1 = o1, v
     return np.array(out)
 
 

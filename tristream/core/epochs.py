@@ -33,13 +33,16 @@ def unwrap(values: np.ndarray, wrap: float) -> tuple[np.ndarray, np.ndarray]:
     return values + np.rint(cycle * wrap).astype(np.int64), cycle
 
 
-def duplicates(start: np.ndarray, end: np.ndarray, arrival: np.ndarray, window_ns: int) -> np.ndarray:
-    """For packets in arrival order: index of the original each one duplicates, or -1."""
+def duplicates(start: np.ndarray, end: np.ndarray, arrival: np.ndarray, window_ns: int,
+               order: np.ndarray | None = None) -> np.ndarray:
+    """For packets in arrival order: index of the original each one duplicates, or -1. `order`
+    is `np.argsort(start, kind="stable")` when the caller has it."""
     n = start.size
     out = np.full(n, -1, np.int64)
     if n < 2:
         return out
-    order = np.argsort(start, kind="stable")  # stable: equal starts stay in arrival order
+    if order is None:
+        order = np.argsort(start, kind="stable")  # stable: equal starts stay in arrival order
     s, e, a = start[order], end[order], arrival[order]
     same = (s[1:] == s[:-1]) & (e[1:] == e[:-1]) & (a[1:] - a[:-1] <= window_ns)
     if not same.any():
@@ -51,9 +54,51 @@ def duplicates(start: np.ndarray, end: np.ndarray, arrival: np.ndarray, window_n
     return out
 
 
-# A sorting network for 7 values (16 compare-exchanges; it sorts every 0/1 input, hence every input)
+# A sorting network for 7 values (16 compare-exchanges; it sorts every 0/1 input, hence every input),
+# pruned to what the middle value needs: per compare-exchange, whether its low and its high output
+# is read later on the way to position 3 (22 of the 32 minima and maxima)
 _NET7 = ((0, 6), (2, 3), (4, 5), (0, 2), (1, 4), (3, 6), (0, 1), (2, 5), (3, 4), (1, 2), (4, 6), (2, 3), (4, 5),
          (1, 2), (3, 4), (5, 6))
+
+
+def _median_plan(net: tuple[tuple[int, int], ...], mid: int) -> tuple[tuple[int, int, bool, bool], ...]:
+    need = {mid}
+    plan = []
+    for a, b in reversed(net):
+        lo, hi = a in need, b in need
+        if lo or hi:
+            plan.append((a, b, lo, hi))
+            need |= {a, b}
+    return tuple(reversed(plan))
+
+
+_MED7 = _median_plan(_NET7, 3)
+
+
+def _median7(y: np.ndarray) -> np.ndarray:
+    """The middle value of every 7 consecutive values of `y` (n - 6 of them), elementwise over 7
+    shifted views; each value the network writes goes into an array of its own or a freed one
+    (a fresh array per minimum and maximum costs 60 % more)."""
+    m = y.size - 6
+    c = [y[k : m + k] for k in range(7)]
+    own = [False] * 7  # c[k] is an array of this function's (not a view of y)
+    spare: list[np.ndarray] = []
+    for a, b, lo, hi in _MED7:
+        if lo and hi:
+            low = np.minimum(c[a], c[b], out=spare.pop() if spare else None)
+            c[b] = np.maximum(c[a], c[b], out=c[b] if own[b] else None)
+            own[b] = True
+            if own[a]:
+                spare.append(c[a])
+            c[a] = low
+            own[a] = True
+        elif lo:
+            c[a] = np.minimum(c[a], c[b], out=c[a] if own[a] else None)
+            own[a] = True
+        else:
+            c[b] = np.maximum(c[a], c[b], out=c[b] if own[b] else None)
+            own[b] = True
+    return c[3]
 
 
 def running_median(y: np.ndarray, width: int = 7) -> np.ndarray:
@@ -64,12 +109,7 @@ def running_median(y: np.ndarray, width: int = 7) -> np.ndarray:
     if width == 7 and not (y.dtype.kind == "f" and np.isnan(y).any()):
         # the windows' middle values by the network over 7 shifted views, elementwise: the same
         # values as a partition of every window, in a quarter of the time
-        c = [y[k : n - 6 + k] for k in range(7)]
-        for a, b in _NET7:
-            lo = np.minimum(c[a], c[b])
-            c[b] = np.maximum(c[a], c[b])
-            c[a] = lo
-        med = c[3]
+        med = _median7(y)
     else:
         win = np.lib.stride_tricks.sliding_window_view(y, width)
         med = np.partition(win, width // 2, axis=1)[:, width // 2]
@@ -152,10 +192,14 @@ def gaps(start: np.ndarray, end: np.ndarray) -> tuple[int, int, float]:
     Spans (audio chunks, sensor blocks) leave a hole when a start lies more than half a span
     after the previous end; instantaneous packets (frames) when the step exceeds 1.5 periods.
     """
-    if start.size < 3:
-        return 0, 0, 0.0
     o = np.argsort(start, kind="stable")
-    s, e = start[o], end[o]
+    return sorted_gaps(start[o], end[o])
+
+
+def sorted_gaps(s: np.ndarray, e: np.ndarray) -> tuple[int, int, float]:
+    """`gaps` of packets already in order of start (stable: equal starts in arrival order)."""
+    if s.size < 3:
+        return 0, 0, 0.0
     d = np.diff(s)
     d = d[d > 0]
     if d.size == 0:

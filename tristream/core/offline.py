@@ -26,8 +26,7 @@ import numpy as np
 
 from tristream.core import jsonl
 from tristream.core.curve import fit_lower_curve
-from tristream.core.epochs import duplicates, segment_epochs, unwrap
-from tristream.core.epochs import gaps as epoch_gaps
+from tristream.core.epochs import duplicates, segment_epochs, sorted_gaps, unwrap
 from tristream.core.errors import InvalidPacket, TimeCoreError
 from tristream.core.forkjoin import fork_map, free_cores, shared_empty
 from tristream.core.units import parse_unit
@@ -115,14 +114,18 @@ def fit_source(
     """
     del q, max_drift_ppm
     start_ns = np.asarray(start_ns, np.int64)
+    arrival_ns = np.asarray(arrival_ns, np.int64)
     n = int(start_ns.size)
-    order = np.argsort(arrival_ns, kind="stable")
-    arr = np.asarray(arrival_ns, np.int64)[order]
-    s_raw = start_ns[order]
-    dur = np.asarray(end_ns, np.int64)[order] - s_raw
+    # a recording is written in arrival order (its stable sort is then the identity)
+    in_order = bool(np.all(arrival_ns[1:] >= arrival_ns[:-1]))
+    order = None if in_order else np.argsort(arrival_ns, kind="stable")
+    arr = arrival_ns if order is None else arrival_ns[order]
+    s_raw = start_ns if order is None else start_ns[order]
+    dur = np.asarray(end_ns, np.int64) - start_ns if order is None else np.asarray(end_ns, np.int64)[order] - s_raw
     s, cycle = unwrap(s_raw, wrap_ns)
     e = s + dur
-    dup_of = duplicates(s, e, arr, duplicate_window_ns)
+    by_start = np.argsort(s, kind="stable")  # for the duplicates and each epoch's gaps
+    dup_of = duplicates(s, e, arr, duplicate_window_ns, by_start)
     live = np.flatnonzero(dup_of < 0)
     y_all = arr - e
     ep = segment_epochs(y_all[live], arr[live])
@@ -153,7 +156,8 @@ def fit_source(
         resid.append(y - curve(x))
         slopes.append(curve.slopes())
         chord.append((float(curve.values[-1] - curve.values[0]), float(curve.step * (curve.values.size - 1))))
-        g, lost, _ = epoch_gaps(s[ix], e[ix])
+        o = by_start[label[by_start] == k]  # the epoch's packets by start (ties in arrival order)
+        g, lost, _ = sorted_gaps(s[o], e[o])
         gaps_n += g
         lost_n += lost
         wraps += int(cycle[ix].max() - cycle[ix].min())
@@ -196,9 +200,11 @@ def fit_source(
         summary["delay_above_min_ms"] = {"p50": round(q50 / 1e6, 4), "p99": round(q99 / 1e6, 4),
                                          "max": round(float(gaps.max()) / 1e6, 4)}
         summary["uncertainty_ns"] = round(float(q50) / max(1.0, math.sqrt(gaps.size)), 1)
+    dup_mask = dup_of >= 0
+    if order is None:
+        return SourceFit(source, ref, (label < 0) & ~dup_mask, summary, dup_mask)
     inv = np.empty(n, np.int64)
     inv[order] = np.arange(n)
-    dup_mask = dup_of >= 0
     return SourceFit(source, ref[inv], (label < 0)[inv] & ~dup_mask[inv], summary, dup_mask[inv])
 
 
