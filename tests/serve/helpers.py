@@ -8,7 +8,7 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, MutableMapping
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +34,23 @@ def tone_turns(durations_ms: list[int], rate: int = 24_000, gap_ms: int = 800, f
 
 
 @contextlib.asynccontextmanager
-async def running_server(tmp: Path | None = None, pace: float = 0.0, **kw: object) -> AsyncIterator[RealtimeServer]:
-    """An EchoBackend server (answering at `pace`) on 127.0.0.1 with a free port."""
-    limits = kw.pop("limits", None) or ServerLimits()
-    srv = RealtimeServer(lambda: EchoBackend(pace=pace), host="127.0.0.1", port=0, tokens=[TOKEN], limits=limits,
-                         record_dir=tmp, **kw)  # type: ignore[arg-type]
+async def serving(factory: Callable[[], Any], **kw: Any) -> AsyncIterator[RealtimeServer]:
+    """A `RealtimeServer` of `factory`'s backends on 127.0.0.1 with a free port, stopped on exit;
+    it takes `TOKEN` unless ``tokens`` is given, and the other keywords of `RealtimeServer`."""
+    kw.setdefault("tokens", [TOKEN])
+    srv = RealtimeServer(factory, host="127.0.0.1", port=0, **kw)
     await srv.start()
     try:
         yield srv
     finally:
         await srv.stop(grace_s=0.0)
+
+
+def running_server(tmp: Path | None = None, pace: float = 0.0,
+                   **kw: Any) -> contextlib.AbstractAsyncContextManager[RealtimeServer]:
+    """An EchoBackend server (answering at `pace`, recording to `tmp`) as `serving` gives it."""
+    limits = kw.pop("limits", None) or ServerLimits()
+    return serving(lambda: EchoBackend(pace=pace), limits=limits, record_dir=tmp, **kw)
 
 
 @contextlib.contextmanager

@@ -13,13 +13,11 @@ import asyncio
 import dataclasses
 import re
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 
-from tests.serve.helpers import TOKEN, run, url
+from tests.serve.helpers import TOKEN, run, serving, url
 from tristream.sched.admission import QueuePolicy
 from tristream.sched.config import ours_config
 from tristream.sched.types import Kind, Tier, WorkModality
@@ -27,16 +25,6 @@ from tristream.serve.client import RealtimeClient
 from tristream.serve.server import RealtimeServer
 
 MAX_TOKENS = 8
-
-
-@asynccontextmanager
-async def engine_server(factory: Any, tokens: list[str] | None = None) -> AsyncIterator[RealtimeServer]:
-    srv = RealtimeServer(factory, port=0, tokens=tokens or [TOKEN])
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop(grace_s=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +75,7 @@ def test_text_turns_of_concurrent_clients_run_through_the_scheduler(factory: Any
         return out
 
     async def go() -> None:
-        async with engine_server(factory) as srv:
+        async with serving(factory) as srv:
             answers = await asyncio.gather(*(client(srv, k) for k in range(4)))
             metrics = srv.metrics.render()
         for per_client in answers:
@@ -105,7 +93,7 @@ def test_tier_from_token_caps_session_update(factory: Any) -> None:
     se = factory.engine
 
     async def go() -> None:
-        async with engine_server(factory, tokens=[f"{TOKEN}@bronze", "goldtok@gold"]) as srv:
+        async with serving(factory, tokens=[f"{TOKEN}@bronze", "goldtok@gold"]) as srv:
             c = await RealtimeClient.connect(url(srv), TOKEN)
             assert c.session["tier"] == "bronze"
             await c.send({"type": "session.update", "session": {"tier": "gold"}})
@@ -140,7 +128,7 @@ def test_sheds_reach_the_client_as_errors_and_sessions_go_on() -> None:
 
     async def go() -> dict[str, float]:
         waits = {}
-        async with engine_server(f) as srv:
+        async with serving(f) as srv:
             for tier, reason in (("bronze", "timeout"), ("silver", "queue_full"), ("gold", "")):
                 c = await RealtimeClient.connect(url(srv), TOKEN)
                 await c.send({"type": "session.update", "session": {"tier": tier, "modalities": ["text"]}})
@@ -176,7 +164,7 @@ def test_cancel_stops_the_answer_and_frees_the_turn() -> None:
     f = engine_factory(model="tiny-random", device="cpu", max_tokens=200)  # ~10 s at the 50 ms decode pace
 
     async def go() -> None:
-        async with engine_server(f) as srv:
+        async with serving(f) as srv:
             c = await RealtimeClient.connect(url(srv), TOKEN)
             await c.send({"type": "conversation.item.create", "item": {
                 "type": "message", "role": "user", "content": [{"type": "input_text", "text": "long"}]}})
@@ -216,14 +204,10 @@ def test_spoken_turns_through_the_scheduler_with_embedded_stages(pipeline_models
     pcm = speech(pipeline_models, SENTENCES[1])
 
     async def go() -> list[Any]:
-        srv = RealtimeServer(lambda: PipelineBackend(pipeline_models, chat_for_session=lambda t: ScheduledChat(se, t, max_tokens=3)),
-                             port=0, tokens=[TOKEN])
-        await srv.start()
-        try:
+        async with serving(lambda: PipelineBackend(
+                pipeline_models, chat_for_session=lambda t: ScheduledChat(se, t, max_tokens=3))) as srv:
             return await stream_media(url(srv), TOKEN, pcm, 24_000, pace=0, expect_turns=1, tail_silence_s=0.5,
                                       answer_timeout_s=60)
-        finally:
-            await srv.stop(grace_s=0.0)
     try:
         res = run(go(), timeout=120)
     finally:

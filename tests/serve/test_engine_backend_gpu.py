@@ -25,7 +25,7 @@ MAX_TOKENS = 16
 def test_engine_backend_on_cuda_graphs_through_the_scheduler() -> None:
     import torch
 
-    from tests.serve.helpers import TOKEN, count_replays, run, url
+    from tests.serve.helpers import TOKEN, count_replays, run, serving, url
     from tristream.serve.client import RealtimeClient
     from tristream.serve.sched_backend import engine_factory
     from tristream.serve.server import RealtimeServer
@@ -64,12 +64,8 @@ def test_engine_backend_on_cuda_graphs_through_the_scheduler() -> None:
         return texts, lat
 
     async def go() -> list[tuple[list[str], list[float]]]:
-        srv = RealtimeServer(f, port=0, tokens=[TOKEN])
-        await srv.start()
-        try:
+        async with serving(f) as srv:
             return await asyncio.gather(*(client(srv, k) for k in range(16)))
-        finally:
-            await srv.stop(grace_s=0.0)
     try:
         res = run(go(), timeout=300)
     finally:

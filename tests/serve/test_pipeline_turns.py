@@ -12,14 +12,14 @@
 from __future__ import annotations
 
 import base64
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import numpy as np
 import pytest
 
-from tests.serve.helpers import TOKEN, run, url
+from tests.serve.helpers import TOKEN, run, serving, url
 from tests.serve.pipeline_helpers import ALWAYS_SCENE, SENTENCES, recall, speech
 from tristream.serve.client import RealtimeClient
 from tristream.serve.server import RealtimeServer
@@ -27,16 +27,10 @@ from tristream.serve.server import RealtimeServer
 pytestmark = pytest.mark.slow
 
 
-@asynccontextmanager
-async def pipeline_server(models: Any) -> AsyncIterator[RealtimeServer]:
+def pipeline_server(models: Any) -> AbstractAsyncContextManager[RealtimeServer]:
     from tristream.serve.pipeline_backend import PipelineBackend
 
-    srv = RealtimeServer(lambda: PipelineBackend(models, session_config=ALWAYS_SCENE), port=0, tokens=[TOKEN])
-    await srv.start()
-    try:
-        yield srv
-    finally:
-        await srv.stop(grace_s=0.0)
+    return serving(lambda: PipelineBackend(models, session_config=ALWAYS_SCENE))
 
 
 async def until(c: RealtimeClient, stop: Callable[[dict[str, Any]], bool], timeout: float = 60.0) -> list[dict]:

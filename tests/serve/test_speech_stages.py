@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.serve.helpers import TOKEN, run, url
+from tests.serve.helpers import TOKEN, run, serving, url
 
 pytest.importorskip("websockets")
 pytest.importorskip("piper")
@@ -62,7 +62,6 @@ def _speech(tts: Any, text: str) -> tuple[np.ndarray, float, float]:
 def test_spoken_sessions_share_the_streaming_whisper(gpu_stages_factory: Any) -> None:
     from tests.serve.pipeline_helpers import recall
     from tristream.serve.client import stream_media
-    from tristream.serve.server import RealtimeServer
 
     f = gpu_stages_factory
     asr = f.asr
@@ -71,9 +70,7 @@ def test_spoken_sessions_share_the_streaming_whisper(gpu_stages_factory: Any) ->
     before = asr.stats.stream_updates
 
     async def go() -> list[tuple[list[Any], list[dict[str, Any]]]]:
-        srv = RealtimeServer(f, port=0, tokens=[TOKEN])
-        await srv.start()
-        try:
+        async with serving(f) as srv:
             async def one(k: int) -> tuple[list[Any], list[dict[str, Any]]]:
                 evs: list[dict[str, Any]] = []
                 res = await stream_media(url(srv), TOKEN, clips[k][0], 24_000, pace=1.0, expect_turns=1,
@@ -81,8 +78,6 @@ def test_spoken_sessions_share_the_streaming_whisper(gpu_stages_factory: Any) ->
                                          on_event=lambda e: evs.append(e) if "transcription" in e["type"] else None)
                 return res, evs
             return list(await asyncio.gather(*(one(k) for k in range(N_SESSIONS))))
-        finally:
-            await srv.stop(grace_s=0.0)
 
     out = run(go(), timeout=150)
     partial_sessions = 0
