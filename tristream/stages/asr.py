@@ -142,10 +142,7 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
             start = max(ev.sample_index - self.preroll, self._ring_start)
             if ev.sample_index - self.preroll < self._ring_start:
                 self._count("preroll_samples_missing", self._ring_start - (ev.sample_index - self.preroll))
-            self._decoder = self.recognizer.utterance()
-            self._utt_start = start
-            self._fed_to = start
-            self._since_partial = 0
+            self._open(start)
             self._last_partial = ""
             self._feed_available()
         elif self._decoder is None:
@@ -161,6 +158,10 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         at = self.clock.total
         ev = SpeechEvent(self.session_id, SpeechEventKind.END, self.clock.ns_at(at), self.clock.ns_at(at), at, 1.0)
         self._finish(ev, force=True, postroll=False)
+        self._open(at)
+
+    def _open(self, at: int) -> None:
+        """A new utterance whose audio starts at sample `at`."""
         self._decoder = self.recognizer.utterance()
         self._utt_start = at
         self._fed_to = at
@@ -197,7 +198,7 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
             self._pending_end = ev
             return
         if self._fed_to < target:
-            self._decoder_feed_to(target)
+            self._feed_available(target)
         t0 = time.perf_counter()
         error = ""
         try:
@@ -222,13 +223,6 @@ class UtteranceStream(Stream[np.ndarray | SpeechEvent, Transcript]):
         keep_from = max(self.clock.total - self._ring_len, self._ring_start)
         self._ring = self._ring[keep_from - self._ring_start:]
         self._ring_start = keep_from
-
-    def _decoder_feed_to(self, target: int) -> None:
-        assert self._decoder is not None
-        stop = min(target, self.clock.total)
-        if stop > self._fed_to:
-            self._decoder.feed(self._ring[self._fed_to - self._ring_start: stop - self._ring_start])
-            self._fed_to = stop
 
 
 def transcribe_offline(pcm: np.ndarray, vad_stream: Stream, asr_stream: UtteranceStream,
