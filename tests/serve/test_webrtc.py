@@ -25,7 +25,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription  #
 from av import AudioFrame  # noqa: E402
 
 from bench._common import free_port  # noqa: E402
-from tests.serve.helpers import serve_process  # noqa: E402
+from tests.serve.helpers import serve_process, serving  # noqa: E402
 from tristream.serve.backends import make_factory  # noqa: E402
 from tristream.serve.server import RealtimeServer  # noqa: E402
 
@@ -140,17 +140,15 @@ def calls_url(srv: RealtimeServer) -> str:
     return srv.chat_url.removesuffix("/v1") + "/v1/realtime/calls"  # type: ignore[union-attr]
 
 
-async def echo_server() -> RealtimeServer:
-    srv = RealtimeServer(make_factory("echo", pace=1.0), port=0, tokens=[TOKEN], chat_port=0)
-    await srv.start()
-    return srv
+def echo_server() -> contextlib.AbstractAsyncContextManager[RealtimeServer]:
+    """The echo backend at real-time pace with the side port that takes SDP offers."""
+    return serving(make_factory("echo", pace=1.0), tokens=[TOKEN], chat_port=0)
 
 
 def test_echo_call_round_trip_and_clear_errors() -> None:
     async def go() -> None:
-        srv = await echo_server()
-        url = calls_url(srv)
-        try:
+        async with echo_server() as srv:
+            url = calls_url(srv)
             p = Peer(np.concatenate([tone(1.0), np.zeros(RATE, np.int16)]))
             status, answer = await p.call(url)
             assert status == 201 and answer.startswith("v=0") and "m=audio" in answer, answer[:200]
@@ -220,8 +218,6 @@ def test_echo_call_round_trip_and_clear_errors() -> None:
             status, _ = await s.call(url)
             assert status == 201 and (await s.until("session.created"))
             await s.pc.close()
-        finally:
-            await srv.stop(grace_s=0)
 
     asyncio.run(asyncio.wait_for(go(), 180))
 
@@ -260,9 +256,8 @@ def impair(pc: RTCPeerConnection, loss: float, jitter_s: float, seed: int = 5) -
 
 def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
     async def go() -> None:
-        srv = await echo_server()
-        url = calls_url(srv)
-        try:
+        async with echo_server() as srv:
+            url = calls_url(srv)
             p = Peer(np.concatenate([tone(1.5), np.zeros(RATE, np.int16)]))
             status, _ = await p.call(url)
             assert status == 201
@@ -285,8 +280,6 @@ def test_a_lossy_link_still_converses_and_losses_are_counted() -> None:
             # each lost 20 ms packet became 20 ms of silence: the timeline holds (only lost talk is missing)
             assert abs(srv.webrtc.concealed_ms - 20 * srv.webrtc.jitter["skipped"]) <= 40, srv.webrtc.concealed_ms
             await p.pc.close()
-        finally:
-            await srv.stop(grace_s=0)
 
     asyncio.run(asyncio.wait_for(go(), 180))
 
@@ -306,10 +299,8 @@ def test_camera_track_frames_get_capture_times_from_rtp_and_rtcp() -> None:
             super().push_frame(frame)
 
     async def go() -> None:
-        srv = RealtimeServer(lambda: Recording(pace=1.0), port=0, tokens=[TOKEN], chat_port=0)
-        await srv.start()
-        url = calls_url(srv)
-        try:
+        async with serving(lambda: Recording(pace=1.0), tokens=[TOKEN], chat_port=0) as srv:
+            url = calls_url(srv)
             p = Peer(tone(0.1))
             p.pc.addTrack(VideoStreamTrack())
             status, answer = await p.call(url)
@@ -326,8 +317,6 @@ def test_camera_track_frames_get_capture_times_from_rtp_and_rtcp() -> None:
             m = srv.metrics.render()
             assert 'tristream_webrtc_video_frames_total{result="taken"}' in m
             await p.pc.close()
-        finally:
-            await srv.stop(grace_s=0)
 
     asyncio.run(asyncio.wait_for(go(), 120))
 
