@@ -59,7 +59,7 @@ def bin_minima(x: np.ndarray, y: np.ndarray, bin_ns: float, early_ns: float) -> 
     more than `early_ns` below it. Returns (xb, yb, bins whose least point was set aside)."""
     order = np.argsort(x, kind="stable")
     xs, ys = x[order], y[order]
-    b = np.floor((xs - xs[0]) / bin_ns).astype(np.int64)
+    b = ((xs - xs[0]) / bin_ns).astype(np.int64)  # >= 0: truncation is the floor
     starts = np.flatnonzero(np.r_[True, b[1:] != b[:-1]])
     counts = np.diff(np.r_[starts, xs.size])
     m1 = np.minimum.reduceat(ys, starts)
@@ -166,12 +166,13 @@ def fit_lower_curve(
     if span < 2 * bin_ns or xb.size < 3:
         k = int(np.argmin(yb))
         return LowerCurve(x0, max(span, 1.0), np.array([yb[k], yb[k]])), {"early_bins": n_early, "rejected_bins": 0}
-    congested = _congested(xb, yb, bin_ns, congestion_ns, congestion_window_ns)
+    trend = _detrend(xb, yb) if xb.size >= 8 else None  # both tests below take the same residuals
+    congested = _congested(xb, yb, bin_ns, congestion_ns, congestion_window_ns, trend)
     if xb.size >= 8 and bin_ns * 8 <= 2e9:
         # Bins with neighbours on one side only (the ends of an epoch, the edges of a silence),
         # against that side's bins outside congestion episodes; only with 8 of them a side (a
         # sparse source's few bins there hold more jitter than evidence).
-        late = _too_early(xb, yb, bin_ns, outlier_ns, skip=congested, edges=True) & ~congested
+        late = _too_early(xb, yb, bin_ns, outlier_ns, skip=congested, edges=True, resid=trend) & ~congested
         if late.any():
             n_early += int(late.sum())
             xb, yb, congested = xb[~late], yb[~late], congested[~late]
@@ -230,17 +231,18 @@ def _detrend(xb: np.ndarray, yb: np.ndarray) -> np.ndarray:
 
 
 def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, *, skip: np.ndarray | None = None,
-               edges: bool = False) -> np.ndarray:
+               edges: bool = False, resid: np.ndarray | None = None) -> np.ndarray:
     """Bins more than `tol_ns` below a low order statistic of their neighbours on *each* side
     (the `k` bins before and the `k` after that lie within `k + 1` bins of source time: the
     second-lowest, the third from 8 a side): a minimum that no delay explains (packets stamped
     late), however few of them a bin holds. A bin at the edge of a congestion episode is low
     against one side only and is kept. With `edges`, only the bins that have such neighbours on
     one side alone (the ends of an epoch, the edges of a silence, across which the drift
-    wandered) are judged, against that side; `skip` marks bins that are nobody's neighbours."""
+    wandered) are judged, against that side; `skip` marks bins that are nobody's neighbours;
+    `resid` is `_detrend(xb, yb)` when the caller has it."""
     k = max(4, int(2e9 // bin_ns))
     j = min(2, k // 4)
-    r = _detrend(xb, yb)
+    r = _detrend(xb, yb) if resid is None else resid
     if skip is not None:
         r = np.where(skip, np.inf, r)
     pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
@@ -255,14 +257,16 @@ def _too_early(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, *, 
     return np.asarray(sides & (r < ref - tol_ns))
 
 
-def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float) -> np.ndarray:
+def _congested(xb: np.ndarray, yb: np.ndarray, bin_ns: float, tol_ns: float, window_ns: float,
+               resid: np.ndarray | None = None) -> np.ndarray:
     """Bins more than `tol_ns` above the third-lowest bin within +-`window_ns` (after removing
-    the overall drift): a congestion episode or a stall, which lifts every delay for seconds."""
+    the overall drift, `resid` = `_detrend(xb, yb)` when the caller has it): a congestion episode
+    or a stall, which lifts every delay for seconds."""
     n = xb.size
     k = int(window_ns // bin_ns)
     if n < 8 or k < 1:
         return np.zeros(n, bool)
-    r = _detrend(xb, yb)
+    r = _detrend(xb, yb) if resid is None else resid
     pad = np.r_[np.full(k, np.inf), r, np.full(k, np.inf)]
     # the floor is the third-lowest bin around: one or two bins of stamped-late packets that got
     # through cannot make every honest bin look congested

@@ -26,7 +26,6 @@ import os
 import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from itertools import count
 from operator import attrgetter
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -104,11 +103,6 @@ class Scan:
     units: dict[str, str] = field(default_factory=dict)  # first unit seen per source
 
 
-_PAIR = attrgetter("source", "unit")
-_INTS = ("ts", "arrival_ns", "samples", "duration_ns")
-_FLOATS = ("sample_rate", "rate_hz")
-
-
 def _blocks(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarray,
             good: np.ndarray) -> Iterator[tuple[int, int, list[Any]]]:
     """The events of lines [starts, ends) by blocks (first line, end, events), a placeholder where
@@ -153,24 +147,30 @@ def _blocks(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarra
 
 
 def _decode(data: bytes, starts: np.ndarray, ends: np.ndarray, shaped: np.ndarray) -> dict[str, Any]:
-    """The columns of lines [starts, ends): `good` (the typed decoder took the line), the fields
-    of `_INTS` and `_FLOATS` (defaults where absent or refused), and dense codes of the sources
-    (`source`, names in `sources`) and units (`unit`, `unit_names`) in order of first appearance.
+    """The columns of lines [starts, ends): `good` (the typed decoder took the line), the numeric
+    fields (defaults where absent or refused), and dense codes of the sources (`source`, names in
+    `sources`) and units (`unit`, `unit_names`) in order of first appearance.
 
-    Each block's events are taken apart as soon as they are decoded, while they are in cache: the
-    same passes over the whole file's objects (some 100 MB) cost 40 % more."""
+    Each block's events are taken apart as soon as they are decoded, while they are in cache (the
+    same passes over the whole file's objects, some 100 MB, cost 40 % more), each field by a list
+    comprehension (a specialised attribute load: 20 % less than `map` of an `attrgetter`)."""
     m = starts.size
     good = np.ones(m, bool)
-    cols = {key: np.empty(m, np.int64) for key in _INTS} | {key: np.empty(m, np.float64) for key in _FLOATS}
+    ts, arr, samp, dur = (np.empty(m, np.int64) for _ in range(4))
+    sr, rh = np.empty(m, np.float64), np.empty(m, np.float64)
     first = np.empty(m, np.int64)  # per line: the first line with its (source, unit)
     table: dict[tuple[str, str], int] = {}
+    code = table.setdefault
     for i, j, events in _blocks(data, starts, ends, shaped, good):
         n = j - i
-        first[i:j] = np.fromiter(map(table.setdefault, map(_PAIR, events), count(i)), np.int64, n)
-        for key in _INTS:
-            cols[key][i:j] = np.fromiter(map(attrgetter(key), events), np.int64, n)
-        for key in _FLOATS:
-            cols[key][i:j] = np.fromiter(map(attrgetter(key), events), np.float64, n)
+        first[i:j] = np.fromiter([code((e.source, e.unit), k) for k, e in enumerate(events, i)], np.int64, n)
+        ts[i:j] = np.fromiter([e.ts for e in events], np.int64, n)
+        arr[i:j] = np.fromiter([e.arrival_ns for e in events], np.int64, n)
+        samp[i:j] = np.fromiter([e.samples for e in events], np.int64, n)
+        dur[i:j] = np.fromiter([e.duration_ns for e in events], np.int64, n)
+        sr[i:j] = np.fromiter([e.sample_rate for e in events], np.float64, n)
+        rh[i:j] = np.fromiter([e.rate_hz for e in events], np.float64, n)
+    cols = {"ts": ts, "arrival_ns": arr, "samples": samp, "duration_ns": dur, "sample_rate": sr, "rate_hz": rh}
     # dense codes of the (source, unit) pairs, then of their sources and units, each in order of
     # first appearance (the pairs are, so the first pair with a source is where it first appears)
     pair_first = np.fromiter(table.values(), np.int64, len(table))
