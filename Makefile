@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 TORCH_CPU := torch==2.13.0
 
-.PHONY: demo test bench bench-gpu lint venv clean system-deps
+.PHONY: demo test bench bench-assistant bench-gpu lint venv clean system-deps
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -53,6 +53,30 @@ bench: $(TEST_STAMP)
 	$(VPY) bench/stages.py
 	$(VPY) bench/serve.py
 	$(VPY) bench/llm.py --device cpu
+
+# The assistant and serving benchmarks that take tens of minutes on a CPU (run alone: they time
+# the whole machine).
+bench-assistant: $(TEST_STAMP)
+	$(VPY) bench/e2e_cpu.py
+	$(VPY) bench/assistant.py
+	$(VPY) bench/spec.py
+	$(VPY) bench/tools.py
+	$(VPY) bench/retention.py
+	$(VPY) bench/serve_rss.py
+	$(VPY) bench/scale.py --mode cpu
+	$(VPY) bench/scale_profile.py
+	$(VPY) bench/reliability.py
+
+# On a CUDA machine (one GPU; `bench/scale.py --mode gpu` wants two, see docs/scale.md).
+bench-gpu:
+	python bench/llm.py --device cuda
+	python bench/llm.py --device cuda --fp8
+	python bench/decode_profile.py
+	python bench/prefill_mix.py
+	python bench/encoders.py
+	python bench/whisper_encode.py
+	python bench/sched.py --real
+	python bench/serve_gpu.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
