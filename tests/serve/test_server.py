@@ -14,9 +14,10 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from tests.serve.helpers import TOKEN, run, running_server, tone_turns, url
+from tests.serve.helpers import TOKEN, run, running_server, serving, tone_turns, url
 from tristream.serve import protocol as P
 from tristream.serve.client import RealtimeClient, stream_media
+from tristream.serve.echo import EchoBackend
 from tristream.serve.limits import ServerLimits
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -294,4 +295,34 @@ def test_output_audio_is_the_echoed_turn() -> None:
             voiced = pcm[np.abs(pcm) > 0]
             assert out.size >= 400 * 16 and np.abs(out).max() == np.abs(voiced).max()
             await c.close()
+    run(go())
+
+
+def test_metrics_can_require_the_token(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--metrics-auth``: /metrics answers 401 without the bearer token and 200 with it, and
+    `tristream top` says in one line that it needs ``--token`` (then shows the server with it)."""
+    from tristream.cli import app
+    from tristream.commands.errors import run as cli
+
+    async def go() -> None:
+        async with serving(EchoBackend, metrics_auth=True) as srv:
+            base = f"http://127.0.0.1:{srv.port}/metrics"
+
+            def get(headers: dict[str, str]) -> int:
+                try:
+                    with urllib.request.urlopen(urllib.request.Request(base, headers=headers), timeout=5) as r:
+                        return int(r.status)
+                except urllib.error.HTTPError as e:
+                    return int(e.code)
+
+            loop = asyncio.get_running_loop()
+            assert await loop.run_in_executor(None, get, {}) == 401
+            assert await loop.run_in_executor(None, get, {"Authorization": "Bearer wrong"}) == 401
+            assert await loop.run_in_executor(None, get, dict(AUTH)) == 200
+            assert srv.metrics.count("tristream_connections_refused_total", reason="auth") == 2
+            rc = await loop.run_in_executor(None, cli, app, ["top", "--once", "--url", base])
+            err = capsys.readouterr().err.strip()
+            assert rc == 2 and err.startswith("error: ") and "--token" in err and "\n" not in err, err
+            rc = await loop.run_in_executor(None, cli, app, ["top", "--once", "--url", base, "--token", TOKEN])
+            assert rc == 0 and "sessions" in capsys.readouterr().out
     run(go())

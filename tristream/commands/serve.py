@@ -19,6 +19,8 @@ def register(app: typer.Typer) -> None:
                                       "(assistant backend; default PORT+1, 0 any free port, -1 off)."),
         token: list[str] = typer.Option(None, help="Accepted bearer token (repeatable); default $TRISTREAM_TOKEN."),
         no_auth: bool = typer.Option(False, "--no-auth", help="Accept clients without a token (trusted demo only)."),
+        metrics_auth: bool = typer.Option(False, "--metrics-auth", help="/metrics wants the bearer token too "
+                                          "(`tristream top --token`)."),
         backend: str = typer.Option("assistant", help="Session backend: assistant (the default: VAD, Whisper ASR, "
                                     "SmolLM2 on our engine, piper TTS, camera scene; `pipeline` is the same), "
                                     "engine[:device=cuda,model=...,stages=none|embedded|gpu,sched=ours|fifo|none] "
@@ -105,7 +107,8 @@ def register(app: typer.Typer) -> None:
         server = RealtimeServer(factory, host=host, port=port, tokens=tokens,
                                 require_auth=not no_auth, limits=limits, record_dir=record,
                                 tracer=TurnTracer(otlp_endpoint=otlp_endpoint),
-                                chat_port=None if chat_port < 0 else chat_port, chat_required=not chat_default)
+                                chat_port=None if chat_port < 0 else chat_port, chat_required=not chat_default,
+                                metrics_auth=metrics_auth)
 
         async def main() -> None:
             await server.start()

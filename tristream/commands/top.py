@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from tristream.commands.errors import UserError
+
 
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text -> {'name{labels}': value} (comments skipped)."""
@@ -27,18 +29,31 @@ def register(app: typer.Typer) -> None:
         url: str = typer.Option("http://127.0.0.1:8765/metrics", help="The server's /metrics URL."),
         interval: float = typer.Option(1.0, help="Refresh period in seconds."),
         once: bool = typer.Option(False, help="Print one snapshot and exit."),
+        token: str = typer.Option(None, help="Bearer token, for a server run with --metrics-auth "
+                                  "(default: $TRISTREAM_TOKEN)."),
     ) -> None:
         """Sessions, message rates, latency quantiles and drops of a running server, refreshed live."""
+        import os
         import time
+        import urllib.error
         import urllib.request
 
         from rich.console import Console, Group
         from rich.live import Live
         from rich.table import Table
 
+        secret = token or os.environ.get("TRISTREAM_TOKEN")
+        headers = {"Authorization": f"Bearer {secret}"} if secret else {}
+
         def snapshot(prev: dict[str, float] | None, dt: float) -> tuple[Group, dict[str, float]]:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                m = parse_prometheus(r.read().decode())
+            try:
+                with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
+                    m = parse_prometheus(r.read().decode())
+            except urllib.error.HTTPError as exc:
+                if exc.code == 401:
+                    raise UserError(f"{url} wants a bearer token (the server runs with --metrics-auth): "
+                                    "pass --token or set TRISTREAM_TOKEN") from None
+                raise UserError(f"{url} answered HTTP {exc.code} {exc.reason}") from None
             head = Table(title=f"tristream top — {url}", show_header=True)
             for col in ("sessions", "msgs in/s", "events out/s", "errors", "dropped"):
                 head.add_column(col)

@@ -19,6 +19,7 @@ from typing import Any
 
 from tristream.scale.pool import NoReplicaAvailable, ReplicaPool, ScaleConfig
 from tristream.scale.prom import merge
+from tristream.serve.metrics import fmt_value
 
 log = logging.getLogger("tristream.scale")
 
@@ -105,7 +106,7 @@ class PoolRouter:
                  f"tristream_scale_pins_pruned_total {self.pool.pruned}",
                  "# HELP tristream_scale_replica_pressure load signal (max of queue and P99 over target)",
                  "# TYPE tristream_scale_replica_pressure gauge"]
-        lines += [f'tristream_scale_replica_pressure{{replica="{r.replica}"}} {min(r.pressure, 1e9):g}' for r in reps]
+        lines += [f'tristream_scale_replica_pressure{{replica="{r.replica}"}} {fmt_value(min(r.pressure, 1e9))}' for r in reps]
         lines += ["# HELP tristream_scale_sessions_routed_total sessions placed per replica",
                   "# TYPE tristream_scale_sessions_routed_total counter"]
         lines += [f'tristream_scale_sessions_routed_total{{replica="{r.id}"}} {r.routed}' for r in self.pool.live()]
@@ -113,5 +114,5 @@ class PoolRouter:
                             ("relay_dropped", "tristream_scale_relay_dropped_total frames the ingress relay dropped")):
             metric = help_.split()[0]
             lines += [f"# HELP {help_}", f"# TYPE {metric} counter"]
-            lines += [f'{metric}{{reason="{lab}"}} {v:g}' for (n, lab), v in sorted(self.counters.items()) if n == name]
+            lines += [f'{metric}{{reason="{lab}"}} {fmt_value(v)}' for (n, lab), v in sorted(self.counters.items()) if n == name]
         return merge(texts) + "\n".join(lines) + "\n"

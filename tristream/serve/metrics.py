@@ -23,6 +23,19 @@ Collector = Callable[[], list[Family]]
 CLOCK_EVENTS = ("duplicate", "gap", "lost", "wrap", "reset", "outlier", "delayed", "reordered", "previous_epoch")
 
 
+def fmt_value(v: float) -> str:
+    """A sample value in the text format, exact: whole numbers as integers (counters past a million
+    keep every digit, which ``%g`` would round to six), others as the shortest repr, infinities
+    and NaN as Prometheus spells them."""
+    if v != v:
+        return "NaN"
+    if v in (float("inf"), float("-inf")):
+        return "+Inf" if v > 0 else "-Inf"
+    if v == int(v) and abs(v) < 2**53:
+        return str(int(v))
+    return repr(float(v))
+
+
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
@@ -74,11 +87,11 @@ class ServeMetrics:
         for name, csamples in by_name.items():
             lines.append(f"# HELP {name} {self.helps.get(name, name.replace('_', ' '))}")
             lines.append(f"# TYPE {name} counter")
-            lines.extend(f"{name}{_labels(lab)} {v:g}" for lab, v in csamples)
+            lines.extend(f"{name}{_labels(lab)} {fmt_value(v)}" for lab, v in csamples)
         for name, v in sorted(self.gauges.items()):
             lines.append(f"# HELP {name} {self.helps.get(name, name.replace('_', ' '))}")
             lines.append(f"# TYPE {name} gauge")
-            lines.append(f"{name} {v:g}")
+            lines.append(f"{name} {fmt_value(v)}")
         for name, h in sorted(self.latencies.items()):
             lines.append(f"# HELP {name} {self.helps.get(name, name.replace('_', ' '))} (seconds)")
             lines.append(f"# TYPE {name} summary")
@@ -95,7 +108,7 @@ class ServeMetrics:
         for name, (typ, help_, samples) in merged.items():
             lines.append(f"# HELP {name} {help_}")
             lines.append(f"# TYPE {name} {typ}")
-            lines.extend(f"{n}{_labels(lab)} {v:g}" for n, lab, v in samples)
+            lines.extend(f"{n}{_labels(lab)} {fmt_value(v)}" for n, lab, v in samples)
         return "\n".join(lines) + "\n"
 
 

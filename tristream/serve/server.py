@@ -113,12 +113,14 @@ class RealtimeServer:
         token_tiers: dict[str, str] | None = None,
         chat_port: int | None = None,
         chat_required: bool = True,
+        metrics_auth: bool = False,
     ) -> None:
         """``tokens`` may carry a tier as ``SECRET@bronze`` (the CLI's way); ``token_tiers`` maps
         tokens to the best SLA tier their sessions may use (default: any). ``chat_port``: also
         serve ``/v1/chat/completions`` there (0: a free port; see ``chat_url``) when the backend
         family answers on our engine (`BackendFamily.chat_llm`); ``chat_required`` False: a taken port
-        only logs a warning."""
+        only logs a warning. ``metrics_auth``: ``/metrics`` wants a bearer token too (it names
+        sessions and counts their traffic)."""
         tiers = dict(token_tiers or {})
         plain: list[str] = []
         for t in tokens or []:
@@ -138,6 +140,7 @@ class RealtimeServer:
         self.tokens = [t.encode() for t in (tokens or [])]
         self.token_tiers = {k.encode(): v for k, v in tiers.items()}
         self.require_auth = require_auth
+        self.metrics_auth = metrics_auth
         self.limits = limits or ServerLimits()
         self.record_dir = record_dir
         self.tracer = tracer or TurnTracer()
@@ -318,6 +321,10 @@ class RealtimeServer:
                 return resp
             return None
         if path == "/metrics":
+            if self.metrics_auth and not self._authorized(request):
+                self.metrics.inc("tristream_connections_refused_total", reason="auth")
+                return self._respond(conn, 401, "missing or invalid bearer token (the server runs with "
+                                     "--metrics-auth)\n", "text/plain")
             return self._respond(conn, 200, self.metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
         if path == "/healthz":
             return self._respond(conn, 200, "ok\n", "text/plain")
