@@ -642,43 +642,41 @@ class SourceClock:
             tol = self.congestion_ns + 2.0 * ep.spread
             above = self.above_weight
             k = 1.0 / self.recency_ns
-            ws = []
-            sw = sx = sy = sxx = sxy = 0.0
-            first = last = 0.0
-            m = 0
-            for x, y in zip(xc, ys, strict=True):
-                r = y - c0 - d * x
-                w = (1.0 if r >= -tol else 0.0) if r <= 0.0 else (above if r <= tol else 0.0)
-                if w:
-                    w *= 2.0 ** (x * k)
-                    sw += w
-                    wx = w * x
-                    sx += wx
-                    sy += w * y
-                    sxx += wx * x
-                    sxy += wx * y
-                    if not m:
-                        first = x
-                    last = x
-                    m += 1
-                ws.append(w)
-            if sw <= 0.0:
-                # Every point far above the line: congestion holds the line; only when it lasts
-                # a whole history has the floor itself moved, and the line follows it.
+            # Every point far above the line: congestion holds the line; only when it lasts a
+            # whole history has the floor itself moved, and the line follows it (the same sums
+            # again, every point weighted by its recency alone).
+            every = False
+            while True:
+                ws = []
+                sw = sx = sy = sxx = sxy = 0.0
+                first = last = 0.0
+                m = 0
+                for x, y in zip(xc, ys, strict=True):
+                    if every:
+                        w = 1.0
+                    else:
+                        r = y - c0 - d * x
+                        w = (1.0 if r >= -tol else 0.0) if r <= 0.0 else (above if r <= tol else 0.0)
+                    if w:
+                        w *= 2.0 ** (x * k)
+                        sw += w
+                        wx = w * x
+                        sx += wx
+                        sy += w * y
+                        sxx += wx * x
+                        sxy += wx * y
+                        if not m:
+                            first = x
+                        last = x
+                        m += 1
+                    ws.append(w)
+                if sw > 0.0 or every:
+                    break
                 ep.held += 1
                 if ep.held < self.history:
                     return
-                ws = [2.0 ** (x * k) for x in xc]
-                sw = sx = sy = sxx = sxy = 0.0
-                for w, x, y in zip(ws, xc, ys, strict=True):
-                    sw += w
-                    wx = w * x
-                    sx += wx
-                    sy += w * y
-                    sxx += wx * x
-                    sxy += wx * y
-                first, last, m = xc[0], xc[-1], len(xc)
-            else:
+                every = True
+            if not every:
                 ep.held = 0
             sxx -= sx * sx / sw
             if m >= 3 and last - first >= self.min_span_ns and sxx > 0:

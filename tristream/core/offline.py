@@ -215,6 +215,40 @@ def _bin_ns(x: np.ndarray) -> float:
     return float(np.clip(12.0 / rate, 0.25e9, 2e9)) if rate > 0 else 0.5e9
 
 
+def _read_line(line: str, no: int, strict: bool, on_error: Callable[[AlignInputError], None] | None
+               ) -> tuple[dict[str, Any], tuple[str, int, int, int]] | None:
+    """One line (`no`, 1-based) through `json` and `parse_event`: its object and numbers, or None
+    for a malformed one, which raises `AlignInputError` when `strict` and is else reported to
+    `on_error`."""
+    try:
+        obj = json.loads(line)
+        return obj, parse_event(obj)
+    except (json.JSONDecodeError, TimeCoreError, ValueError) as exc:
+        msg = f"not valid JSON ({exc.msg} at column {exc.colno})" if isinstance(exc, json.JSONDecodeError) \
+            else str(exc)
+        err = AlignInputError(no, msg)
+        if strict:
+            raise err from exc
+        if on_error is not None:
+            on_error(err)
+        return None
+
+
+def _with_ref(line: str, obj: dict[str, Any] | None, ref: int, flag: str | None) -> str:
+    """An event's line with `ref_ns` (and `ref_flag`) and its newline: its own text with the
+    fields appended (no second JSON round trip) when it ends with its brace and names neither,
+    else its object (`obj`, or the line decoded again) through `json`."""
+    text = line.rstrip()
+    if text.endswith("}") and '"ref_ns"' not in text and '"ref_flag"' not in text:
+        return text[:-1].rstrip() + f', "ref_ns": {ref}' + (f', "ref_flag": "{flag}"}}' if flag else "}") + "\n"
+    if obj is None:
+        obj = json.loads(line)
+    obj["ref_ns"] = ref
+    if flag:
+        obj["ref_flag"] = flag
+    return json.dumps(obj) + "\n"
+
+
 def _lines(fh: IO[str], progress: Callable[[int], None] | None) -> Iterator[tuple[int, str]]:
     for no, line in enumerate(fh, 1):
         if progress is not None:
@@ -267,20 +301,12 @@ def align_file(
         if not line.strip():
             sc.kind[i] = 0
             continue
-        try:
-            obj = json.loads(line)
-            source, s0, s1, arr = parse_event(obj)
-        except (json.JSONDecodeError, TimeCoreError, ValueError) as exc:
-            msg = f"not valid JSON ({exc.msg} at column {exc.colno})" if isinstance(exc, json.JSONDecodeError) \
-                else str(exc)
-            err = AlignInputError(i + 1, msg)
-            if strict:
-                raise err from exc
+        got = _read_line(line, i + 1, strict, on_error)
+        if got is None:
             bad += 1
             sc.kind[i] = 0
-            if on_error is not None:
-                on_error(err)
             continue
+        obj, (source, s0, s1, arr) = got
         src_of[i] = code.setdefault(source, len(code))
         units.setdefault(source, str(obj["unit"]))
         sc.start_ns[i], sc.end_ns[i], sc.arrival_ns[i] = s0, s1, arr
@@ -316,17 +342,7 @@ def align_file(
         load[g] += int(rows[name].size)
     fits.update(item for got in fork_map(fit_group, groups) for item in got)
     for i, line in texts.items():
-        fl = ("outlier", "duplicate")[flag[i] - 1] if flag[i] else None
-        text = line.rstrip()
-        if text.endswith("}") and '"ref_ns"' not in text and '"ref_flag"' not in text:
-            texts[i] = text[:-1].rstrip() + f', "ref_ns": {int(ref[i])}' + (f', "ref_flag": "{fl}"}}' if fl else "}") \
-                + "\n"
-        else:
-            obj = slow_obj[i]
-            obj["ref_ns"] = int(ref[i])
-            if fl:
-                obj["ref_flag"] = fl
-            texts[i] = json.dumps(obj) + "\n"
+        texts[i] = _with_ref(line, slow_obj[i], int(ref[i]), ("outlier", "duplicate")[flag[i] - 1] if flag[i] else None)
     jsonl.write(out, data, sc, ref, flag, texts, workers)
     if progress is not None:
         progress(len(data))
@@ -360,20 +376,12 @@ def _align_text(
             if not line.strip():
                 line_src.append(None)
                 continue
-            try:
-                obj = json.loads(line)
-                source, s0, s1, arr = parse_event(obj)
-            except (json.JSONDecodeError, TimeCoreError, ValueError) as exc:
-                msg = f"not valid JSON ({exc.msg} at column {exc.colno})" if isinstance(exc, json.JSONDecodeError) \
-                    else str(exc)
-                err = AlignInputError(no, msg)
-                if strict:
-                    raise err from exc
+            got = _read_line(line, no, strict, on_error)
+            if got is None:
                 bad += 1
                 line_src.append(None)
-                if on_error is not None:
-                    on_error(err)
                 continue
+            obj, (source, s0, s1, arr) = got
             if source not in wrap:
                 wrap[source] = parse_unit(obj["unit"]).wrap_ns
             cols = per.setdefault(source, [[], [], []])
@@ -394,19 +402,7 @@ def _align_text(
             f = fits[slot[0]]
             k = slot[1]
             flag = "outlier" if f.outlier[k] else "duplicate" if f.duplicate[k] else None
-            text = line.rstrip()
-            if text.endswith("}") and '"ref_ns"' not in text and '"ref_flag"' not in text:
-                # The event's own text with the new fields appended: no second JSON round trip.
-                tail = f', "ref_ns": {int(f.ref_ns[k])}' + (f', "ref_flag": "{flag}"}}' if flag else "}")
-                fo.write(text[:-1].rstrip())
-                fo.write(tail)
-            else:
-                obj = json.loads(line)
-                obj["ref_ns"] = int(f.ref_ns[k])
-                if flag:
-                    obj["ref_flag"] = flag
-                fo.write(json.dumps(obj))
-            fo.write("\n")
+            fo.write(_with_ref(line, None, int(f.ref_ns[k]), flag))
             written += 1
     return {
         "input": str(inp),

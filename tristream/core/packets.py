@@ -22,25 +22,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tristream.core.errors import InvalidPacket, OutOfOrder, TimeCoreError, UnknownUnit
-from tristream.core.units import MS, NS, US, TimeUnit, parse_unit, samples_at
+from tristream.core.errors import InvalidPacket
+from tristream.core.units import MS, NS, US, TimeUnit, parse_unit
 
-__all__ = [
-    "AudioChunk",
-    "ControlEvent",
-    "InvalidPacket",
-    "Modality",
-    "OutOfOrder",
-    "Packet",
-    "SensorSample",
-    "TextDelta",
-    "TimeCoreError",
-    "TimeUnit",
-    "UnknownUnit",
-    "VideoFrame",
-    "parse_unit",
-    "samples_at",
-]
+# the packet types; the time core's other names (errors, units) come from `tristream.core`
+__all__ = ["AudioChunk", "ControlEvent", "Modality", "Packet", "SensorSample", "TextDelta", "VideoFrame"]
 
 
 class Modality(StrEnum):

@@ -164,10 +164,7 @@ class ApproximateTimeSync(_QueuedJoin):
             d = la + st.idle_timeout_ns
             if d < deadline:
                 deadline = d
-        if low == POS_INF:
-            low = max(s.watermark_ns if s.closed else s.max_seen_ns for s in wm.streams.values())
-        if low > wm._combined:
-            wm._combined = low
+        low = wm._raise_to(low)
         names = self._names
         if names is not None:
             self._bmin, active = names[mins], names[act]
@@ -177,7 +174,7 @@ class ApproximateTimeSync(_QueuedJoin):
             active = tuple(n for i, n in enumerate(every) if act >> i & 1)
         self._bactive = active
         self._bdeadline = deadline
-        return wm._combined, active
+        return low, active
 
     def _drop(self, s: str, ts: list[int], vs: list[Any], t_ns: int) -> int:
         """Remove the messages of `s` at or before `t_ns` (its head is), counted as unmatched."""
@@ -274,36 +271,12 @@ class ApproximateTimeSync(_QueuedJoin):
         o1, o2 = self._others[pivot]
         qt = self.q.t
         far = _FAR
-        if absent is not None and o1 in absent:
-            b1 = a1 = None
-            db1 = da1 = far
-            u1 = False
-        else:
-            ts = qt[o1]
-            k = bisect.bisect_right(ts, p_t)
-            b1 = ts[k - 1] if k else None
-            a1 = ts[k] if k < len(ts) else None
-            u1 = False
-            if a1 is None or a1 > h:
-                if h < POS_INF:
-                    a1, u1 = max(h, p_t + 1), True  # earliest a future message could have
-            db1 = far if b1 is None else p_t - b1
-            da1 = far if a1 is None else a1 - p_t
-        if absent is not None and o2 in absent:
-            b2 = a2 = None
-            db2 = da2 = far
-            u2 = False
-        else:
-            ts = qt[o2]
-            k = bisect.bisect_right(ts, p_t)
-            b2 = ts[k - 1] if k else None
-            a2 = ts[k] if k < len(ts) else None
-            u2 = False
-            if a2 is None or a2 > h:
-                if h < POS_INF:
-                    a2, u2 = max(h, p_t + 1), True
-            db2 = far if b2 is None else p_t - b2
-            da2 = far if a2 is None else a2 - p_t
+        b1, a1, u1 = (None, None, False) if absent is not None and o1 in absent else _around(qt[o1], p_t, h)
+        db1 = far if b1 is None else p_t - b1
+        da1 = far if a1 is None else a1 - p_t
+        b2, a2, u2 = (None, None, False) if absent is not None and o2 in absent else _around(qt[o2], p_t, h)
+        db2 = far if b2 is None else p_t - b2
+        da2 = far if a2 is None else a2 - p_t
         # the candidate distances, ascending and distinct: 0 and those of existing members
         # (before: >= 0, after: > 0)
         x = 0 if b1 is None else db1
@@ -379,17 +352,7 @@ class ApproximateTimeSync(_QueuedJoin):
                 avs.append(None)
                 uncs.append(False)
                 continue
-            ts = qt[s]
-            k = bisect.bisect_right(ts, p_t)
-            b = ts[k - 1] if k else None
-            nxt = ts[k] if k < len(ts) else None
-            unc = False
-            if nxt is not None and nxt <= h:
-                a: int | None = nxt
-            elif h < POS_INF:
-                a, unc = max(h, p_t + 1), True  # earliest a future message could have
-            else:
-                a = nxt
+            b, a, unc = _around(qt[s], p_t, h)
             if b is None:
                 dbs.append(far)
             else:
@@ -409,10 +372,7 @@ class ApproximateTimeSync(_QueuedJoin):
         f = 1.0 + self.age_penalty
         his = sorted(hi_set)
         los = sorted(lo_set)
-        if len(dbs) == 2:  # three streams (camera, microphone, IMU): the same search, unrolled
-            found, b_missing, b_cost, b_unc, best_lh = _search2(los, his, mi, f, dbs, das, uncs)
-        else:
-            found, b_missing, b_cost, b_unc, best_lh = _search(los, his, mi, f, dbs, das, uncs)
+        found, b_missing, b_cost, b_unc, best_lh = _search(los, his, mi, f, dbs, das, uncs)
         if not found or b_unc > 0:
             return None
         lo, hi = best_lh
@@ -420,6 +380,18 @@ class ApproximateTimeSync(_QueuedJoin):
         for s, db, b, da, a in zip(names, dbs, bs, das, avs, strict=True):
             best[s] = b if db <= lo and (da > hi or db <= da) else a if da <= hi else None
         return best
+
+
+def _around(ts: list[int], p_t: int, h: int) -> tuple[int | None, int | None, bool]:
+    """A stream's options around the pivot's time `p_t` (its queue `ts`, ascending): the last
+    message at or before it and the first after it, or - when that one is not known by the
+    horizon `h` - the earliest a future message could have (`True`: uncertain)."""
+    k = bisect.bisect_right(ts, p_t)
+    b = ts[k - 1] if k else None
+    a = ts[k] if k < len(ts) else None
+    if (a is None or a > h) and h < POS_INF:
+        return b, max(h, p_t + 1), True
+    return b, a, False
 
 
 # The search of `_best`: candidates in order (lo, then hi, ascending); the first smallest key
@@ -453,46 +425,6 @@ def _search(los: list[int], his: list[int], mi: int, f: float, dbs: list[int], d
                 else:
                     n_missing += 1
             if not found or (n_missing, cost, n_uncertain) < (b_missing, b_cost, b_unc):
-                found = True
-                b_missing, b_cost, b_unc = n_missing, cost, n_uncertain
-                best_lh = (lo, hi)
-    return found, b_missing, b_cost, b_unc, best_lh
-
-
-def _search2(los: list[int], his: list[int], mi: int, f: float, dbs: list[int], das: list[int],
-             uncs: list[bool]) -> _Found:
-    """`_search` for two streams besides the pivot."""
-    b1, b2 = dbs
-    a1, a2 = das
-    u1, u2 = uncs
-    found = False
-    b_missing = b_unc = 0
-    b_cost = 0.0
-    best_lh = (0, 0)
-    for lo in los:
-        if lo > mi or (found and not b_missing and (lo > b_cost or (lo == b_cost and not b_unc))):
-            break
-        before1 = b1 <= lo
-        before2 = b2 <= lo
-        for hi in his:
-            if lo + hi > mi:
-                break
-            cost = lo + hi * f
-            if found and not b_missing and (cost > b_cost or (cost == b_cost and not b_unc)):
-                break
-            n_missing = n_uncertain = 0
-            if not (before1 and (a1 > hi or b1 <= a1)):
-                if a1 <= hi:
-                    n_uncertain += u1
-                else:
-                    n_missing += 1
-            if not (before2 and (a2 > hi or b2 <= a2)):
-                if a2 <= hi:
-                    n_uncertain += u2
-                else:
-                    n_missing += 1
-            if not found or n_missing < b_missing or (n_missing == b_missing and (
-                    cost < b_cost or (cost == b_cost and n_uncertain < b_unc))):
                 found = True
                 b_missing, b_cost, b_unc = n_missing, cost, n_uncertain
                 best_lh = (lo, hi)

@@ -120,8 +120,13 @@ class WatermarkTracker:
             m = s.max_seen_ns - s.lateness_ns if s.max_seen_ns > NEG_INF else NEG_INF
             if m < value:
                 value = m
-        if value == POS_INF:
-            value = max(s.watermark_ns if s.closed else s.max_seen_ns for s in self.streams.values())
-        if value > self._combined:
-            self._combined = value
+        return self._raise_to(value)
+
+    def _raise_to(self, least: int) -> int:
+        """The combined watermark after a scan whose least active watermark is `least` (+inf when
+        every stream is idle: then the max over all), never lower than before."""
+        if least == POS_INF:
+            least = max(s.watermark_ns if s.closed else s.max_seen_ns for s in self.streams.values())
+        if least > self._combined:
+            self._combined = least
         return self._combined
