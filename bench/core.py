@@ -482,11 +482,43 @@ def _cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
-def bench_align_throughput(seconds: float, repeats: int = 3, baseline: str | None = None) -> dict[str, Any]:
+_ALIGN_TIMED = ("import json, os, sys, time; from pathlib import Path; from tristream.core.offline import align_file\n"
+                "out = []\n"
+                "for w in map(int, sys.argv[3].split(',')):\n"
+                "    for _ in range(int(sys.argv[4])):\n"
+                "        t, c = time.perf_counter(), os.times()\n"
+                "        align_file(Path(sys.argv[1]), Path(sys.argv[2]), workers=w)\n"
+                "        d = os.times()\n"
+                "        out.append((w, time.perf_counter() - t, d.user + d.system + d.children_user + d.children_system"
+                " - c.user - c.system - c.children_user - c.children_system))\n"
+                "print(json.dumps(out))\n")
+
+
+def _align_interleaved(trees: dict[str, Path], inp: Path, outp: Path, n: int, rounds: int) -> dict[str, Any]:
+    """`align_file` of each tree (a PYTHONPATH root) in a fresh process, the trees taking turns
+    (the order alternating each round), two calls per worker count a process: events/s of every
+    call, and the best per tree and worker count. Runs side by side on a shared machine see the
+    same load."""
+    got: dict[str, dict[str, list[int]]] = {name: {} for name in trees}
+    names = list(trees)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            res = subprocess.run([sys.executable, "-c", _ALIGN_TIMED, str(inp), str(outp), "1,2", "2"],
+                                 capture_output=True, text=True, check=True, cwd=inp.parent,
+                                 env={**os.environ, "PYTHONPATH": str(trees[name])})
+            for w, wall, _cpu in json.loads(res.stdout.strip().splitlines()[-1]):
+                got[name].setdefault(f"workers_{w}", []).append(round(n / wall))
+    return {"rounds": rounds, "events_per_s": got,
+            "best": {name: {k: max(v) for k, v in per.items()} for name, per in got.items()}}
+
+
+def bench_align_throughput(seconds: float, repeats: int = 3, baseline: str | None = None,
+                           previous: str | None = None) -> dict[str, Any]:
     """`tristream align` on one recording of the whole family, end to end (file read -> output
     written): wall time and CPU (this process and its forked workers) of `align_file` per worker
     count, best and all of `repeats`; the CLI as a fresh process (interpreter start and imports
-    included); and `align_file` of the time core at `baseline` on the same file."""
+    included); `align_file` of the time core at `baseline` on the same file; and this tree against
+    the time core at `previous`, interleaved in fresh processes (`_align_interleaved`)."""
     from tristream.core.forkjoin import free_cores, usable_cores
 
     streams = generate_family("all", 7, seconds)
@@ -538,6 +570,11 @@ def bench_align_throughput(seconds: float, repeats: int = 3, baseline: str | Non
                                      text=True, check=True, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tmp)
                 out["baseline_commit"] = baseline
                 out["baseline_events_per_s"] = round(n / float(res.stdout.strip().splitlines()[-1]))
+        if previous:
+            tree = _tree(previous, tmp / f"align-{previous}")
+            if tree is not None:
+                out["interleaved"] = {"previous_commit": previous,
+                                      **_align_interleaved({"ours": ROOT, previous: tree}, inp, outp, n, repeats)}
     return out
 
 
@@ -630,6 +667,11 @@ def _print_family(fam: dict[str, Any], thr: dict[str, Any]) -> None:
     print(f"  the CLI as a new process: {', '.join(f'{v:,d}/s' for v in thr['cli_events_per_s'])} (its imports alone "
           f"{thr['cli_import_s']} s); align_file at {thr.get('baseline_commit')}: "
           f"{thr.get('baseline_events_per_s', 0):,d}/s")
+    il = thr.get("interleaved")
+    if il:
+        print(f"  taking turns with the time core at {il['previous_commit']} (fresh processes, {il['rounds']} rounds, "
+              "best events/s): " + "; ".join(f"{name} " + ", ".join(f"{k} {v:,d}" for k, v in sorted(b.items()))
+                                             for name, b in il["best"].items()))
 
 
 def main() -> None:
@@ -641,6 +683,8 @@ def main() -> None:
     ap.add_argument("--baseline-commit", default="b9c10f6", help="time core to compare with (git commit)")
     ap.add_argument("--cpu-baseline-commit", default="c877a37",
                     help="time core whose online CPU and align throughput are measured beside ours (git commit)")
+    ap.add_argument("--align-previous-commit", default="de38621",
+                    help="time core whose align_file takes turns with ours in fresh processes (git commit)")
     ap.add_argument("--only-family", action="store_true", help="skip the ring and old-scenario sections")
     ap.add_argument("--cpu-reps", type=int, default=5,
                     help="online runs per recording whose least CPU is taken (every run is recorded)")
@@ -659,7 +703,7 @@ def main() -> None:
     machine["family"] = _stat_since(stat0, load0)
     stat1, load1 = _proc_stat(), [round(x, 2) for x in os.getloadavg()]
     res["align_throughput"] = bench_align_throughput(300.0 if args.quick else 3600.0, 2 if args.quick else 3,
-                                                     args.cpu_baseline_commit)
+                                                     args.cpu_baseline_commit, args.align_previous_commit)
     machine["align_throughput"] = _stat_since(stat1, load1)
     stat2, load2 = _proc_stat(), [round(x, 2) for x in os.getloadavg()]
     res["online_split"] = bench_online_split(seconds=60.0 if args.quick else 300.0)
