@@ -337,18 +337,27 @@ class Session:
         prefill(self.id, self.conversation.prompt(self.turns.text_with(text), None))
         self.prefills += 1
 
-    def set_turn_detection(self, silence_ms: float, eagerness: str | None = None) -> None:
+    def set_turn_detection(self, silence_ms: float, eagerness: str | None = None,
+                           threshold: float | None = None) -> None:
         """Change how turns end while the session runs (a client's ``turn_detection``).
 
         `silence_ms`: silence after speech before the turn ends; beyond the hangover the VAD
         started with (`SessionConfig.hangover_ms`) the turn taker waits the rest, and speech
         within it continues the turn; shorter values act as that hangover. `eagerness`: None for
         the silence rule alone (``server_vad``), or ``low``/``medium``/``high``/``auto`` for
-        ``semantic_vad`` (`turns.SemanticEndOfTurn`: the turn model and the words may hold it)."""
+        ``semantic_vad`` (`turns.SemanticEndOfTurn`: the turn model and the words may hold it).
+        `threshold`: the VAD's speech probability to enter speech (its exit threshold follows,
+        0.15 lower), from the next window; 0 and 1 act as 0.01 and 0.99."""
         from tristream.pipeline.turns import SemanticEndOfTurn
 
         if silence_ms < 0:
             raise ValueError(f"silence_ms {silence_ms}; expected >= 0")
+        if threshold is not None and hasattr(self.vad, "options"):
+            import dataclasses
+
+            t = min(max(float(threshold), 0.01), 0.99)
+            if t != self.vad.options.threshold:
+                self.vad.options = dataclasses.replace(self.vad.options, threshold=t)
         self.turns.extra_silence_ms = max(0.0, silence_ms - self.config.hangover_ms)
         if eagerness is None:
             self.turns.detector = self._base_detector

@@ -330,20 +330,21 @@ class PipelineBackend:
         # non-wrapping µs clock of the client
         self._clock = SourceClock.for_unit("client:mic", "us")
         self._frame_clock = SourceClock.for_unit("client:cam", "us")
-        s.set_turn_detection(float(config.silence_duration_ms), config.eagerness)
+        s.set_turn_detection(float(config.silence_duration_ms), config.eagerness, config.vad_threshold)
         s.start()
 
     def _hold_turns(self) -> bool:
         return self._cfg is not None and not self._cfg.create_response
 
     def update(self, config: BackendConfig) -> None:
-        """Instructions apply to the next turn; silence and semantic turn detection to the next
-        end of speech (the VAD's own hangover is the one it started with; longer silences are
+        """Instructions apply to the next turn; the VAD threshold from the next window; silence and
+        semantic turn detection to the next end of speech (the VAD's own hangover is the one it started with; longer silences are
         waited for by the turn taker, `Session.set_turn_detection`)."""
         self._cfg = config
         if self._session is not None:
             self._session.config.speak = "audio" in config.modalities  # text-only turns do no TTS
-            self._session.set_turn_detection(float(config.silence_duration_ms), config.eagerness)
+            self._session.set_turn_detection(float(config.silence_duration_ms), config.eagerness,
+                                             config.vad_threshold)
         if self._session is not None and config.instructions:  # empty = keep the pipeline's default
             self._session.conversation.system = config.instructions
         self._count("session_updates")
