@@ -6,7 +6,14 @@
 - `demo.run_demo(...)`: `tristream demo`.
 """
 
-from tristream.core.openmp import prefer_passive_waits
+import logging
+import os
 
-prefer_passive_waits()  # before torch loads: the session's stages share a few cores (core/openmp.py)
+from tristream.core.openmp import ENV, prefer_passive_waits
 
+# before torch loads: the session's stages share a few cores (core/openmp.py)
+if not prefer_passive_waits() and ENV not in os.environ:
+    logging.getLogger(__name__).warning(
+        "torch was imported before tristream.pipeline, so its OpenMP threads spin while they wait "
+        "(decode several times slower beside the speech stages on a few cores): import "
+        "tristream.pipeline first, or set %s=PASSIVE before torch loads", ENV)
