@@ -16,11 +16,6 @@ PKG = Path(__file__).resolve().parents[2] / "tristream"
 RANK = {"core": 0, "observe": 0, "data": 0, "engine": 1, "speech": 1, "vision": 1, "sched": 2, "stages": 3, "pipeline": 4, "serve": 5,
         "scale": 6, "commands": 7, "cli": 8, "client": 8, "__init__": 8}
 
-UPWARD_ELSEWHERE: set[tuple[str, str]] = set()
-"""(importer, imported) pairs outside the folders this test's owners edit, known and being fixed."""
-
-SAME_NAME_ELSEWHERE = {"EncoderLayer"}
-"""Class names defined twice inside one other owner's folder (engine's Whisper and ViT encoders)."""
 
 
 def _layer(module: str) -> str | None:
@@ -58,7 +53,7 @@ def test_imports_point_down() -> None:
             if other is None or other == own:
                 continue
             assert other in RANK, f"{mod} imports {imp}: layer {other!r} has no rank"
-            if RANK[other] > RANK[own] and (mod, imp) not in UPWARD_ELSEWHERE:
+            if RANK[other] > RANK[own]:
                 upward.append(f"{mod} ({own}) imports {imp} ({other})")
     assert not upward, "imports that point up the layers:\n" + "\n".join(upward)
 
@@ -69,7 +64,7 @@ def test_one_class_per_name() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
                 where[node.name].append(mod)
-    dups = {name: mods for name, mods in where.items() if len(mods) > 1 and name not in SAME_NAME_ELSEWHERE}
+    dups = {name: mods for name, mods in where.items() if len(mods) > 1}
     assert not dups, f"classes defined more than once (one concept, one type): {dups}"
 
 

@@ -133,7 +133,7 @@ class _TowerBlock(nn.Module):
         return self.fc2(activation(self.act, self.fc1(x)))
 
 
-class EncoderLayer(_TowerBlock):
+class TowerLayer(_TowerBlock):
     """Pre-norm transformer block with fused QKV."""
 
     def __init__(self, cfg: VisionTowerConfig) -> None:
@@ -224,7 +224,7 @@ class VisionTower(nn.Module):
         self.pos = nn.Parameter(torch.zeros(cfg.seq_len, d))
         self.cls = nn.Parameter(torch.zeros(d)) if cfg.has_cls else None
         self.pre_ln = nn.LayerNorm(d, eps=cfg.layer_norm_eps) if cfg.kind == "clip" else None
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(TowerLayer(cfg) for _ in range(cfg.num_layers))
         self.post_ln = nn.LayerNorm(d, eps=cfg.layer_norm_eps)
         self.head = AttentionPoolHead(cfg) if cfg.use_head else None
 
@@ -269,7 +269,7 @@ class VisionTower(nn.Module):
         x = self.embed(pixels)
         sal: torch.Tensor | None = None
         for i in range(n_run):
-            blk = cast(EncoderLayer, self.layers[i])
+            blk = cast(TowerLayer, self.layers[i])
             if saliency == "attention" and i == n_run - 1 and (self.head is None or layer is not None):
                 sal = blk.attention_received(x, 0 if self.cfg.has_cls else None)
             x = blk(x)

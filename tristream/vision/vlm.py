@@ -20,7 +20,7 @@ from torch import nn
 from tristream.vision.connector import LlavaProjector, PixelShuffleConnector
 from tristream.vision.errors import VisionInputError, VisionWeightsError
 from tristream.vision.pruning import keep_count, prune_tokens
-from tristream.vision.vit import EncoderLayer, VisionTower, VisionTowerConfig, load_vision_tower
+from tristream.vision.vit import TowerLayer, VisionTower, VisionTowerConfig, load_vision_tower
 from tristream.vision.weights import read_config, read_safetensors
 
 _LLAVA = ("LlavaForConditionalGeneration",)
@@ -173,7 +173,7 @@ class VisionLanguageModel(nn.Module):
         states = {0: x}
         sal: torch.Tensor | None = None
         for i in range(n_run):
-            blk = cast(EncoderLayer, t.layers[i])
+            blk = cast(TowerLayer, t.layers[i])
             if saliency == "attention" and i == n_run - 1:
                 sal = blk.attention_received(x, 0 if t.cfg.has_cls else None)
             x = blk(x)
