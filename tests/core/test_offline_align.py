@@ -237,3 +237,30 @@ def test_running_median_is_each_windows_middle_value(ys: list[int], floats: bool
     mids = [sorted(ys[k - h : k + h + 1])[h] for k in range(h, n - h)]
     want = [mids[0]] * h + mids + [mids[-1]] * h
     assert got.dtype == y.dtype and got.tolist() == np.array(want, y.dtype).tolist()
+
+
+def test_running_median_across_chunks() -> None:
+    """More values than one chunk of the network (16,384): every window's middle value, as a
+    partition of each window gives it, chunk edges included."""
+    from tristream.core.epochs import running_median
+
+    rng = np.random.default_rng(7)
+    for y in (rng.integers(-(10**12), 10**12, 40_000), rng.integers(0, 3, 16_391), rng.standard_normal(32_774)):
+        got = running_median(y)
+        mids = np.partition(np.lib.stride_tricks.sliding_window_view(y, 7), 3, axis=1)[:, 3]
+        assert got.dtype == y.dtype and np.array_equal(got[3:-3], mids)
+        assert np.all(got[:3] == mids[0]) and np.all(got[-3:] == mids[-1])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_output_over_a_longer_file_is_the_output_alone(recording: tuple[Path, dict], tmp_path: Path,  # type: ignore[type-arg]
+                                                       workers: int) -> None:
+    """An existing output file longer than the new output ends up as the new output alone (the
+    file is set to its final size and overwritten, not truncated on opening)."""
+    path, _ = recording
+    fresh = tmp_path / "fresh.jsonl"
+    align_file(path, fresh, workers=workers)
+    old = tmp_path / "old.jsonl"
+    old.write_bytes(b"x" * (2 * fresh.stat().st_size + 12_345))
+    align_file(path, old, workers=workers)
+    assert old.read_bytes() == fresh.read_bytes()
