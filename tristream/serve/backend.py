@@ -170,8 +170,8 @@ class BackendFamily:
     scheduler's, the shared recogniser's); ``healthy``: False fails ``/health`` (the engine thread
     died, the LLM endpoint is down); ``chat_llm``: the engine ``/v1/chat/completions`` answers on;
     ``engine``: the engine the sessions share (`ScheduledEngine` or `AsyncLLM`); ``scheduler``: its
-    `Scheduler`, whose pressure the scale router balances on; ``asr`` and ``vision``: the shared
-    stages, for stats and shutdown.
+    `Scheduler`, whose pressure the scale router balances on; ``asr``: the shared recogniser, for
+    its stats and shutdown.
     """
 
     make: Callable[[], SessionBackend]
@@ -181,7 +181,6 @@ class BackendFamily:
     engine: Any = None
     scheduler: Any = None
     asr: Any = None
-    vision: Any = None
 
     def __call__(self) -> SessionBackend:
         return self.make()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tristream.serve.metrics import Family
+from tristream.serve.speech_stages import asr_stream_families
 
 
 def stage_gauges(s: Any) -> list[Family]:
@@ -83,3 +84,9 @@ class StageTotals:
 
 
 STAGE_TOTALS = StageTotals()
+
+
+def pipeline_families(asr: Any) -> list[Family]:
+    """What a family of CPU assistant sessions exports process-wide: the closed sessions' stage
+    totals and the shared streaming recogniser's counters (`asr`)."""
+    return STAGE_TOTALS.families() + asr_stream_families(asr)

@@ -196,7 +196,7 @@ class EngineSessionBackend(TextTurnBackend):
     async def close(self) -> None:
         """Cancel an answer in flight (the scheduler drops its work, the engine frees its blocks at
         the next step) and leave the scheduler."""
-        await TextTurnBackend.close(self)
+        await super().close()
         await asyncio.sleep(0)
         if self.chat is not None:
             self.chat.close()
@@ -289,26 +289,23 @@ def engine_factory(model: str = "tiny-random", device: str = "cpu", stages: str 
     else:
         raise ValueError(f"stages must be 'none', 'embedded' or 'gpu', got {stages!r}")
 
+    from tristream.serve.pipeline_metrics import STAGE_TOTALS, pipeline_families
+    from tristream.serve.speech_stages import asr_families
+
     def collect() -> list[Family]:
         fams = sched_families(se)
-        if stages != "none":  # the pipeline's per-stage totals (closed sessions) too
-            from tristream.serve.pipeline_backend import STAGE_TOTALS
-
+        if cpu_asr is not None:  # the closed sessions' stage totals and the CPU recogniser, as the assistant's
+            fams += pipeline_families(cpu_asr)
+        elif stages != "none":  # the pipeline's per-stage totals (closed sessions) too
             fams += STAGE_TOTALS.families()
         if speech is not None:
-            from tristream.serve.speech_stages import asr_families
-
             fams += asr_families(speech.asr)
-        if cpu_asr is not None:  # the CPU recogniser's counters, as `pipeline_factory` exports them
-            from tristream.serve.speech_stages import asr_stream_families
-
-            fams += asr_stream_families(cpu_asr)
         if vt is not None:
             fams += vt.families()
         return fams
 
     return BackendFamily(make, collect=collect, healthy=lambda: se.error is None, engine=se, scheduler=se.sched,
-                         asr=speech.asr if speech is not None else None, vision=vt)
+                         asr=speech.asr if speech is not None else None)
 
 
 CPU_TARGET_FACTOR = 20.0

@@ -211,12 +211,10 @@ class ToolPipelineBackend(PipelineBackend):
 def tool_pipeline_factory(**load_kw: Any) -> BackendFamily:
     """`pipeline_factory` with a `ToolChat` per session (the same shared models)."""
     from tristream.pipeline.models import load_models
-    from tristream.serve.pipeline_backend import STAGE_TOTALS
-    from tristream.serve.speech_stages import asr_stream_families
+    from tristream.serve.pipeline_metrics import pipeline_families
 
     models = load_models(**load_kw)
-    return BackendFamily(lambda: ToolPipelineBackend(models),
-                         collect=lambda: STAGE_TOTALS.families() + asr_stream_families(models.asr),
+    return BackendFamily(lambda: ToolPipelineBackend(models), collect=lambda: pipeline_families(models.asr),
                          healthy=lambda: bool(getattr(models.llm, "healthy", True)), chat_llm=models.llm)
 
 
